@@ -1,0 +1,113 @@
+"""Devices: where the arena lives and which kernels run on it.
+
+- CpuDevice: the arena is one NumPy byte buffer; tensors are views at offsets; NumPy kernels.
+- VirtualDevice: offsets only, no storage, no kernels; the planner and simulator run the same
+  executor code on it, so planned and measured peaks agree by construction.
+- CudaDevice (neuron.cuda_device, loaded lazily) has the same interface on the GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Device:
+    name = "device"
+    computes = True             # False: skip kernels (planning)
+
+    def __init__(self, arena_bytes: int):
+        if arena_bytes <= 0:
+            raise ValueError(f"arena size must be positive, got {arena_bytes} bytes")
+        self.arena_bytes = int(arena_bytes)
+
+    @property
+    def kernels(self):
+        raise NotImplementedError
+
+    def view(self, offset: int, shape, dtype):
+        raise NotImplementedError
+
+    def to_numpy(self, a) -> np.ndarray:
+        return np.array(a, copy=True)
+
+    def synchronize(self) -> None:
+        pass
+
+    # host side of offload/prefetch; CpuDevice copies synchronously, CudaDevice on its copy stream
+    def host_allocator(self):
+        return lambda n: np.empty(n, dtype=np.uint8)
+
+    def copy_to_host(self, view, buf, nbytes: int) -> None:
+        buf[:nbytes] = view.reshape(-1).view(np.uint8)
+
+    def copy_to_device(self, buf, view, nbytes: int) -> None:
+        view.reshape(-1).view(np.uint8)[...] = buf[:nbytes]
+
+
+class CpuDevice(Device):
+    name = "cpu"
+
+    def __init__(self, arena_bytes: int):
+        super().__init__(arena_bytes)
+        # np.empty of a large size maps pages lazily: the budget is a ceiling, not a commitment
+        self.buffer = np.empty(self.arena_bytes, dtype=np.uint8)
+
+    @property
+    def kernels(self):
+        from .kernels import numpy_ref
+        return numpy_ref
+
+    def view(self, offset: int, shape, dtype):
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self.buffer[offset:offset + n].view(dtype).reshape(shape)
+
+
+class VirtualDevice(Device):
+    name = "virtual"
+    computes = False
+
+    @property
+    def kernels(self):
+        return None
+
+    def view(self, offset, shape, dtype):
+        return None
+
+    def host_allocator(self):
+        return _VirtualBuffer
+
+    def copy_to_host(self, view, buf, nbytes):
+        pass
+
+    def copy_to_device(self, buf, view, nbytes):
+        pass
+
+
+class _VirtualBuffer:
+    """A host buffer that only has a size (planning)."""
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
+def make_device(kind: str, arena_bytes: int) -> Device:
+    """``cpu``, ``cuda``, ``virtual`` or ``auto`` (cuda when a GPU is usable, else cpu)."""
+    if kind == "auto":
+        kind = "cuda" if cuda_available() else "cpu"
+    if kind == "cpu":
+        return CpuDevice(arena_bytes)
+    if kind == "virtual":
+        return VirtualDevice(arena_bytes)
+    if kind == "cuda":
+        from .cuda_device import CudaDevice
+        return CudaDevice(arena_bytes)
+    raise ValueError(f"unknown device {kind!r}; expected cpu, cuda, virtual or auto")
+
+
+def cuda_available() -> bool:
+    try:
+        import cupy
+        return bool(cupy.cuda.is_available())
+    except Exception:       # no cupy, no driver: the CPU it is
+        return False

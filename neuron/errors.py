@@ -1,0 +1,33 @@
+"""Every error neuron raises on bad input or an impossible plan; each names what was wrong."""
+
+
+class NeuronError(Exception):
+    pass
+
+
+class GraphError(NeuronError, ValueError):
+    """A network that cannot be built: wrong shapes, cycles, dangling layers, bad arguments."""
+
+
+class ShapeError(GraphError):
+    pass
+
+
+class MemoryBudgetError(NeuronError, MemoryError):
+    """A plan that does not fit the arena: names the step, tensor and bytes short."""
+
+    def __init__(self, message: str, *, step=None, tensor=None, requested=0, largest_free=0,
+                 free_bytes=0, budget=0):
+        super().__init__(message)
+        self.step, self.tensor = step, tensor
+        self.requested, self.largest_free, self.free_bytes = requested, largest_free, free_bytes
+        self.budget = budget
+        self.short = max(0, requested - largest_free)
+
+
+class NonFiniteLossError(NeuronError, FloatingPointError):
+    pass
+
+
+class DataError(NeuronError, ValueError):
+    """A batch that does not match the network (shape, dtype, label range)."""

@@ -1,0 +1,342 @@
+"""The executor: runs one iteration's steps on a device through the pool.
+
+Before a step: allocate what it writes (and a workspace). Run the layer's kernel (unless the
+device is virtual). After: free what died, record the memory trace. The same code runs on a
+VirtualDevice for planning, so a plan's peak is the real run's peak by construction.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .devices import Device, VirtualDevice, make_device
+from .errors import DataError, MemoryBudgetError, NonFiniteLossError
+from .graph import Graph
+from .layers import Input, SoftmaxCrossEntropy
+from .layers.base import Context
+from .memory.liveness import frees_for
+from .memory.policy import Policy, get_policy
+from .memory.pool import Pool
+from .memory.recompute import plan_recompute
+from .memory.schedule import Schedule, build_schedule
+from .memory.tensors import Kind
+from .optim import SGD
+
+VIRTUAL_ARENA = 1 << 40          # 1 TiB: "unbounded" for planning
+
+
+def with_loss(graph: Graph) -> Graph:
+    """The training graph: graph inputs + labels -> logits -> softmax cross-entropy loss."""
+    cached = getattr(graph, "_train_graph", None)
+    if cached is not None:
+        return cached
+    if len(graph.outputs) != 1 or len(graph.outputs[0].shape) != 1:
+        raise DataError(f"{graph.name}: training needs one output of per-sample shape (K,), got "
+                        f"{[t.shape for t in graph.outputs]}")
+    labels = Input((), dtype=np.int64, name="labels")()
+    loss = SoftmaxCrossEntropy(name="loss")(graph.outputs[0], labels)
+    tg = Graph(graph.inputs + [labels], [loss], name=graph.name)
+    graph._train_graph = tg
+    return tg
+
+
+@dataclass
+class TraceRow:
+    step: int
+    layer: str
+    phase: str
+    bytes_in_use: int
+    live_tensors: int
+
+    def as_dict(self):
+        return dict(step=self.step, layer=self.layer, phase=self.phase,
+                    bytes_in_use=self.bytes_in_use, live_tensors=self.live_tensors)
+
+
+class Executor:
+    """Trains a graph on a device under a memory policy.
+
+    policy: baseline | liveness | offload | recompute | superneurons (see memory/policy.py).
+    offload_params: parameters and optimizer state live on the host between uses and are
+    brought into the arena for their layer's steps (beyond the paper: depth is then no longer
+    capped by parameter bytes).
+    """
+
+    def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
+                 optimizer: SGD | None = None, policy: str | Policy = "liveness",
+                 dtype=np.float32, seed: int = 0, budget: int | None = None,
+                 offload_params: bool = False, recompute_strategy: str = "cost",
+                 block: int = 1024, strategy: str = "first_fit", _plan_from=None):
+        if batch <= 0:
+            raise ValueError(f"batch must be positive, got {batch}")
+        self.graph = graph
+        self.batch, self.dtype, self.seed = int(batch), np.dtype(dtype), int(seed)
+        self.optimizer = optimizer or SGD()
+        self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self.offload_params = bool(offload_params)
+        self.recompute_strategy = recompute_strategy
+        self.block, self.strategy = block, strategy
+        if _plan_from is not None:          # share the (immutable) plan of another executor
+            self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
+        else:
+            self._make_plan(graph)
+        self.iteration = 0
+        self.last_trace: list[TraceRow] = []
+        self.last_logits = None
+        self.planned = None
+        if isinstance(device, Device):
+            self.device = device
+        elif device == "virtual":
+            self.device = VirtualDevice(budget or VIRTUAL_ARENA)
+        else:
+            # plan first (virtual, same code): it sizes the arena and proves the budget fits
+            # before any real state exists, so a failing plan changes nothing
+            self.planned = self.simulate(budget)
+            if not self.planned["fits"]:
+                raise self.planned["error"]
+            self.device = make_device(device, budget or self.planned["arena_bytes"])
+        self._new_pool()
+
+    def _make_plan(self, graph):
+        self.train_graph = with_loss(graph)
+        self.schedule: Schedule = build_schedule(self.train_graph, self.batch, self.dtype,
+                                                 self.optimizer.state_names)
+        self.recompute_report = None
+        steps = self.schedule.steps
+        if self.policy.recompute:
+            steps, self.recompute_report = plan_recompute(self.schedule, self.recompute_strategy)
+        self.steps = steps
+        self.frees = frees_for(steps, self.policy.free_dead)
+        self.eval_steps = self.schedule.forward_steps()
+        self.logits_tensor = self.schedule.act[id(graph.outputs[0])]
+        self.eval_frees = frees_for(self.eval_steps, self.policy.free_dead,
+                                    keep=[self.logits_tensor])
+        self.persistent = self.schedule.persistent()
+
+    def _new_pool(self):
+        self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
+                         evict=self.policy.offload)
+        self._alloc_persistent()
+
+    # ---- planning ---------------------------------------------------------------------
+    def simulate(self, arena_bytes: int | None = None) -> dict:
+        """One iteration on a virtual device of the given arena size (same code path)."""
+        v = Executor(self.graph, self.batch, device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
+                     optimizer=self.optimizer, policy=self.policy, dtype=self.dtype,
+                     offload_params=self.offload_params,
+                     recompute_strategy=self.recompute_strategy, block=self.block,
+                     strategy=self.strategy, _plan_from=self)
+        try:
+            v.train_step(None, None)
+        except MemoryBudgetError as e:
+            return {"fits": False, "error": e, "executor": v}
+        return {"fits": True, "error": None, "peak_bytes": v.pool.high_water,
+                "arena_bytes": v.pool.max_extent, "trace": v.last_trace, "executor": v,
+                "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
+                **v.pool.counters()}
+
+    # ---- state ------------------------------------------------------------------------
+    def _alloc_persistent(self):
+        rng = np.random.default_rng(self.seed)
+        compute = self.device.computes
+        for t in self.persistent:
+            value = None
+            if compute:
+                if t.kind is Kind.PARAM:
+                    layer_name, pname = t.name.rsplit(".", 1)
+                    spec = self.train_graph.layers[layer_name].param_specs[pname]
+                    value = spec.init(rng, spec.shape).astype(self.dtype)
+                else:
+                    value = np.zeros(t.shape, self.dtype)
+            if self.offload_params:
+                self.pool.place_on_host(t, value)
+                continue
+            try:
+                view = self.pool.alloc(t)
+            except MemoryBudgetError as e:
+                raise MemoryBudgetError(f"parameters and optimizer state do not fit: {e}",
+                                        tensor=t.name, requested=e.requested,
+                                        largest_free=e.largest_free, free_bytes=e.free_bytes,
+                                        budget=e.budget) from None
+            self.pool.pinned.add(t.id)
+            if value is not None:
+                view[...] = value
+
+    def _value(self, t) -> np.ndarray:
+        if self.pool.resident(t):
+            return self.device.to_numpy(self.pool.view(t))
+        return self.pool.host_value(t)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters (by torchvision-style names) and optimizer state, copied to NumPy."""
+        return {t.name: self._value(t) for t in self.persistent}
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray], strict: bool = True) -> None:
+        persistent = {t.name: t for t in self.persistent}
+        if strict:
+            missing = sorted(set(persistent) - set(arrays))
+            extra = sorted(set(arrays) - set(persistent))
+            if missing or extra:
+                raise KeyError(f"state mismatch: missing {missing[:5]}, unexpected {extra[:5]}")
+        for name, a in arrays.items():
+            t = persistent.get(name)
+            if t is not None and tuple(a.shape) != t.shape:
+                raise ValueError(f"{name}: shape {tuple(a.shape)} does not match {t.shape}")
+        for name, a in arrays.items():          # validated all first: nothing half-loaded
+            t = persistent.get(name)
+            if t is None:
+                continue
+            if self.pool.resident(t):
+                self.pool.view(t)[...] = np.asarray(a, dtype=self.dtype)
+            else:
+                self.pool.free(t)
+                self.pool.place_on_host(t, np.asarray(a, dtype=self.dtype))
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.state_dict().items() if ":" not in k}
+
+    # ---- running ----------------------------------------------------------------------
+    def _feed(self, x, y) -> dict:
+        data, labels = self.train_graph.inputs
+        if self.device.computes is False:
+            return {}
+        x = np.asarray(x)
+        want = (self.batch, *data.shape)
+        if x.shape != want:
+            raise DataError(f"input {data.name}: batch has shape {x.shape}, the network expects "
+                            f"{want}")
+        y = np.asarray(y)
+        if y.shape != (self.batch,):
+            raise DataError(f"labels: shape {y.shape}, expected ({self.batch},)")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"labels: dtype {y.dtype} is not an integer type")
+        k = self.train_graph.layers["loss"].num_classes
+        if y.size and (y.min() < 0 or y.max() >= k):
+            bad = y[(y < 0) | (y >= k)][0]
+            raise DataError(f"labels: value {bad} out of range [0, {k}) for the loss layer")
+        if not np.all(np.isfinite(x)):
+            raise DataError(f"input {data.name}: batch contains NaN or infinity")
+        return {data.producer.name: x.astype(self.dtype, copy=False),
+                labels.producer.name: y.astype(np.int64, copy=False)}
+
+    def train_step(self, x, y) -> float:
+        ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
+                      feed=self._feed(x, y))
+        self._run(self.steps, self.frees, ctx, guard=self._snapshot_buffers())
+        self.iteration += 1
+        return ctx.losses.get("loss", float("nan"))
+
+    def evaluate(self, x, y) -> tuple[float, int]:
+        """Forward in inference mode; returns (mean loss, number of correct predictions)."""
+        ctx = Context(training=False, seed=self.seed, iteration=self.iteration,
+                      feed=self._feed(x, y))
+        keep = self._run(self.eval_steps, self.eval_frees, ctx, keep=[self.logits_tensor])
+        self.last_logits = self.device.to_numpy(keep[0])
+        self._end_iteration()
+        correct = int((self.last_logits.argmax(axis=1) == np.asarray(y)).sum())
+        return ctx.losses["loss"], correct
+
+    def _snapshot_buffers(self):
+        """BN running statistics: the only state a forward pass changes."""
+        if not self.device.computes:
+            return None
+        return [(t, self._value(t)) for t in self.persistent
+                if t.kind is Kind.PARAM and t.name not in self.schedule.param_grads]
+
+    def _end_iteration(self):
+        pool = self.pool
+        for t in list(pool.live.values()) + [t for t, _ in list(pool.host.values())]:
+            if not t.persistent:
+                pool.free(t)
+        pool.release_held()
+        pool.locked.clear()
+
+    def _check_loss(self, ctx, guard):
+        loss = ctx.losses.get("loss")
+        if loss is not None and not math.isfinite(loss):
+            for t, saved in guard:
+                if self.pool.resident(t):
+                    self.pool.view(t)[...] = saved
+                else:
+                    self.pool.free(t)
+                    self.pool.place_on_host(t, saved)
+            raise NonFiniteLossError(
+                f"loss is {loss} at iteration {self.iteration}; stopping before any update "
+                "(lower the learning rate or check the data)")
+
+    def _run(self, steps, frees, ctx, keep=(), guard=None):
+        pool, dev = self.pool, self.device
+        compute = dev.computes
+        eager_param_offload = self.offload_params and not self.policy.offload
+        trace = []
+        try:
+            for i, (step, dead) in enumerate(zip(steps, frees)):
+                if guard is not None and step.phase == "B":
+                    self._check_loss(ctx, guard)
+                    guard = None
+                pool.lock(step.reads)
+                pool.lock(step.writes)
+                for t in step.reads:
+                    pool.ensure(t, step)
+                for t in step.writes:
+                    pool.alloc(t, step)
+                ws_off = (pool.alloc_bytes(step.workspace_bytes, f"workspace:{step.name}", step)
+                          if step.workspace_bytes else None)
+                if compute:
+                    ws = (dev.view(ws_off, (step.workspace_bytes,), np.uint8)
+                          if ws_off is not None else None)
+                    self._compute(step, ctx, ws)
+                if ws_off is not None:
+                    if self.policy.free_dead:
+                        pool.free_bytes(ws_off)
+                    else:
+                        pool.hold_bytes(ws_off)
+                for t in dead:
+                    pool.free(t)
+                pool.unlock(step.reads)
+                pool.unlock(step.writes)
+                if eager_param_offload:
+                    for t in step.reads:
+                        if t.persistent and pool.resident(t):
+                            pool.offload(t)
+                trace.append(TraceRow(step.index, step.layer.name, step.phase, pool.used_bytes,
+                                      len(pool.live)))
+                if i + 1 < len(steps):      # prefetch what the next step reads, if it fits
+                    for t in steps[i + 1].reads:
+                        if t.id in pool.host:
+                            pool.prefetch(t)
+            self.last_trace = trace
+            return [pool.view(t) for t in keep]
+        finally:
+            if not keep:
+                self._end_iteration()
+
+    def _compute(self, step, ctx, ws):
+        layer, view = step.layer, self.pool.view
+        k = self.device.kernels
+        opt = lambda t: view(t) if t is not None else None  # noqa: E731
+        params = {n: view(t) for n, t in step.params.items()}
+        aux = {n: view(t) for n, t in step.aux.items()}
+        if step.phase != "B":
+            ctx.recompute = step.phase == "R"
+            layer.forward(k, [view(t) for t in step.ins], [view(t) for t in step.outs], params,
+                          aux, ws, ctx)
+            ctx.recompute = False
+            return
+        dins = [None] * len(layer.inputs)
+        for i, g, tmp in step.grad_targets:
+            dins[i] = view(tmp if tmp is not None else g)
+        dparams = {pname: view(g) for pname, _, g, _ in step.updates}
+        layer.backward(k, [opt(t) for t in step.ins], [opt(t) for t in step.outs],
+                       [opt(t) for t in step.douts], dins, params, dparams, aux, ws, ctx)
+        for i, g, tmp in step.grad_targets:
+            if tmp is not None:
+                k.add_inplace(view(g), view(tmp))
+        for pname, p, g, states in step.updates:
+            self.optimizer.update(k, params[pname], dparams[pname], [view(x) for x in states])
+
+
+_PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
+                "logits_tensor", "eval_frees", "persistent")

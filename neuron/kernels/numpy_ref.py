@@ -1,0 +1,716 @@
+"""NumPy reference kernels (the CPU device).
+
+Conventions
+-----------
+* Arrays are NCHW; float32 by default, float64 works everywhere (gradient
+  checks).  Kernels WRITE INTO caller-provided output arrays (views into the
+  runtime's arena) and never return large new arrays.  Outputs may be
+  non-contiguous views.
+* Backward kernels OVERWRITE their outputs (dx, dw, db, ...); accumulation of
+  gradients is the caller's business.  Any output given as ``None`` is
+  simply not computed.
+* Small temporaries (per-channel vectors, at most a few activation-sized
+  buffers) are allocated internally; convolution keeps its im2col columns in
+  the caller-provided ``workspace`` (a 1-D uint8 array).
+* Semantics follow PyTorch (cross-correlation convolution, BatchNorm with
+  biased batch variance / unbiased running variance, LocalResponseNorm,
+  first-maximum max-pool gradient, count_include_pad=True average pooling,
+  torch.optim.SGD).
+
+The same signatures are to be implemented by the cuDNN/CuPy device module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "conv2d_out_hw", "conv2d_workspace_bytes", "conv2d_forward", "conv2d_backward",
+    "batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward",
+    "relu_forward", "relu_backward", "leaky_relu_forward", "leaky_relu_backward",
+    "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
+    "pool_out_hw", "maxpool_forward", "maxpool_backward",
+    "avgpool_forward", "avgpool_backward",
+    "global_avgpool_forward", "global_avgpool_backward",
+    "linear_forward", "linear_backward",
+    "dropout_forward", "dropout_apply", "dropout_backward",
+    "lrn_forward", "lrn_backward",
+    "add_forward", "concat_forward", "concat_backward",
+    "softmax_xent_forward", "softmax_xent_backward",
+    "sgd_update", "fill", "copy", "add_inplace",
+]
+
+# Alignment (bytes) of the column buffer carved out of the workspace.  BLAS
+# (through np.matmul) only takes its fast path on aligned arrays.
+_WS_ALIGN = 64
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+def _pair(v):
+    if isinstance(v, (tuple, list)):
+        assert len(v) == 2
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def _valid_range(out_len, in_len, stride, pad, offset):
+    """Output indices o in [lo, hi) with 0 <= o*stride - pad + offset < in_len.
+
+    Returns (lo, hi, first input index).  hi <= lo means empty.
+    """
+    start = offset - pad                      # input index of o == 0
+    lo = 0 if start >= 0 else (-start + stride - 1) // stride
+    hi = (in_len - 1 - start) // stride + 1 if in_len - 1 - start >= 0 else 0
+    hi = min(hi, out_len)
+    return lo, hi, lo * stride + start
+
+
+def _in_slice(first, count, stride):
+    return slice(first, first + (count - 1) * stride + 1, stride)
+
+
+def _offset_slices(ho, wo, h, w, stride, padding, ki, kj):
+    """(out_h_slice, out_w_slice, in_h_slice, in_w_slice) for the kernel tap
+    (ki, kj) (already multiplied by dilation); None if the tap never hits."""
+    sh, sw = stride
+    ph, pw = padding
+    h_lo, h_hi, ih0 = _valid_range(ho, h, sh, ph, ki)
+    w_lo, w_hi, iw0 = _valid_range(wo, w, sw, pw, kj)
+    if h_hi <= h_lo or w_hi <= w_lo:
+        return None
+    return (slice(h_lo, h_hi), slice(w_lo, w_hi),
+            _in_slice(ih0, h_hi - h_lo, sh), _in_slice(iw0, w_hi - w_lo, sw))
+
+
+# --------------------------------------------------------------------------
+# convolution
+# --------------------------------------------------------------------------
+
+def conv2d_out_hw(h, w, kh, kw, stride, padding, dilation):
+    sh, sw = _pair(stride)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return ho, wo
+
+
+def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, itemsize):
+    """Bytes of workspace needed by conv2d_forward and conv2d_backward.
+
+    The column matrix has C*kh*kw rows and N*Ho*Wo columns; the same buffer is
+    reused in backward (columns for dW, then column-gradients for dX).  A small
+    slack of 64 bytes is added so the columns can be 64-byte aligned whatever
+    the alignment of the workspace slice.
+    """
+    n, c, h, w = x_shape
+    _, _, kh, kw = w_shape
+    ho, wo = conv2d_out_hw(h, w, kh, kw, stride, padding, dilation)
+    return int(c * kh * kw * n * ho * wo * itemsize) + _WS_ALIGN
+
+
+def _cols_from_workspace(workspace, count, dtype):
+    dtype = np.dtype(dtype)
+    nbytes = count * dtype.itemsize
+    if workspace is None:
+        return np.empty(count, dtype=dtype)
+    if workspace.dtype != np.uint8 or workspace.ndim != 1:
+        raise TypeError("workspace must be a 1-D uint8 array")
+    addr = workspace.__array_interface__["data"][0]
+    shift = (-addr) % _WS_ALIGN
+    if workspace.nbytes < shift + nbytes:
+        shift = (-addr) % dtype.itemsize
+        if workspace.nbytes < shift + nbytes:
+            raise ValueError(
+                f"conv workspace too small: {workspace.nbytes} < {nbytes + _WS_ALIGN}")
+    return workspace[shift:shift + nbytes].view(dtype)
+
+
+def _im2col(x, cols6, stride, padding, dilation):
+    """cols6 (C, kh, kw, N, Ho, Wo) <- patches of x (N, C, H, W)."""
+    _, _, h, w = x.shape
+    _, kh, kw, _, ho, wo = cols6.shape
+    dh, dw = dilation
+    xt = x.transpose(1, 0, 2, 3)                       # (C, N, H, W) view
+    for i in range(kh):
+        for j in range(kw):
+            dst = cols6[:, i, j]                       # (C, N, Ho, Wo)
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i * dh, j * dw)
+            if sl is None:
+                dst[...] = 0
+                continue
+            oh, ow, ih, iw = sl
+            # zero the border that falls into the padding
+            if oh.start > 0:
+                dst[:, :, :oh.start] = 0
+            if oh.stop < ho:
+                dst[:, :, oh.stop:] = 0
+            if ow.start > 0:
+                dst[:, :, oh, :ow.start] = 0
+            if ow.stop < wo:
+                dst[:, :, oh, ow.stop:] = 0
+            dst[:, :, oh, ow] = xt[:, :, ih, iw]
+
+
+def _col2im(cols6, dx, stride, padding, dilation):
+    """dx (N, C, H, W) <- scatter-add of cols6 (C, kh, kw, N, Ho, Wo)."""
+    _, _, h, w = dx.shape
+    _, kh, kw, _, ho, wo = cols6.shape
+    dh, dw = dilation
+    dx[...] = 0
+    dxt = dx.transpose(1, 0, 2, 3)
+    for i in range(kh):
+        for j in range(kw):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i * dh, j * dw)
+            if sl is None:
+                continue
+            oh, ow, ih, iw = sl
+            # within one tap the output->input map is injective: += is safe
+            dxt[:, :, ih, iw] += cols6[:, i, j, :, oh, ow]
+
+
+def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
+    """y = conv2d(x, w, b) (cross-correlation, torch.nn.functional.conv2d)."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    n, c, h, wd = x.shape
+    k, cg, kh, kw = w.shape
+    g = int(groups)
+    assert c == cg * g and k % g == 0, "bad group configuration"
+    kg = k // g
+    ho, wo = y.shape[2], y.shape[3]
+    assert (ho, wo) == conv2d_out_hw(h, wd, kh, kw, stride, padding, dilation)
+    p = n * ho * wo
+    cols = _cols_from_workspace(workspace, c * kh * kw * p, x.dtype)
+    _im2col(x, cols.reshape(c, kh, kw, n, ho, wo), stride, padding, dilation)
+    # (G, Kg, CgKK) @ (G, CgKK, N*Ho*Wo) -> (G, Kg, N*Ho*Wo)
+    tmp = np.matmul(w.reshape(g, kg, cg * kh * kw), cols.reshape(g, cg * kh * kw, p))
+    tmp = tmp.reshape(k, n, ho, wo).transpose(1, 0, 2, 3)     # view (N, K, Ho, Wo)
+    if b is None:
+        np.copyto(y, tmp)
+    else:
+        np.add(tmp, b.reshape(1, k, 1, 1), out=y)
+
+
+def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace):
+    """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip)."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    n, c, h, wd = x.shape
+    k, cg, kh, kw = w.shape
+    g = int(groups)
+    kg = k // g
+    ho, wo = dy.shape[2], dy.shape[3]
+    p = n * ho * wo
+    ckk = cg * kh * kw
+    if db is not None:
+        np.sum(dy, axis=(0, 2, 3), out=db)
+    if dw is None and dx is None:
+        return
+    # dy as (K, N*Ho*Wo), one transposed copy (activation-sized temporary)
+    dyt = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g, kg, p)
+    cols = _cols_from_workspace(workspace, c * kh * kw * p, x.dtype)
+    cols6 = cols.reshape(c, kh, kw, n, ho, wo)
+    colsg = cols.reshape(g, ckk, p)
+    if dw is not None:
+        _im2col(x, cols6, stride, padding, dilation)
+        # dW^T = cols @ dy^T: (G, CgKK, P) @ (G, P, Kg).  This orientation is
+        # markedly faster in OpenBLAS than dy @ cols^T for long P.
+        dwt = np.matmul(colsg, dyt.transpose(0, 2, 1))
+        np.copyto(dw, dwt.transpose(0, 2, 1).reshape(dw.shape))
+    if dx is not None:
+        # column gradients overwrite the columns in the same workspace
+        np.matmul(w.reshape(g, kg, ckk).transpose(0, 2, 1), dyt, out=colsg)
+        _col2im(cols6, dx, stride, padding, dilation)
+
+
+# --------------------------------------------------------------------------
+# batch normalization
+# --------------------------------------------------------------------------
+
+def _bn_axes(x):
+    if x.ndim == 4:
+        return (0, 2, 3), (1, -1, 1, 1)
+    if x.ndim == 2:
+        return (0,), (1, -1)
+    raise ValueError("batchnorm expects a 2-D or 4-D input")
+
+
+def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
+                            save_mean, save_invstd, momentum, eps, update_running):
+    """Training-mode BN.  Normalizes with the biased batch variance; if
+    ``update_running`` the running stats become
+    (1-momentum)*running + momentum*batch (unbiased variance for running_var).
+    save_mean / save_invstd (C,) receive the batch mean and 1/sqrt(var+eps).
+    gamma/beta may be None (affine=False)."""
+    axes, bshape = _bn_axes(x)
+    m = x.size // x.shape[1]
+    mean = np.mean(x, axis=axes)
+    np.subtract(x, mean.reshape(bshape), out=y)             # y = x - mean
+    var = np.mean(np.square(y), axis=axes)                  # biased variance
+    invstd = 1.0 / np.sqrt(var + eps)
+    if save_mean is not None:
+        save_mean[...] = mean
+    if save_invstd is not None:
+        save_invstd[...] = invstd
+    scale = invstd if gamma is None else invstd * gamma
+    y *= scale.reshape(bshape)
+    if beta is not None:
+        y += beta.reshape(bshape)
+    if update_running:
+        if running_mean is not None:
+            running_mean *= (1.0 - momentum)
+            running_mean += momentum * mean
+        if running_var is not None:
+            unbiased = var * (m / max(m - 1, 1))
+            running_var *= (1.0 - momentum)
+            running_var += momentum * unbiased
+
+
+def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    """Inference BN using running statistics."""
+    _, bshape = _bn_axes(x)
+    invstd = 1.0 / np.sqrt(running_var + eps)
+    scale = invstd if gamma is None else invstd * gamma
+    shift = -running_mean * scale
+    if beta is not None:
+        shift = shift + beta
+    np.multiply(x, scale.reshape(bshape).astype(y.dtype, copy=False), out=y)
+    y += shift.reshape(bshape).astype(y.dtype, copy=False)
+
+
+def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
+    """Training-mode BN backward (batch statistics depend on x)."""
+    axes, bshape = _bn_axes(x)
+    m = x.size // x.shape[1]
+    mean = save_mean.reshape(bshape)
+    invstd = save_invstd.reshape(bshape)
+    sum_dy = np.sum(dy, axis=axes)
+    # xhat lives in dx unless dx aliases dy (in-place backward)
+    inplace = dx is not None and np.may_share_memory(dx, dy)
+    xhat = dx if (dx is not None and not inplace) else np.empty_like(x)
+    np.subtract(x, mean, out=xhat)
+    xhat *= invstd
+    sum_dy_xhat = np.sum(dy * xhat, axis=axes)
+    if dgamma is not None:
+        dgamma[...] = sum_dy_xhat
+    if dbeta is not None:
+        dbeta[...] = sum_dy
+    if dx is None:
+        return
+    # dx = gamma*invstd * (dy - mean(dy) - xhat*mean(dy*xhat))
+    xhat *= (-sum_dy_xhat / m).reshape(bshape)
+    xhat += dy
+    xhat -= (sum_dy / m).reshape(bshape)
+    g = save_invstd if gamma is None else gamma * save_invstd
+    xhat *= g.reshape(bshape)
+    if xhat is not dx:
+        np.copyto(dx, xhat)
+
+
+# --------------------------------------------------------------------------
+# activations (backward uses the OUTPUT so they can run in place)
+# --------------------------------------------------------------------------
+
+def relu_forward(x, y):
+    np.maximum(x, 0, out=y)
+
+
+def relu_backward(y, dy, dx):
+    np.multiply(dy, y > 0, out=dx)
+
+
+def leaky_relu_forward(x, y, slope):
+    np.copyto(y, np.where(x > 0, x, x * slope))
+
+
+def leaky_relu_backward(y, dy, dx, slope):
+    np.copyto(dx, np.where(y > 0, dy, dy * slope))
+
+
+def sigmoid_forward(x, y):
+    np.negative(x, out=y)
+    with np.errstate(over="ignore"):
+        np.exp(y, out=y)
+    y += 1
+    np.reciprocal(y, out=y)
+
+
+def sigmoid_backward(y, dy, dx):
+    t = 1 - y
+    t *= y
+    np.multiply(dy, t, out=dx)
+
+
+def tanh_forward(x, y):
+    np.tanh(x, out=y)
+
+
+def tanh_backward(y, dy, dx):
+    t = np.square(y)
+    np.subtract(1, t, out=t)
+    np.multiply(dy, t, out=dx)
+
+
+# --------------------------------------------------------------------------
+# pooling
+# --------------------------------------------------------------------------
+
+def pool_out_hw(h, w, kernel, stride, padding, ceil_mode=False):
+    """Output size as torch (dilation 1): in ceil mode the last window must
+    start inside the input or left padding."""
+    kh, kw = _pair(kernel)
+    sh, sw = _pair(stride)
+    ph, pw = _pair(padding)
+
+    def one(n, k, s, p):
+        num = n + 2 * p - k
+        o = (-(-num // s) if ceil_mode else num // s) + 1
+        if ceil_mode and (o - 1) * s >= n + p:
+            o -= 1
+        return o
+
+    return one(h, kh, sh, ph), one(w, kw, sw, pw)
+
+
+def maxpool_forward(x, y, kernel, stride, padding):
+    """Max pooling with implicit -inf padding.  The output size is taken from
+    y, so ceil-mode shapes work too."""
+    kh, kw = _pair(kernel)
+    stride, padding = _pair(stride), _pair(padding)
+    h, w = x.shape[2:]
+    ho, wo = y.shape[2:]
+    y.fill(-np.inf)
+    for i in range(kh):
+        for j in range(kw):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
+            if sl is None:
+                continue
+            oh, ow, ih, iw = sl
+            yv = y[:, :, oh, ow]
+            np.maximum(yv, x[:, :, ih, iw], out=yv)
+
+
+def maxpool_backward(x, y, dy, dx, kernel, stride, padding):
+    """Routes each dy to the FIRST maximum of its window in row-major order
+    (the element torch's CPU kernel records as index)."""
+    kh, kw = _pair(kernel)
+    stride, padding = _pair(stride), _pair(padding)
+    h, w = x.shape[2:]
+    ho, wo = y.shape[2:]
+    dx[...] = 0
+    taken = np.zeros(y.shape, dtype=bool)     # window already routed
+    hit = np.empty(y.shape, dtype=bool)
+    # x gathered per tap into a contiguous output-shaped buffer, so that all
+    # elementwise work runs on contiguous arrays; taps falling into the
+    # padding read NaN, which never equals the maximum.
+    xg = np.empty(y.shape, dtype=x.dtype)
+    contrib = np.empty(y.shape, dtype=dx.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
+            if sl is None:
+                continue
+            oh, ow, ih, iw = sl
+            if (oh.stop - oh.start, ow.stop - ow.start) != (ho, wo):
+                xg.fill(np.nan)
+            xg[:, :, oh, ow] = x[:, :, ih, iw]
+            np.equal(xg, y, out=hit)
+            np.greater(hit, taken, out=hit)   # hit and not yet taken
+            taken |= hit
+            np.multiply(dy, hit, out=contrib)
+            dxv = dx[:, :, ih, iw]
+            dxv += contrib[:, :, oh, ow]
+
+
+def _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dtype):
+    """Window sizes clipped to the padded input (torch, count_include_pad)."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    hs = np.arange(ho) * sh - ph
+    ws = np.arange(wo) * sw - pw
+    ch = np.minimum(hs + kh, h + ph) - hs
+    cw = np.minimum(ws + kw, w + pw) - ws
+    return np.outer(ch, cw).astype(dtype)
+
+
+def avgpool_forward(x, y, kernel, stride, padding):
+    """Average pooling, count_include_pad=True (torch default)."""
+    kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
+    h, w = x.shape[2:]
+    ho, wo = y.shape[2:]
+    y[...] = 0
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
+            if sl is None:
+                continue
+            oh, ow, ih, iw = sl
+            y[:, :, oh, ow] += x[:, :, ih, iw]
+    y /= _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, y.dtype)
+
+
+def avgpool_backward(dy, dx, kernel, stride, padding):
+    kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
+    h, w = dx.shape[2:]
+    ho, wo = dy.shape[2:]
+    g = dy / _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dy.dtype)
+    dx[...] = 0
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
+            if sl is None:
+                continue
+            oh, ow, ih, iw = sl
+            dx[:, :, ih, iw] += g[:, :, oh, ow]
+
+
+def global_avgpool_forward(x, y):
+    np.mean(x, axis=(2, 3), out=y)
+
+
+def global_avgpool_backward(dy, dx):
+    h, w = dx.shape[2:]
+    np.copyto(dx, (dy * (1.0 / (h * w))).astype(dx.dtype, copy=False)[:, :, None, None])
+
+
+# --------------------------------------------------------------------------
+# linear
+# --------------------------------------------------------------------------
+
+def linear_forward(x, w, b, y):
+    """y = x @ w.T + b  (w is (Out, In) like torch)."""
+    np.matmul(x, w.T, out=y)
+    if b is not None:
+        y += b
+
+
+def linear_backward(x, w, dy, dx, dw, db):
+    if dx is not None:
+        np.matmul(dy, w, out=dx)
+    if dw is not None:
+        np.matmul(dy.T, x, out=dw)
+    if db is not None:
+        np.sum(dy, axis=0, out=db)
+
+
+# --------------------------------------------------------------------------
+# dropout
+# --------------------------------------------------------------------------
+
+def dropout_forward(x, y, mask, p, seed):
+    """mask[i] ~ Bernoulli(1-p) from np.random.default_rng(seed) (keep iff
+    u < 1-p with u uniform float32 in [0, 1)); y = x*mask/(1-p).
+    p >= 1 drops everything (y = 0) like torch."""
+    if p >= 1.0:
+        mask[...] = 0
+    elif p <= 0.0:
+        mask[...] = 1
+    else:
+        u = np.random.default_rng(seed).random(x.shape, dtype=np.float32)
+        np.less(u, np.float32(1.0 - p), out=mask, casting="unsafe")
+    dropout_apply(x, y, mask, p)
+
+
+def dropout_apply(x, y, mask, p):
+    """Forward with an existing mask (recomputation)."""
+    if p >= 1.0:
+        y[...] = 0
+        return
+    np.multiply(x, mask, out=y)
+    if p > 0.0:
+        y *= 1.0 / (1.0 - p)
+
+
+def dropout_backward(dy, mask, dx, p):
+    dropout_apply(dy, dx, mask, p)
+
+
+# --------------------------------------------------------------------------
+# local response normalization (torch.nn.LocalResponseNorm)
+# --------------------------------------------------------------------------
+
+def _channel_window_sum(a, lo_off, hi_off, out):
+    """out[:, c] = sum_{c' = c-lo_off .. c+hi_off, 0 <= c' < C} a[:, c']."""
+    c = a.shape[1]
+    np.copyto(out, a)
+    for d in range(-lo_off, hi_off + 1):
+        if d == 0 or abs(d) >= c:
+            continue
+        if d > 0:
+            out[:, :c - d] += a[:, d:]
+        else:
+            out[:, -d:] += a[:, :c + d]
+
+
+def _lrn_scale(x, size, alpha, k):
+    sq = np.square(x)
+    scale = np.empty_like(x)
+    # window of channel c: c - size//2 .. c + (size-1)//2 (torch's zero padding)
+    _channel_window_sum(sq, size // 2, (size - 1) // 2, scale)
+    scale *= alpha / size
+    scale += k
+    return scale
+
+
+def lrn_forward(x, y, size, alpha, beta, k):
+    """y = x / (k + alpha/size * sum_window x^2) ** beta."""
+    scale = _lrn_scale(x, size, alpha, k)
+    np.power(scale, -beta, out=scale)
+    np.multiply(x, scale, out=y)
+
+
+def lrn_backward(x, y, dy, dx, size, alpha, beta, k):
+    scale = _lrn_scale(x, size, alpha, k)
+    # t = dy * y / scale, summed over the channels whose window contains c
+    t = dy * y
+    t /= scale
+    acc = np.empty_like(t)
+    _channel_window_sum(t, (size - 1) // 2, size // 2, acc)
+    acc *= x
+    acc *= -2.0 * alpha * beta / size
+    np.power(scale, -beta, out=scale)
+    np.multiply(dy, scale, out=dx)
+    dx += acc
+
+
+# --------------------------------------------------------------------------
+# structural
+# --------------------------------------------------------------------------
+
+def add_forward(xs, y):
+    if len(xs) == 1:
+        np.copyto(y, xs[0])
+        return
+    np.add(xs[0], xs[1], out=y)
+    for a in xs[2:]:
+        y += a
+
+
+def concat_forward(xs, y):
+    o = 0
+    for a in xs:
+        c = a.shape[1]
+        y[:, o:o + c] = a
+        o += c
+    assert o == y.shape[1]
+
+
+def concat_backward(dy, dxs, widths=None):
+    """dxs[i] <- its channel slice of dy.  None entries are skipped; their
+    channel counts come from ``widths`` (optional extra argument) or, when
+    exactly one entry is None, from what the others leave of dy.shape[1]."""
+    if widths is None:
+        known = [d.shape[1] if d is not None else None for d in dxs]
+        missing = known.count(None)
+        if missing == 1:
+            known[known.index(None)] = dy.shape[1] - sum(c for c in known if c is not None)
+        elif missing > 1:
+            if all(d is None for d in dxs):
+                return
+            raise ValueError("concat_backward: pass widths= when several dxs are None")
+        widths = known
+    o = 0
+    for d, c in zip(dxs, widths):
+        if d is not None:
+            np.copyto(d, dy[:, o:o + c])
+        o += c
+    assert o == dy.shape[1]
+
+
+# --------------------------------------------------------------------------
+# loss
+# --------------------------------------------------------------------------
+
+def softmax_xent_forward(logits, labels, probs):
+    """Writes softmax(logits) into probs; returns the mean cross entropy
+    (log-sum-exp, stable) as a Python float."""
+    n = logits.shape[0]
+    mx = np.max(logits, axis=1, keepdims=True)
+    np.subtract(logits, mx, out=probs)
+    picked = probs[np.arange(n), labels].copy()        # logit[label] - max
+    np.exp(probs, out=probs)
+    s = np.sum(probs, axis=1, keepdims=True)
+    probs /= s
+    loss = np.log(s[:, 0].astype(np.float64)) - picked.astype(np.float64)
+    return float(np.mean(loss))
+
+
+def softmax_xent_backward(probs, labels, dlogits):
+    n = probs.shape[0]
+    np.copyto(dlogits, probs)
+    dlogits[np.arange(n), labels] -= 1
+    dlogits *= 1.0 / n
+
+
+# --------------------------------------------------------------------------
+# optimizer
+# --------------------------------------------------------------------------
+
+def _axpy(a, alpha, b, out):
+    """out = a + alpha*b with a single rounding (torch's CPU add(alpha=...)
+    is a fused multiply-add in its vectorized path).  float32 is emulated in
+    float64 (exact product, then one rounding to float64 and one to float32:
+    identical to an FMA except for astronomically rare double-rounding
+    ties); other dtypes use plain arithmetic."""
+    if out.dtype == np.float32:
+        r = b.astype(np.float64)
+        r *= np.float64(np.float32(alpha))
+        r += a
+        np.copyto(out, r, casting="same_kind")
+    else:
+        np.add(a, alpha * b, out=out)
+
+
+def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False):
+    """In-place torch.optim.SGD step (dampening=0, maximize=False).
+
+        d = grad + weight_decay*param
+        v = d                 (first step: torch clones d into the buffer)
+        v = momentum*v + d    (later steps)
+        d = d + momentum*v if nesterov else v
+        param -= lr*d
+
+    First-step convention: torch's clone is reproduced EXACTLY by the
+    ordinary rule when velocity holds zeros (momentum*0 + d == d bitwise), so
+    a zero-initialized velocity needs nothing else.  ``first_step=True``
+    forces the clone and is only needed if the buffer is not zeroed.
+    ``grad`` is not modified.  In float32 the result is bit-identical to torch
+    (CPU), whose add(alpha=...) uses fused multiply-add.
+    """
+    if weight_decay != 0:
+        d = np.empty_like(param)
+        _axpy(grad, weight_decay, param, d)
+    else:
+        d = grad
+    if momentum != 0:
+        if velocity is None:
+            raise ValueError("sgd_update: momentum != 0 needs a velocity buffer")
+        if first_step:
+            np.copyto(velocity, d)
+        else:
+            velocity *= param.dtype.type(momentum) if param.dtype.kind == "f" else momentum
+            velocity += d
+        if nesterov:
+            nd = np.empty_like(param)
+            _axpy(d, momentum, velocity, nd)
+            d = nd
+        else:
+            d = velocity
+    _axpy(param, -lr, d, param)
+
+
+# --------------------------------------------------------------------------
+# memory primitives
+# --------------------------------------------------------------------------
+
+def fill(a, value):
+    a.fill(value)
+
+
+def copy(dst, src):
+    np.copyto(dst, src)
+
+
+def add_inplace(dst, src):
+    np.add(dst, src, out=dst)

@@ -1,0 +1,136 @@
+"""Layer base class: a layer is a shape rule, a dependency declaration and forward/backward.
+
+A layer never allocates memory itself. The executor hands it views into the arena:
+``ins``/``outs`` (activations), ``params``, ``aux`` (tensors kept from forward for backward,
+e.g. BN batch statistics, dropout masks), ``ws`` (a transient workspace) and, in backward,
+``douts``/``dins``/``dparams``. ``k`` is the device's kernel module (NumPy or cuDNN/CuPy), so
+one layer file serves every device.
+
+What backward reads is declared, not discovered: ``retain_inputs`` / ``retain_outputs`` name the
+input and output indices whose *values* backward needs (Chainer's idea). Liveness frees an
+activation right after its last declared use, so minimal declarations are what save memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import GraphError
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    shape: tuple[int, ...]
+    init: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+    trainable: bool = True          # BN running statistics are persistent but not trained
+
+
+@dataclass(frozen=True)
+class AuxSpec:
+    shape: tuple[int, ...]          # full shape, batch included
+    dtype: Any = None               # None: the compute dtype
+
+
+def pair(v, what: str, layer: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        v = (v, v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise GraphError(f"{layer}: {what} must be an int or a pair, got {v!r}")
+    return v
+
+
+class Layer:
+    #: role in memory planning: "data", "conv", "fc", "join", "concat" are checkpoints
+    #: (their outputs are worth keeping); "bn", "act", "pool", "lrn", "dropout" are cheap to
+    #: recompute; "loss" ends the graph.
+    kind = "generic"
+    retain_inputs: tuple[int, ...] = ()
+    retain_outputs: tuple[int, ...] = ()
+    num_inputs: int | None = 1      # None: variadic (add, concat)
+    type_name = "Layer"
+    _counter: dict[str, int] = {}
+
+    def __init__(self, name: str | None = None):
+        if name is None:
+            n = Layer._counter.get(self.type_name, 0)
+            Layer._counter[self.type_name] = n + 1
+            name = f"{self.type_name.lower()}{n}"
+        self.name = name
+        self.inputs: list = []      # symbolic Tensors, set when called
+        self.outputs: list = []
+        self.param_specs: dict[str, ParamSpec] = {}
+
+    # ---- graph building -------------------------------------------------------------
+    def __call__(self, *inputs):
+        from ..graph import Tensor
+        if self.outputs:
+            raise GraphError(f"layer {self.name!r} was already called; create a new layer "
+                             "(weight sharing between call sites is not supported)")
+        if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
+            inputs = tuple(inputs[0])
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Tensor):
+                raise GraphError(f"{self.name}: input {i} is {type(t).__name__}, expected a "
+                                 "neuron Tensor (the output of Input or another layer)")
+        if self.num_inputs is not None and len(inputs) != self.num_inputs:
+            raise GraphError(f"{self.name}: expects {self.num_inputs} input(s), got {len(inputs)}")
+        if self.num_inputs is None and len(inputs) < 2:
+            raise GraphError(f"{self.name}: expects at least 2 inputs, got {len(inputs)}")
+        shapes = [t.shape for t in inputs]
+        self.build(shapes)
+        out_shapes = self.infer_shapes(shapes)
+        self.inputs = list(inputs)
+        self.outputs = [Tensor(s, self, i) for i, s in enumerate(out_shapes)]
+        for t in inputs:
+            t.consumers.append(self)
+        return self.outputs[0] if len(self.outputs) == 1 else tuple(self.outputs)
+
+    def build(self, in_shapes: list[tuple[int, ...]]) -> None:
+        """Create parameter specs once input shapes are known."""
+
+    def infer_shapes(self, in_shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        raise NotImplementedError
+
+    # ---- memory declarations (shapes include the batch) ---------------------------------
+    def aux_specs(self, batch: int) -> dict[str, AuxSpec]:
+        return {}
+
+    def workspace_bytes(self, phase: str, batch: int, itemsize: int) -> int:
+        return 0
+
+    def in_shapes(self, batch: int) -> list[tuple[int, ...]]:
+        return [(batch, *t.shape) for t in self.inputs]
+
+    def out_shapes(self, batch: int) -> list[tuple[int, ...]]:
+        return [(batch, *t.shape) for t in self.outputs]
+
+    # ---- compute ----------------------------------------------------------------------
+    def forward(self, k, ins, outs, params, aux, ws, ctx) -> None:
+        raise NotImplementedError
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx) -> None:
+        raise NotImplementedError
+
+    def flops(self, batch: int) -> int:
+        """Rough forward cost (multiply-adds), for cost-aware planning."""
+        return sum(int(np.prod(s)) for s in self.out_shapes(batch))
+
+    def describe(self) -> str:
+        return self.type_name
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} {self.name}>"
+
+
+@dataclass
+class Context:
+    """What a kernel call may need beyond tensors."""
+    training: bool = True
+    recompute: bool = False         # a re-run of forward: must not update BN running stats
+    seed: int = 0
+    iteration: int = 0
+    feed: dict = field(default_factory=dict)
+    losses: dict = field(default_factory=dict)

@@ -1,0 +1,78 @@
+"""2-D convolution (cross-correlation, as PyTorch), with stride, padding, dilation, groups."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError, GraphError
+from ..init import he_normal, zeros
+from .base import Layer, ParamSpec, pair
+
+
+class Conv2d(Layer):
+    kind = "conv"
+    retain_inputs = (0,)            # dW needs x; dx needs only W
+    type_name = "Conv"
+
+    def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, init=None, name: str | None = None):
+        super().__init__(name)
+        self.out_channels = int(out_channels)
+        self.kernel = pair(kernel_size, "kernel_size", self.name)
+        self.stride = pair(stride, "stride", self.name)
+        self.padding = pair(padding, "padding", self.name)
+        self.dilation = pair(dilation, "dilation", self.name)
+        self.groups = int(groups)
+        self.bias = bool(bias)
+        self.init = init or he_normal
+        if self.out_channels <= 0 or min(self.kernel) <= 0 or min(self.stride) <= 0 \
+                or min(self.padding) < 0 or min(self.dilation) <= 0 or self.groups <= 0:
+            raise GraphError(f"{self.name}: invalid conv arguments out={self.out_channels} "
+                             f"kernel={self.kernel} stride={self.stride} padding={self.padding} "
+                             f"dilation={self.dilation} groups={self.groups}")
+
+    def build(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 3:
+            raise ShapeError(f"{self.name}: expects input (C,H,W), got {s}")
+        c = s[0]
+        if c % self.groups or self.out_channels % self.groups:
+            raise ShapeError(f"{self.name}: channels in={c} out={self.out_channels} not divisible "
+                             f"by groups={self.groups}")
+        self.in_channels = c
+        self.param_specs = {"weight": ParamSpec(
+            (self.out_channels, c // self.groups, *self.kernel), self.init)}
+        if self.bias:
+            self.param_specs["bias"] = ParamSpec((self.out_channels,), zeros)
+
+    def infer_shapes(self, in_shapes):
+        _, h, w = in_shapes[0]
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.stride, self.padding, self.dilation
+        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        if ho <= 0 or wo <= 0:
+            raise ShapeError(f"{self.name}: input {in_shapes[0]} too small for kernel {self.kernel} "
+                             f"dilation {self.dilation} padding {self.padding} (output {ho}x{wo})")
+        return [(self.out_channels, ho, wo)]
+
+    def _args(self):
+        return self.stride, self.padding, self.dilation, self.groups
+
+    def workspace_bytes(self, phase, batch, itemsize):
+        from ..kernels import numpy_ref
+        return numpy_ref.conv2d_workspace_bytes(
+            self.in_shapes(batch)[0], self.param_specs["weight"].shape, *self._args(), itemsize)
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.conv2d_forward(ins[0], params["weight"], params.get("bias"), outs[0], *self._args(), ws)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        k.conv2d_backward(ins[0], params["weight"], douts[0], dins[0], dparams["weight"],
+                          dparams.get("bias"), *self._args(), ws)
+
+    def flops(self, batch):
+        c, kh, kw = self.param_specs["weight"].shape[1:]
+        return int(np.prod(self.out_shapes(batch)[0])) * c * kh * kw
+
+    def describe(self):
+        return (f"Conv {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]} "
+                f"{self.in_channels}->{self.out_channels}")

@@ -1,0 +1,38 @@
+"""Dropout with a reproducible mask. The mask is an AUX tensor: a recompute reuses it."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GraphError
+from .base import AuxSpec, Layer
+
+
+class Dropout(Layer):
+    kind = "dropout"
+    type_name = "Dropout"
+
+    def __init__(self, p: float = 0.5, name: str | None = None):
+        super().__init__(name)
+        if not 0.0 <= p < 1.0:
+            raise GraphError(f"{self.name}: p must be in [0, 1), got {p}")
+        self.p = float(p)
+        self.index = 0              # set by the graph: part of the mask seed
+
+    def infer_shapes(self, in_shapes):
+        return [in_shapes[0]]
+
+    def aux_specs(self, batch):
+        return {"mask": AuxSpec(self.in_shapes(batch)[0], np.uint8)}
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        if not ctx.training:
+            k.copy(outs[0], ins[0])
+        elif ctx.recompute:
+            k.dropout_apply(ins[0], outs[0], aux["mask"], self.p)
+        else:
+            seed = (ctx.seed * 1_000_003 + ctx.iteration * 7919 + self.index) % (2 ** 63)
+            k.dropout_forward(ins[0], outs[0], aux["mask"], self.p, seed)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        if dins[0] is not None:
+            k.dropout_backward(douts[0], aux["mask"], dins[0], self.p)

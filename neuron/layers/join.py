@@ -1,0 +1,42 @@
+"""Add (residual join) and Concat (DenseNet): layers that wait for all their inputs."""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from .base import Layer
+
+
+class Add(Layer):
+    kind = "join"
+    num_inputs = None               # backward needs nothing from forward
+    type_name = "Add"
+
+    def infer_shapes(self, in_shapes):
+        if any(s != in_shapes[0] for s in in_shapes):
+            raise ShapeError(f"{self.name}: all inputs must have the same shape, got {in_shapes}")
+        return [in_shapes[0]]
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.add_forward(list(ins), outs[0])
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        for d in dins:
+            if d is not None:
+                k.copy(d, douts[0])
+
+
+class Concat(Layer):
+    kind = "concat"
+    num_inputs = None
+    type_name = "Concat"
+
+    def infer_shapes(self, in_shapes):
+        rest = in_shapes[0][1:]
+        if any(len(s) != 3 or s[1:] != rest for s in in_shapes):
+            raise ShapeError(f"{self.name}: inputs must be (C,H,W) with equal H,W, got {in_shapes}")
+        return [(sum(s[0] for s in in_shapes), *rest)]
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.concat_forward(list(ins), outs[0])
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        k.concat_backward(douts[0], list(dins))

@@ -1,0 +1,50 @@
+"""Fully connected layer. Inputs of any shape are flattened per sample (a free reshape)."""
+from __future__ import annotations
+
+import math
+
+from ..errors import GraphError
+from ..init import torch_linear_weight, torch_linear_bias
+from .base import Layer, ParamSpec
+
+
+class Linear(Layer):
+    kind = "fc"
+    retain_inputs = (0,)
+    type_name = "FC"
+
+    def __init__(self, out_features: int, bias: bool = True, init=None, name: str | None = None):
+        super().__init__(name)
+        self.out_features = int(out_features)
+        if self.out_features <= 0:
+            raise GraphError(f"{self.name}: out_features must be positive, got {out_features}")
+        self.bias = bool(bias)
+        self.init = init
+
+    def build(self, in_shapes):
+        self.in_features = math.prod(in_shapes[0])
+        self.param_specs = {"weight": ParamSpec((self.out_features, self.in_features),
+                                                self.init or torch_linear_weight)}
+        if self.bias:
+            self.param_specs["bias"] = ParamSpec((self.out_features,),
+                                                 torch_linear_bias(self.in_features))
+
+    def infer_shapes(self, in_shapes):
+        return [(self.out_features,)]
+
+    @staticmethod
+    def _flat(a):
+        return None if a is None else a.reshape(a.shape[0], -1)
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.linear_forward(self._flat(ins[0]), params["weight"], params.get("bias"), outs[0])
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        k.linear_backward(self._flat(ins[0]), params["weight"], douts[0], self._flat(dins[0]),
+                          dparams["weight"], dparams.get("bias"))
+
+    def flops(self, batch):
+        return batch * self.in_features * self.out_features
+
+    def describe(self):
+        return f"FC {self.in_features}->{self.out_features}"

@@ -1,0 +1,35 @@
+"""Softmax cross-entropy: the loss layer ending every training graph."""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from .base import AuxSpec, Layer
+
+
+class SoftmaxCrossEntropy(Layer):
+    kind = "loss"
+    num_inputs = 2                  # logits, labels
+    type_name = "SoftmaxLoss"
+
+    def infer_shapes(self, in_shapes):
+        logits, labels = in_shapes
+        if len(logits) != 1:
+            raise ShapeError(f"{self.name}: logits must be (K,) per sample, got {logits}")
+        if labels != ():
+            raise ShapeError(f"{self.name}: labels must be one integer per sample, got {labels}")
+        self.num_classes = logits[0]
+        return [()]
+
+    def aux_specs(self, batch):
+        return {"probs": AuxSpec((batch, self.num_classes))}
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        loss = k.softmax_xent_forward(ins[0], ins[1], aux["probs"])
+        outs[0][...] = loss
+        ctx.losses[self.name] = float(loss)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        k.softmax_xent_backward(aux["probs"], ins[1], dins[0])
+
+
+# Backward reads the labels (input 1) but not the logits.
+SoftmaxCrossEntropy.retain_inputs = (1,)

@@ -1,0 +1,79 @@
+"""Batch normalization and cross-channel local response normalization."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..init import ones, zeros
+from .base import AuxSpec, Layer, ParamSpec
+
+
+class BatchNorm(Layer):
+    """PyTorch semantics: normalize with the biased batch variance, update running_var with the
+    unbiased one. Running statistics change once per iteration: never during a recompute."""
+    kind = "bn"
+    retain_inputs = (0,)
+    type_name = "BN"
+
+    def __init__(self, momentum: float = 0.1, eps: float = 1e-5, name: str | None = None):
+        super().__init__(name)
+        self.momentum, self.eps = float(momentum), float(eps)
+
+    def build(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) not in (1, 3):
+            raise ShapeError(f"{self.name}: expects (C,) or (C,H,W) input, got {s}")
+        c = s[0]
+        self.channels = c
+        self.param_specs = {"weight": ParamSpec((c,), ones), "bias": ParamSpec((c,), zeros),
+                            "running_mean": ParamSpec((c,), zeros, trainable=False),
+                            "running_var": ParamSpec((c,), ones, trainable=False)}
+
+    def infer_shapes(self, in_shapes):
+        return [in_shapes[0]]
+
+    def aux_specs(self, batch):
+        return {"save_mean": AuxSpec((self.channels,)), "save_invstd": AuxSpec((self.channels,))}
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        p = params
+        if ctx.training:
+            k.batchnorm_forward_train(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
+                                      p["running_var"], aux["save_mean"], aux["save_invstd"],
+                                      self.momentum, self.eps, not ctx.recompute)
+        else:
+            k.batchnorm_forward_infer(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
+                                      p["running_var"], self.eps)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        k.batchnorm_backward(ins[0], douts[0], params["weight"], aux["save_mean"],
+                             aux["save_invstd"], dins[0], dparams["weight"], dparams["bias"])
+
+
+class LRN(Layer):
+    """Cross-channel LRN exactly as torch.nn.LocalResponseNorm (AlexNet's LRN1/LRN2)."""
+    kind = "lrn"
+    retain_inputs = (0,)
+    retain_outputs = (0,)
+    type_name = "LRN"
+
+    def __init__(self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0,
+                 name: str | None = None):
+        super().__init__(name)
+        self.size, self.alpha, self.beta, self.k = int(size), float(alpha), float(beta), float(k)
+
+    def infer_shapes(self, in_shapes):
+        if len(in_shapes[0]) != 3:
+            raise ShapeError(f"{self.name}: expects input (C,H,W), got {in_shapes[0]}")
+        return [in_shapes[0]]
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.lrn_forward(ins[0], outs[0], self.size, self.alpha, self.beta, self.k)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        if dins[0] is not None:
+            k.lrn_backward(ins[0], outs[0], douts[0], dins[0], self.size, self.alpha, self.beta,
+                           self.k)
+
+    def flops(self, batch):
+        return int(np.prod(self.out_shapes(batch)[0])) * self.size

@@ -1,0 +1,74 @@
+"""Max, average and global-average pooling."""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from .base import Layer, pair
+
+
+class _Pool2d(Layer):
+    kind = "pool"
+
+    def __init__(self, kernel_size, stride=None, padding=0, name: str | None = None):
+        super().__init__(name)
+        self.kernel = pair(kernel_size, "kernel_size", self.name)
+        self.stride = pair(stride if stride is not None else kernel_size, "stride", self.name)
+        self.padding = pair(padding, "padding", self.name)
+        if self.padding[0] * 2 > self.kernel[0] or self.padding[1] * 2 > self.kernel[1]:
+            raise ShapeError(f"{self.name}: padding {self.padding} must be at most half the "
+                             f"kernel {self.kernel}")
+
+    def infer_shapes(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 3:
+            raise ShapeError(f"{self.name}: expects input (C,H,W), got {s}")
+        c, h, w = s
+        ho = (h + 2 * self.padding[0] - self.kernel[0]) // self.stride[0] + 1
+        wo = (w + 2 * self.padding[1] - self.kernel[1]) // self.stride[1] + 1
+        if ho <= 0 or wo <= 0:
+            raise ShapeError(f"{self.name}: input {s} too small for kernel {self.kernel}")
+        return [(c, ho, wo)]
+
+    def describe(self):
+        return f"{self.type_name} {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]}"
+
+
+class MaxPool2d(_Pool2d):
+    type_name = "MaxPool"
+    retain_inputs = (0,)
+    retain_outputs = (0,)           # cuDNN's backward wants x, y and dy
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.maxpool_forward(ins[0], outs[0], self.kernel, self.stride, self.padding)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        if dins[0] is not None:
+            k.maxpool_backward(ins[0], outs[0], douts[0], dins[0], self.kernel, self.stride,
+                               self.padding)
+
+
+class AvgPool2d(_Pool2d):
+    type_name = "AvgPool"
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.avgpool_forward(ins[0], outs[0], self.kernel, self.stride, self.padding)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        if dins[0] is not None:
+            k.avgpool_backward(douts[0], dins[0], self.kernel, self.stride, self.padding)
+
+
+class GlobalAvgPool(Layer):
+    kind = "pool"
+    type_name = "GlobalAvgPool"
+
+    def infer_shapes(self, in_shapes):
+        if len(in_shapes[0]) != 3:
+            raise ShapeError(f"{self.name}: expects input (C,H,W), got {in_shapes[0]}")
+        return [(in_shapes[0][0],)]
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.global_avgpool_forward(ins[0], outs[0])
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        if dins[0] is not None:
+            k.global_avgpool_backward(douts[0], dins[0])

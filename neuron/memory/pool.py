@@ -1,0 +1,214 @@
+"""The unified tensor pool (SuperNeurons §3.3): every tensor's bytes come from the device arena
+through the heap, and a tensor may also live on the host.
+
+Residency per tensor: on device, on host (offloaded), or absent (not yet made, or freed; a
+recompute writes a fresh version). The LRU tensor cache of Algorithm 2: a step *locks* the
+tensors it uses; when an allocation cannot be met, unlocked tensors are offloaded to host in
+least-recently-used order until it can (only if the policy allows eviction). Prefetch brings a
+host tensor back ahead of its use when that fits without evicting anything.
+
+The executor only speaks to this interface, so a policy changes what the pool does, never the
+executor's plumbing. On the CPU copies are synchronous; the GPU device does the same through its
+copy stream.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..errors import MemoryBudgetError
+from .heap import Heap
+from .host import HostPool
+from .tensors import Kind, TensorInfo
+
+
+class Pool:
+    def __init__(self, device, block: int = 1024, strategy: str = "first_fit",
+                 evict: bool = False):
+        self.device = device
+        self.heap = Heap(device.arena_bytes, block=block, strategy=strategy)
+        self.evict_enabled = evict
+        self.offset: dict[int, int] = {}        # on device: tensor id -> arena offset
+        self.live: dict[int, TensorInfo] = {}   # on device
+        self.host: dict[int, tuple] = {}        # on host: tensor id -> (tensor, buffer)
+        self.lru: OrderedDict[int, TensorInfo] = OrderedDict()  # device tensors, oldest first
+        self.locked: set[int] = set()
+        self.pinned: set[int] = set()           # never evicted (parameters unless offloaded)
+        self.host_pool = HostPool(device.host_allocator())
+        self.held: list[int] = []               # raw regions kept to the iteration's end
+        self.max_extent = 0                     # highest byte ever handed out
+        self.by_kind = {k: 0 for k in Kind}     # bytes on device by kind, now
+        self.by_kind_at_peak = dict(self.by_kind)
+        self.offload_bytes = self.prefetch_bytes = 0
+        self.offload_count = self.prefetch_count = 0
+        self.hits = self.misses = 0
+
+    # ---- allocation -------------------------------------------------------------------
+    def _take(self, nbytes: int, what, step) -> int:
+        """An arena offset for nbytes, evicting LRU unlocked tensors if allowed."""
+        heap = self.heap
+        off = heap.try_alloc(nbytes)
+        while off < 0 and self.evict_enabled and self._evict_one():
+            off = heap.try_alloc(nbytes)
+        if off < 0:
+            raise self.budget_error(what, step, nbytes)
+        self.max_extent = max(self.max_extent, off + heap.round(nbytes))
+        return off
+
+    def _account(self, kind: Kind, nbytes: int) -> None:
+        self.by_kind[kind] += nbytes
+        if self.heap.used_bytes >= self.heap.high_water:
+            self.by_kind_at_peak = dict(self.by_kind)
+
+    def alloc(self, t: TensorInfo, step=None):
+        if t.id in self.offset or t.id in self.host:
+            raise RuntimeError(f"{t.name} allocated twice")
+        off = self._take(max(t.nbytes, 1), t, step)
+        self.offset[t.id] = off
+        self.live[t.id] = t
+        self.lru[t.id] = t
+        self._account(t.kind, self.heap.size_of(off))
+        return self.device.view(off, t.shape, t.dtype)
+
+    def budget_error(self, t, step=None, nbytes: int | None = None):
+        h = self.heap
+        need = h.round(max(nbytes if nbytes is not None else t.nbytes, 1))
+        where = f"step {step.name}" if step is not None else "setup"
+        name = t.name if isinstance(t, TensorInfo) else str(t)
+        kind = f"{t.kind.value}, shape {t.shape}" if isinstance(t, TensorInfo) else "workspace"
+        return MemoryBudgetError(
+            f"{where}: cannot allocate {name} ({kind}) of {need} bytes in an arena of {h.size} "
+            f"bytes: largest free block {h.largest_free}, free {h.free_bytes} "
+            f"({need - h.largest_free} bytes short)",
+            step=getattr(step, "name", None), tensor=name, requested=need,
+            largest_free=h.largest_free, free_bytes=h.free_bytes, budget=h.size)
+
+    def free(self, t: TensorInfo) -> None:
+        """Drop a tensor wherever it is."""
+        if t.id in self.offset:
+            off = self.offset.pop(t.id)
+            self._account(t.kind, -self.heap.size_of(off))
+            self.heap.free(off)
+            del self.live[t.id]
+            self.lru.pop(t.id, None)
+        elif t.id in self.host:
+            self.host_pool.put(self.host.pop(t.id)[1])
+        self.locked.discard(t.id)
+
+    def alloc_bytes(self, nbytes: int, what: str, step=None) -> int:
+        """A raw region (a workspace); returns its offset."""
+        off = self._take(nbytes, what, step)
+        self._account(Kind.WORKSPACE, self.heap.size_of(off))
+        return off
+
+    def free_bytes(self, offset: int) -> None:
+        self._account(Kind.WORKSPACE, -self.heap.size_of(offset))
+        self.heap.free(offset)
+
+    def hold_bytes(self, offset: int) -> None:
+        """Keep a raw region until release_held (the baseline policy frees nothing early)."""
+        self.held.append(offset)
+
+    def release_held(self) -> None:
+        for off in self.held:
+            self.free_bytes(off)
+        self.held.clear()
+
+    # ---- residency --------------------------------------------------------------------
+    def view(self, t: TensorInfo):
+        return self.device.view(self.offset[t.id], t.shape, t.dtype)
+
+    def resident(self, t: TensorInfo) -> bool:
+        return t.id in self.offset
+
+    def lock(self, tensors) -> None:
+        for t in tensors:
+            self.locked.add(t.id)
+
+    def unlock(self, tensors) -> None:
+        for t in tensors:
+            self.locked.discard(t.id)
+            if t.id in self.lru:
+                self.lru.move_to_end(t.id)      # most recently used
+
+    def ensure(self, t: TensorInfo, step=None):
+        """Make t resident for a step (a cache hit, or a miss that copies it back now)."""
+        if t.id in self.offset:
+            self.hits += 1
+            return
+        if t.id not in self.host:
+            raise RuntimeError(f"step {getattr(step, 'name', '?')}: {t.name} is needed but was "
+                               "never produced or already freed (a schedule bug)")
+        self.misses += 1
+        self._bring_back(t, step)
+
+    def _bring_back(self, t: TensorInfo, step) -> None:
+        _, buf = self.host[t.id]
+        off = self._take(max(t.nbytes, 1), t, step)
+        del self.host[t.id]
+        self.offset[t.id] = off
+        self.live[t.id] = t
+        self.lru[t.id] = t
+        self._account(t.kind, self.heap.size_of(off))
+        self.device.copy_to_device(buf, self.device.view(off, t.shape, t.dtype), t.nbytes)
+        self.host_pool.put(buf)
+        self.prefetch_bytes += t.nbytes
+        self.prefetch_count += 1
+
+    def prefetch(self, t: TensorInfo) -> bool:
+        """Bring t back ahead of use if that needs no eviction."""
+        if t.id not in self.host or not self.heap.can_alloc(max(t.nbytes, 1)):
+            return False
+        saved, self.evict_enabled = self.evict_enabled, False
+        try:
+            self._bring_back(t, None)
+        finally:
+            self.evict_enabled = saved
+        return True
+
+    def offload(self, t: TensorInfo) -> None:
+        """Move a device tensor to a host buffer and free its arena block."""
+        buf = self.host_pool.get(t.nbytes)
+        off = self.offset.pop(t.id)
+        self.device.copy_to_host(self.device.view(off, t.shape, t.dtype), buf, t.nbytes)
+        self._account(t.kind, -self.heap.size_of(off))
+        self.heap.free(off)
+        del self.live[t.id]
+        self.lru.pop(t.id, None)
+        self.host[t.id] = (t, buf)
+        self.offload_bytes += t.nbytes
+        self.offload_count += 1
+
+    def place_on_host(self, t: TensorInfo, value=None) -> None:
+        """Create t directly on the host (parameters under --offload-params)."""
+        buf = self.host_pool.get(t.nbytes)
+        if value is not None and self.device.computes:
+            buf[:t.nbytes] = np.ascontiguousarray(value, dtype=t.dtype).reshape(-1).view(np.uint8)
+        self.host[t.id] = (t, buf)
+
+    def host_value(self, t: TensorInfo) -> np.ndarray:
+        _, buf = self.host[t.id]
+        return buf[:t.nbytes].view(t.dtype).reshape(t.shape).copy()
+
+    def _evict_one(self) -> bool:
+        for tid, t in self.lru.items():
+            if tid not in self.locked and tid not in self.pinned:
+                self.offload(t)
+                return True
+        return False
+
+    # ---- statistics -------------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        return self.heap.used_bytes
+
+    @property
+    def high_water(self) -> int:
+        return self.heap.high_water
+
+    def counters(self) -> dict:
+        return {"offload_bytes": self.offload_bytes, "prefetch_bytes": self.prefetch_bytes,
+                "offloads": self.offload_count, "prefetches": self.prefetch_count,
+                "cache_hits": self.hits, "cache_misses": self.misses,
+                "host_peak_bytes": self.host_pool.peak_bytes}

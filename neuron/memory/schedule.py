@@ -1,0 +1,164 @@
+"""The iteration as a flat list of steps, each bound to exactly the tensors it reads and writes.
+
+Built once per (graph, batch, dtype, optimizer) from the layers' declarations. Liveness,
+recomputation, offload and the simulator all work on this table, never on the layers.
+Forward steps F1..FN follow the route; backward steps BN..B1 mirror it. Each backward step
+also applies the optimizer to its layer's parameters (so their gradients die at once).
+Recomputation (memory/recompute.py) inserts "R" steps: forward re-runs writing fresh versions
+of dropped tensors, which the backward steps are then bound to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graph import Graph
+from ..layers.base import Layer
+from ..layers.data import Input
+from .tensors import Kind, TensorInfo, TensorRegistry
+
+
+@dataclass(eq=False)
+class Step:
+    index: int
+    layer: Layer
+    phase: str                          # "F" forward, "R" recompute (forward again), "B" backward
+    ins: list = field(default_factory=list)        # TensorInfo or None (not needed)
+    outs: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)     # local name -> TensorInfo
+    aux: dict = field(default_factory=dict)
+    douts: list = field(default_factory=list)      # backward: output gradients
+    # backward: (input index, gradient tensor, temp or None); a temp is added into the gradient
+    # after the step because another consumer already started it (fan-out)
+    grad_targets: list = field(default_factory=list)
+    updates: list = field(default_factory=list)    # (local name, param, grad, [state tensors])
+    workspace_bytes: int = 0
+    reads: list = field(default_factory=list)      # derived by bind()
+    writes: list = field(default_factory=list)
+
+    def bind(self) -> "Step":
+        """Derive reads/writes from the bindings (deduplicated, order kept)."""
+        reads, writes = {}, {}
+        if self.phase in ("F", "R"):
+            for t in self.ins:
+                reads[t.id] = t
+            for t in self.params.values():
+                reads[t.id] = t
+            for t in self.outs:
+                writes[t.id] = t
+            for t in self.aux.values():
+                # a recompute re-reads aux (dropout mask, BN statistics) instead of making it
+                (reads if self.phase == "R" else writes)[t.id] = t
+        else:
+            for t in [*self.douts, *self.ins, *self.outs, *self.aux.values(),
+                      *self.params.values()]:
+                if t is not None:
+                    reads[t.id] = t
+            for _, g, tmp in self.grad_targets:
+                if tmp is None:
+                    writes[g.id] = g
+                else:
+                    writes[tmp.id] = tmp
+                    reads[g.id] = g
+            for _, _, g, states in self.updates:
+                writes[g.id] = g
+                for s in states:
+                    reads[s.id] = s
+        self.reads = list(reads.values())
+        self.writes = [t for tid, t in writes.items() if tid not in reads]
+        return self
+
+    @property
+    def name(self) -> str:
+        return f"{self.phase}{self.index}:{self.layer.name}"
+
+    def tensors(self) -> list[TensorInfo]:
+        return self.reads + self.writes
+
+    def resident_bytes(self) -> int:
+        """l_i: bytes this step needs in the arena at once."""
+        return sum(t.nbytes for t in self.tensors()) + self.workspace_bytes
+
+
+@dataclass
+class Schedule:
+    graph: Graph
+    batch: int
+    dtype: np.dtype
+    registry: TensorRegistry
+    steps: list[Step]
+    act: dict                   # symbolic tensor id -> TensorInfo of its value
+    grad: dict                  # symbolic tensor id -> TensorInfo of its gradient
+    params: dict                # layer name -> {local name: TensorInfo}
+    param_grads: dict           # qualified name -> TensorInfo
+    opt_state: dict             # qualified name -> [TensorInfo]
+    aux: dict                   # layer name -> {aux name: TensorInfo}
+
+    def persistent(self) -> list[TensorInfo]:
+        return [t for t in self.registry.tensors if t.persistent]
+
+    def forward_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.phase == "F"]
+
+
+def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -> Schedule:
+    dtype = np.dtype(dtype)
+    reg = TensorRegistry()
+    params, param_grads, opt_state, aux = {}, {}, {}, {}
+    for qname, layer, pname, spec in graph.params():
+        p = reg.add(qname, Kind.PARAM, spec.shape, dtype, persistent=True)
+        params.setdefault(layer.name, {})[pname] = p
+        if spec.trainable:
+            param_grads[qname] = reg.add(f"grad:{qname}", Kind.PARAM_GRAD, spec.shape, dtype)
+            opt_state[qname] = [reg.add(f"{s}:{qname}", Kind.OPT_STATE, spec.shape, dtype,
+                                        persistent=True) for s in state_names]
+    act, grad = {}, {}
+    for layer in graph.route:
+        is_data = isinstance(layer, Input)
+        for t in layer.outputs:
+            tdtype = np.dtype(layer.dtype) if is_data and layer.dtype is not None else dtype
+            act[id(t)] = reg.add(f"act:{t.name}", Kind.DATA if is_data else Kind.ACTIVATION,
+                                 (batch, *t.shape), tdtype)
+            if not is_data and layer.kind != "loss":
+                grad[id(t)] = reg.add(f"grad:{t.name}", Kind.GRADIENT, (batch, *t.shape), dtype)
+        aux[layer.name] = {n: reg.add(f"aux:{layer.name}.{n}", Kind.AUX, s.shape,
+                                      s.dtype if s.dtype is not None else dtype)
+                           for n, s in layer.aux_specs(batch).items()}
+
+    steps: list[Step] = []
+    for layer in graph.route:
+        steps.append(Step(
+            len(steps), layer, "F", ins=[act[id(t)] for t in layer.inputs],
+            outs=[act[id(t)] for t in layer.outputs], params=dict(params.get(layer.name, {})),
+            aux=dict(aux[layer.name]),
+            workspace_bytes=layer.workspace_bytes("F", batch, dtype.itemsize)).bind())
+    started: set[int] = set()
+    for layer in reversed(graph.route):
+        if isinstance(layer, Input):
+            continue
+        s = Step(len(steps), layer, "B", params=dict(params.get(layer.name, {})),
+                 aux=dict(aux[layer.name]),
+                 workspace_bytes=layer.workspace_bytes("B", batch, dtype.itemsize))
+        s.douts = [grad.get(id(t)) for t in layer.outputs]
+        s.ins = [act[id(t)] if i in layer.retain_inputs else None
+                 for i, t in enumerate(layer.inputs)]
+        s.outs = [act[id(t)] if j in layer.retain_outputs else None
+                  for j, t in enumerate(layer.outputs)]
+        for i, t in enumerate(layer.inputs):
+            g = grad.get(id(t))
+            if g is None:
+                continue
+            if id(t) in started:
+                tmp = reg.add(f"gradtmp:{t.name}@{layer.name}#{i}", Kind.GRADIENT, g.shape, dtype)
+                s.grad_targets.append((i, g, tmp))
+            else:
+                started.add(id(t))
+                s.grad_targets.append((i, g, None))
+        for pname, p in params.get(layer.name, {}).items():
+            qname = f"{layer.name}.{pname}"
+            if qname in param_grads:
+                s.updates.append((pname, p, param_grads[qname], opt_state[qname]))
+        steps.append(s.bind())
+    return Schedule(graph, batch, dtype, reg, steps, act, grad, params, param_grads, opt_state,
+                    aux)

@@ -1,0 +1,34 @@
+"""Optimizers. State tensors live in the arena like everything else; the update is applied per
+layer, right after that layer's backward step, so each parameter gradient dies at once."""
+from __future__ import annotations
+
+
+class SGD:
+    """torch.optim.SGD semantics: momentum (dampening 0), Nesterov, L2 weight decay.
+
+    The momentum buffer starts at zero; the first step then gives buf = grad, which is exactly
+    torch's first step (it clones the gradient)."""
+
+    def __init__(self, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0,
+                 nesterov: bool = False):
+        if lr <= 0:
+            raise ValueError(f"SGD: lr must be > 0, got {lr}")
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD: momentum ({momentum}) and weight_decay ({weight_decay}) "
+                             "must be >= 0")
+        if nesterov and momentum == 0:
+            raise ValueError("SGD: nesterov needs momentum > 0")
+        self.lr, self.momentum = float(lr), float(momentum)
+        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+    def update(self, k, param, grad, state) -> None:
+        k.sgd_update(param, grad, state[0] if state else None, self.lr, self.momentum,
+                     self.weight_decay, self.nesterov)
+
+    def config(self) -> dict:
+        return {"type": "SGD", "lr": self.lr, "momentum": self.momentum,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov}

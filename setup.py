@@ -1,0 +1,24 @@
+"""Build script for the compiled parts of neuron.
+
+Project metadata lives in pyproject.toml; setup.py only exists because the
+pybind11 extensions have to be declared in code.
+"""
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import find_packages, setup
+
+ext_modules = [
+    Pybind11Extension(
+        "neuron.memory._heap",
+        ["neuron/memory/_heap.cpp"],
+        cxx_std=17,
+        extra_compile_args=["-O2"],
+    ),
+]
+
+setup(
+    packages=find_packages(include=["neuron", "neuron.*"]),
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": build_ext},
+    zip_safe=False,
+)
