@@ -98,18 +98,31 @@ def conv2d_out_hw(h, w, kh, kw, stride, padding, dilation):
     return ho, wo
 
 
+#: im2col columns are built for this many bytes' worth of samples at a time. The chunk depends
+#: only on the layer's shape, never on the memory available, so results are bit-identical under
+#: every memory policy, and the workspace stays small (the CPU's stand-in for cuDNN's choice of
+#: a low-workspace algorithm).
+CONV_CHUNK_BYTES = 32 << 20
+
+
+def conv2d_chunk(n, c, kh, kw, ho, wo, itemsize) -> int:
+    """Samples per im2col chunk for a batch of n."""
+    per_sample = c * kh * kw * ho * wo * itemsize
+    return max(1, min(n, CONV_CHUNK_BYTES // max(per_sample, 1)))
+
+
 def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, itemsize):
     """Bytes of workspace needed by conv2d_forward and conv2d_backward.
 
-    The column matrix has C*kh*kw rows and N*Ho*Wo columns; the same buffer is
-    reused in backward (columns for dW, then column-gradients for dX).  A small
-    slack of 64 bytes is added so the columns can be 64-byte aligned whatever
-    the alignment of the workspace slice.
+    The column matrix of one chunk of samples has C*kh*kw rows and chunk*Ho*Wo columns; the same
+    buffer is reused in backward (columns for dW, then column-gradients for dX). A small slack of
+    64 bytes lets the columns be 64-byte aligned whatever the alignment of the workspace slice.
     """
     n, c, h, w = x_shape
     _, _, kh, kw = w_shape
     ho, wo = conv2d_out_hw(h, w, kh, kw, stride, padding, dilation)
-    return int(c * kh * kw * n * ho * wo * itemsize) + _WS_ALIGN
+    m = conv2d_chunk(n, c, kh, kw, ho, wo, itemsize)
+    return int(c * kh * kw * m * ho * wo * itemsize) + _WS_ALIGN
 
 
 def _cols_from_workspace(workspace, count, dtype):
@@ -182,47 +195,62 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
     kg = k // g
     ho, wo = y.shape[2], y.shape[3]
     assert (ho, wo) == conv2d_out_hw(h, wd, kh, kw, stride, padding, dilation)
-    p = n * ho * wo
-    cols = _cols_from_workspace(workspace, c * kh * kw * p, x.dtype)
-    _im2col(x, cols.reshape(c, kh, kw, n, ho, wo), stride, padding, dilation)
-    # (G, Kg, CgKK) @ (G, CgKK, N*Ho*Wo) -> (G, Kg, N*Ho*Wo)
-    tmp = np.matmul(w.reshape(g, kg, cg * kh * kw), cols.reshape(g, cg * kh * kw, p))
-    tmp = tmp.reshape(k, n, ho, wo).transpose(1, 0, 2, 3)     # view (N, K, Ho, Wo)
-    if b is None:
-        np.copyto(y, tmp)
-    else:
-        np.add(tmp, b.reshape(1, k, 1, 1), out=y)
+    m = conv2d_chunk(n, c, kh, kw, ho, wo, x.dtype.itemsize)
+    wg = w.reshape(g, kg, cg * kh * kw)
+    for n0 in range(0, n, m):
+        xc, yc = x[n0:n0 + m], y[n0:n0 + m]
+        nc = xc.shape[0]
+        p = nc * ho * wo
+        cols = _cols_from_workspace(workspace, c * kh * kw * p, x.dtype)
+        _im2col(xc, cols.reshape(c, kh, kw, nc, ho, wo), stride, padding, dilation)
+        # (G, Kg, CgKK) @ (G, CgKK, n*Ho*Wo) -> (G, Kg, n*Ho*Wo)
+        tmp = np.matmul(wg, cols.reshape(g, cg * kh * kw, p))
+        tmp = tmp.reshape(k, nc, ho, wo).transpose(1, 0, 2, 3)     # view (n, K, Ho, Wo)
+        if b is None:
+            np.copyto(yc, tmp)
+        else:
+            np.add(tmp, b.reshape(1, k, 1, 1), out=yc)
 
 
 def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace):
-    """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip)."""
+    """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip).
+
+    dW is summed chunk by chunk in a fixed order (see CONV_CHUNK_BYTES)."""
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     n, c, h, wd = x.shape
     k, cg, kh, kw = w.shape
     g = int(groups)
     kg = k // g
     ho, wo = dy.shape[2], dy.shape[3]
-    p = n * ho * wo
     ckk = cg * kh * kw
     if db is not None:
         np.sum(dy, axis=(0, 2, 3), out=db)
     if dw is None and dx is None:
         return
-    # dy as (K, N*Ho*Wo), one transposed copy (activation-sized temporary)
-    dyt = np.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g, kg, p)
-    cols = _cols_from_workspace(workspace, c * kh * kw * p, x.dtype)
-    cols6 = cols.reshape(c, kh, kw, n, ho, wo)
-    colsg = cols.reshape(g, ckk, p)
-    if dw is not None:
-        _im2col(x, cols6, stride, padding, dilation)
-        # dW^T = cols @ dy^T: (G, CgKK, P) @ (G, P, Kg).  This orientation is
-        # markedly faster in OpenBLAS than dy @ cols^T for long P.
-        dwt = np.matmul(colsg, dyt.transpose(0, 2, 1))
-        np.copyto(dw, dwt.transpose(0, 2, 1).reshape(dw.shape))
-    if dx is not None:
-        # column gradients overwrite the columns in the same workspace
-        np.matmul(w.reshape(g, kg, ckk).transpose(0, 2, 1), dyt, out=colsg)
-        _col2im(cols6, dx, stride, padding, dilation)
+    m = conv2d_chunk(n, c, kh, kw, ho, wo, x.dtype.itemsize)
+    wgt = w.reshape(g, kg, ckk).transpose(0, 2, 1)
+    for n0 in range(0, n, m):
+        xc, dyc = x[n0:n0 + m], dy[n0:n0 + m]
+        nc = xc.shape[0]
+        p = nc * ho * wo
+        # dy as (K, n*Ho*Wo), one transposed copy (a chunk-sized temporary)
+        dyt = np.ascontiguousarray(dyc.transpose(1, 0, 2, 3)).reshape(g, kg, p)
+        cols = _cols_from_workspace(workspace, c * kh * kw * p, x.dtype)
+        cols6 = cols.reshape(c, kh, kw, nc, ho, wo)
+        colsg = cols.reshape(g, ckk, p)
+        if dw is not None:
+            _im2col(xc, cols6, stride, padding, dilation)
+            # dW^T = cols @ dy^T: (G, CgKK, P) @ (G, P, Kg).  This orientation is
+            # markedly faster in OpenBLAS than dy @ cols^T for long P.
+            dwt = np.matmul(colsg, dyt.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(dw.shape)
+            if n0 == 0:
+                np.copyto(dw, dwt)
+            else:
+                np.add(dw, dwt, out=dw)
+        if dx is not None:
+            # column gradients overwrite the columns in the same workspace
+            np.matmul(wgt, dyt, out=colsg)
+            _col2im(cols6, dx[n0:n0 + m], stride, padding, dilation)
 
 
 # --------------------------------------------------------------------------

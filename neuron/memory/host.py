@@ -12,10 +12,11 @@ import numpy as np
 
 
 class HostPool:
-    def __init__(self, allocate=None, granularity: int = 4096):
+    def __init__(self, allocate=None, granularity: int = 4096, limit: int | None = None):
         # allocate(nbytes) -> 1-D uint8 array; CudaDevice passes a pinned allocator
         self._allocate = allocate or (lambda n: np.empty(n, dtype=np.uint8))
         self.granularity = granularity
+        self.limit = limit              # host bytes that offloaded tensors may occupy
         self._free: dict[int, list] = defaultdict(list)
         self.in_use_bytes = 0
         self.peak_bytes = 0
@@ -28,6 +29,12 @@ class HostPool:
     def get(self, nbytes: int):
         """A buffer of at least nbytes (uint8); reuse a released one of the same class."""
         c = self.size_class(nbytes)
+        if self.limit is not None and self.in_use_bytes + c > self.limit:
+            from ..errors import MemoryBudgetError
+            raise MemoryBudgetError(
+                f"host memory budget of {self.limit} bytes exceeded: {self.in_use_bytes} in use, "
+                f"{c} more requested for an offloaded tensor", requested=c,
+                free_bytes=self.limit - self.in_use_bytes, budget=self.limit)
         lst = self._free.get(c)
         buf = lst.pop() if lst else None
         if buf is None:

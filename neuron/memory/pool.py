@@ -20,14 +20,17 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from .heap import Heap
 from .host import HostPool
-from .tensors import Kind, TensorInfo
+from .tensors import KIND_INDEX, Kind, TensorInfo
+
+_WS = KIND_INDEX[Kind.WORKSPACE]
 
 
 class Pool:
     def __init__(self, device, block: int = 1024, strategy: str = "first_fit",
-                 evict: bool = False):
+                 evict: bool = False, host_budget: int | None = None):
         self.device = device
         self.heap = Heap(device.arena_bytes, block=block, strategy=strategy)
+        self._h = self.heap._impl               # unchecked calls on the hot path
         self.evict_enabled = evict
         self.offset: dict[int, int] = {}        # on device: tensor id -> arena offset
         self.live: dict[int, TensorInfo] = {}   # on device
@@ -35,11 +38,11 @@ class Pool:
         self.lru: OrderedDict[int, TensorInfo] = OrderedDict()  # device tensors, oldest first
         self.locked: set[int] = set()
         self.pinned: set[int] = set()           # never evicted (parameters unless offloaded)
-        self.host_pool = HostPool(device.host_allocator())
+        self.host_pool = HostPool(device.host_allocator(), limit=host_budget)
         self.held: list[int] = []               # raw regions kept to the iteration's end
         self.max_extent = 0                     # highest byte ever handed out
-        self.by_kind = {k: 0 for k in Kind}     # bytes on device by kind, now
-        self.by_kind_at_peak = dict(self.by_kind)
+        self.by_kind = [0] * len(Kind)          # bytes on device by kind index, now
+        self._peak_kinds = list(self.by_kind)
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
         self.hits = self.misses = 0
@@ -47,19 +50,25 @@ class Pool:
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
         """An arena offset for nbytes, evicting LRU unlocked tensors if allowed."""
-        heap = self.heap
-        off = heap.try_alloc(nbytes)
+        h = self._h
+        off = h.try_alloc(nbytes)
         while off < 0 and self.evict_enabled and self._evict_one():
-            off = heap.try_alloc(nbytes)
+            off = h.try_alloc(nbytes)
         if off < 0:
             raise self.budget_error(what, step, nbytes)
-        self.max_extent = max(self.max_extent, off + heap.round(nbytes))
+        end = off + h.size_of(off)
+        if end > self.max_extent:
+            self.max_extent = end
         return off
 
-    def _account(self, kind: Kind, nbytes: int) -> None:
-        self.by_kind[kind] += nbytes
-        if self.heap.used_bytes >= self.heap.high_water:
-            self.by_kind_at_peak = dict(self.by_kind)
+    def _account(self, kind_index: int, nbytes: int) -> None:
+        self.by_kind[kind_index] += nbytes
+        if nbytes > 0 and self._h.used_bytes >= self._h.high_water:
+            self._peak_kinds = list(self.by_kind)
+
+    @property
+    def by_kind_at_peak(self) -> dict:
+        return {k: self._peak_kinds[i] for k, i in KIND_INDEX.items()}
 
     def alloc(self, t: TensorInfo, step=None):
         if t.id in self.offset or t.id in self.host:
@@ -68,7 +77,7 @@ class Pool:
         self.offset[t.id] = off
         self.live[t.id] = t
         self.lru[t.id] = t
-        self._account(t.kind, self.heap.size_of(off))
+        self._account(t.kind_index, self._h.size_of(off))
         return self.device.view(off, t.shape, t.dtype)
 
     def budget_error(self, t, step=None, nbytes: int | None = None):
@@ -88,8 +97,8 @@ class Pool:
         """Drop a tensor wherever it is."""
         if t.id in self.offset:
             off = self.offset.pop(t.id)
-            self._account(t.kind, -self.heap.size_of(off))
-            self.heap.free(off)
+            self._account(t.kind_index, -self._h.size_of(off))
+            self._h.free(off)
             del self.live[t.id]
             self.lru.pop(t.id, None)
         elif t.id in self.host:
@@ -99,12 +108,12 @@ class Pool:
     def alloc_bytes(self, nbytes: int, what: str, step=None) -> int:
         """A raw region (a workspace); returns its offset."""
         off = self._take(nbytes, what, step)
-        self._account(Kind.WORKSPACE, self.heap.size_of(off))
+        self._account(_WS, self._h.size_of(off))
         return off
 
     def free_bytes(self, offset: int) -> None:
-        self._account(Kind.WORKSPACE, -self.heap.size_of(offset))
-        self.heap.free(offset)
+        self._account(_WS, -self._h.size_of(offset))
+        self._h.free(offset)
 
     def hold_bytes(self, offset: int) -> None:
         """Keep a raw region until release_held (the baseline policy frees nothing early)."""
@@ -150,7 +159,7 @@ class Pool:
         self.offset[t.id] = off
         self.live[t.id] = t
         self.lru[t.id] = t
-        self._account(t.kind, self.heap.size_of(off))
+        self._account(t.kind_index, self._h.size_of(off))
         self.device.copy_to_device(buf, self.device.view(off, t.shape, t.dtype), t.nbytes)
         self.host_pool.put(buf)
         self.prefetch_bytes += t.nbytes
@@ -158,7 +167,7 @@ class Pool:
 
     def prefetch(self, t: TensorInfo) -> bool:
         """Bring t back ahead of use if that needs no eviction."""
-        if t.id not in self.host or not self.heap.can_alloc(max(t.nbytes, 1)):
+        if t.id not in self.host or not self._h.can_alloc(max(t.nbytes, 1)):
             return False
         saved, self.evict_enabled = self.evict_enabled, False
         try:
@@ -172,8 +181,8 @@ class Pool:
         buf = self.host_pool.get(t.nbytes)
         off = self.offset.pop(t.id)
         self.device.copy_to_host(self.device.view(off, t.shape, t.dtype), buf, t.nbytes)
-        self._account(t.kind, -self.heap.size_of(off))
-        self.heap.free(off)
+        self._account(t.kind_index, -self._h.size_of(off))
+        self._h.free(off)
         del self.live[t.id]
         self.lru.pop(t.id, None)
         self.host[t.id] = (t, buf)
@@ -201,11 +210,11 @@ class Pool:
     # ---- statistics -------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return self.heap.used_bytes
+        return self._h.used_bytes
 
     @property
     def high_water(self) -> int:
-        return self.heap.high_water
+        return self._h.high_water
 
     def counters(self) -> dict:
         return {"offload_bytes": self.offload_bytes, "prefetch_bytes": self.prefetch_bytes,

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
-
 import numpy as np
 
 
@@ -19,18 +17,19 @@ class Kind(enum.Enum):
     AUX = "aux"
 
 
-@dataclass(eq=False)
-class TensorInfo:
-    id: int
-    name: str
-    kind: Kind
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    persistent: bool = False        # lives across iterations (parameters, optimizer state)
+KIND_INDEX = {k: i for i, k in enumerate(Kind)}
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+
+class TensorInfo:
+    """Plain slots, sizes precomputed: the planner touches these millions of times."""
+    __slots__ = ("id", "name", "kind", "kind_index", "shape", "dtype", "persistent", "nbytes")
+
+    def __init__(self, id: int, name: str, kind: Kind, shape, dtype, persistent: bool = False):
+        self.id, self.name, self.kind = id, name, kind
+        self.kind_index = KIND_INDEX[kind]
+        self.shape, self.dtype = shape, dtype
+        self.persistent = persistent    # lives across iterations (parameters, optimizer state)
+        self.nbytes = math.prod(shape) * dtype.itemsize
 
     def __repr__(self):
         return f"<{self.kind.value} {self.name} {self.shape}>"
@@ -44,8 +43,8 @@ class TensorRegistry:
     def add(self, name: str, kind: Kind, shape, dtype, persistent: bool = False) -> TensorInfo:
         if name in self.by_name:
             raise KeyError(f"tensor {name!r} registered twice")
-        t = TensorInfo(len(self.tensors), name, kind, tuple(int(s) for s in shape),
-                       np.dtype(dtype), persistent)
+        dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        t = TensorInfo(len(self.tensors), name, kind, tuple(shape), dtype, persistent)
         self.tensors.append(t)
         self.by_name[name] = t
         return t

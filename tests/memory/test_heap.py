@@ -516,21 +516,20 @@ class HeapMachine(RuleBasedStateMachine):
             self.heap.size_of(offset)
         assert snapshot(self.heap) == before
 
-    @precondition(lambda self: self.model.live)
-    @rule(rng=st.randoms(use_true_random=False))
-    def free_everything(self, rng):
+    # Emptying the heap throws away the fragmented state that the placement
+    # checks feed on, so only one in eight draws actually does it.
+    @rule(roll=st.integers(0, 7), clear=st.booleans(), rng=st.randoms(use_true_random=False))
+    def drain(self, roll, clear, rng):
+        if roll:
+            return
         OPS[self.strategy] += 1
-        live = list(self.model.live)
-        rng.shuffle(live)
-        for offset in live:
-            self.heap.free(offset)
-        self.model.live.clear()
-        assert self.heap.free_segments() == [(0, self.model.size)]
-
-    @rule()
-    def clear(self):
-        OPS[self.strategy] += 1
-        self.heap.clear()
+        if clear:
+            self.heap.clear()
+        else:
+            live = list(self.model.live)
+            rng.shuffle(live)
+            for offset in live:
+                self.heap.free(offset)
         self.model.live.clear()
         assert self.heap.free_segments() == [(0, self.model.size)]
 

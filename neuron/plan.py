@@ -1,0 +1,198 @@
+"""Planning without a GPU: `neuron plan`, `deepest`, `widest`.
+
+Everything here runs the executor's own scheduling on a VirtualDevice (offsets, no storage, no
+kernels), so what it says about a budget is what a real run on that budget does.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import MemoryBudgetError
+from .executor import Executor, no_gc
+from .graph import Graph
+from .memory.tensors import Kind
+
+#: bisection stops when the bracket is within this fraction (and one block) of the answer
+MIN_BUDGET_TOLERANCE = 0.005
+
+
+def lower_bound(ex: Executor) -> tuple[int, int]:
+    """Layer-granularity lower bound: max over steps of the bytes that step needs resident,
+    plus what stays resident all iteration (parameters and optimizer state unless offloaded).
+    Returns (bound, max_step_bytes)."""
+    block = ex.block
+    rnd = lambda n: -(-max(n, 1) // block) * block       # noqa: E731 (heap rounding)
+    resident = 0 if ex.offload_params else sum(rnd(t.nbytes) for t in ex.persistent)
+    per_step = 0
+    for s in ex.steps:
+        b = sum(rnd(t.nbytes) for t in s.tensors() if ex.offload_params or not t.persistent)
+        b += rnd(s.workspace_bytes) if s.workspace_bytes else 0
+        per_step = max(per_step, b)
+    return per_step + resident, per_step
+
+
+def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
+    """Smallest arena in which the policy completes an iteration.
+
+    Without eviction a first-fit run in an arena of the unbounded run's extent makes exactly
+    the same choices, and any smaller arena fails at the allocation that reached that extent:
+    the answer is the extent. With eviction, search: grow the excess over the lower bound
+    exponentially until a simulation fits, then bisect."""
+    extent = unbounded["arena_bytes"]
+    if not ex.policy.offload:
+        return extent
+    block = ex.block
+    lo, hi = lb - 1, None                # lo fails (or is below the bound), hi fits
+    if ex.simulate(lb)["fits"]:
+        return lb
+    lo, step = lb, max(block, lb // 64)
+    while hi is None:
+        cand = min(lo + step, extent)
+        if cand >= extent or ex.simulate(cand)["fits"]:
+            hi = cand
+        else:
+            lo, step = cand, step * 2
+    while hi - lo > max(block, int(hi * MIN_BUDGET_TOLERANCE)):
+        mid = (lo + hi) // 2 // block * block
+        if mid <= lo:
+            break
+        if ex.simulate(mid)["fits"]:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int | None = None,
+         offload_params: bool = False, recompute_strategy: str = "cost",
+         host_budget: int | None = None, dtype=np.float32, search_min: bool = True,
+         model: str | None = None, trace: bool = True) -> dict:
+    t0 = time.perf_counter()
+    ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
+                  recompute_strategy=recompute_strategy, host_budget=host_budget, dtype=dtype)
+    unbounded = ex.simulate(None)
+    if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
+        raise unbounded["error"]
+    lb, max_step = lower_bound(ex)
+    mb = min_budget(ex, unbounded, lb) if search_min else None
+    run = unbounded
+    if budget is not None:
+        run = ex.simulate(budget)
+    fits = run["fits"]
+    rep = ex.recompute_report
+    out = {
+        "model": model or graph.name, "batch": batch, "policy": ex.policy.name,
+        "offload_params": offload_params, "recompute_strategy": recompute_strategy
+        if ex.policy.recompute else None,
+        "budget_bytes": budget, "fits": fits,
+        "peak_bytes": run["peak_bytes"] if fits else None,
+        "unbounded_peak_bytes": unbounded["peak_bytes"],
+        "min_budget_bytes": mb, "lower_bound_bytes": lb, "max_step_bytes": max_step,
+        "params": graph.num_params(),
+        "extra_forward_steps": rep.extra_forward_steps if rep else 0,
+        "offload_bytes": run.get("offload_bytes", 0) if fits else None,
+        "prefetch_bytes": run.get("prefetch_bytes", 0) if fits else None,
+        "cache_hits": run.get("cache_hits") if fits else None,
+        "cache_misses": run.get("cache_misses") if fits else None,
+        "host_peak_bytes": run.get("host_peak_bytes") if fits else None,
+        "bytes_by_kind": run.get("bytes_by_kind_at_peak") if fits else None,
+        "num_steps": len(ex.steps), "num_layers": len(ex.train_graph.route),
+        "error": str(run["error"]) if not fits else None,
+    }
+    if trace and fits:
+        out["steps"] = [r.as_dict() for r in run["trace"]]
+    out["plan_seconds"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def fits(graph: Graph, batch: int, budget: int, **kw) -> bool:
+    try:
+        ex = Executor(graph, batch, device="virtual", **kw)
+    except MemoryBudgetError:
+        return False
+    return ex.simulate(budget)["fits"]
+
+
+@dataclass
+class Probe:
+    value: int
+    fits: bool
+    seconds: float
+
+
+def search_max(ok, start: int = 1, limit: int = 1 << 20, progress=None) -> tuple[int | None, list]:
+    """Largest k >= start with ok(k) true, assuming monotonicity: exponential, then bisection."""
+    probes: list[Probe] = []
+
+    def test(k):
+        t = time.perf_counter()
+        r = ok(k)
+        probes.append(Probe(k, r, time.perf_counter() - t))
+        if progress:
+            progress(k, r)
+        return r
+
+    if not test(start):
+        return None, probes
+    lo, hi = start, None
+    k = start
+    while hi is None:
+        k = min(k * 2, limit)
+        if test(k):
+            lo = k
+            if k >= limit:
+                return lo, probes
+        else:
+            hi = k
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, probes
+
+
+# depth families: index k -> depth
+DEPTH_FAMILIES = {
+    "resnet": (lambda k: 3 * (6 + 32 + k + 6) + 2, "n3"),        # SuperNeurons Table 4
+    "resnet_cifar": (lambda k: 6 * k + 2, "n"),
+    "densenet_cifar": (lambda k: 6 * k + 4, "n"),
+}
+
+
+def deepest(model: str, batch: int, budget: int, *, progress=None, **kw) -> dict:
+    from .models import build_model
+    if model not in DEPTH_FAMILIES:
+        raise ValueError(f"deepest: {model!r} has no depth parameter; choose one of "
+                         f"{', '.join(DEPTH_FAMILIES)}")
+    to_depth, _ = DEPTH_FAMILIES[model]
+
+    def ok(k):
+        with no_gc():
+            return fits(build_model(model, depth=to_depth(k)), batch, budget, **kw)
+
+    k, probes = search_max(ok, 1, limit=1 << 16,
+                           progress=(lambda k, r: progress(to_depth(k), r)) if progress else None)
+    return {"model": model, "batch": batch, "budget_bytes": budget,
+            "deepest": to_depth(k) if k else None,
+            "probes": [{"depth": to_depth(p.value), "fits": p.fits,
+                        "seconds": round(p.seconds, 3)} for p in probes], **_kw_report(kw)}
+
+
+def widest(model: str, budget: int, *, depth: int | None = None, progress=None, **kw) -> dict:
+    from .models import build_model
+    graph = build_model(model, depth=depth)
+    b, probes = search_max(lambda b: fits(graph, b, budget, **kw), 1, limit=1 << 20,
+                           progress=progress)
+    return {"model": model, "depth": depth, "budget_bytes": budget, "widest": b,
+            "probes": [{"batch": p.value, "fits": p.fits, "seconds": round(p.seconds, 3)}
+                       for p in probes], **_kw_report(kw)}
+
+
+def _kw_report(kw) -> dict:
+    return {"policy": kw.get("policy", "superneurons"),
+            "offload_params": kw.get("offload_params", False)}
