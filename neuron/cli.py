@@ -17,6 +17,20 @@ def _model_args(p, batch_default: int):
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
+def _policy_args(p, default: str, budget_required: bool = False):
+    p.add_argument("--policy", default=default,
+                   help="baseline | liveness | offload | recompute | superneurons "
+                   f"(default {default})")
+    p.add_argument("--budget", required=budget_required, default=None,
+                   help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000")
+    p.add_argument("--offload-params", action="store_true",
+                   help="keep parameters and optimizer state on the host between uses")
+    p.add_argument("--recompute-strategy", choices=["speed", "memory", "cost"], default="cost")
+    p.add_argument("--host-budget", default=None,
+                   help="host memory for offloaded tensors (default: unlimited for plan, "
+                   "128GiB for deepest/widest)")
+
+
 def _positive(name):
     def conv(s):
         v = int(s)
@@ -63,6 +77,43 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--all", action="store_true", help="print every layer (default: first and "
                    "last 20 for deep models)")
 
+    pl = sub.add_parser("plan", help="plan an iteration without a GPU: peak, minimum budget, "
+                        "lower bound, per-step trace",
+                        description="Run the executor's own scheduling on a virtual device (no "
+                        "data, no kernels) and report peak bytes, the smallest arena the policy "
+                        "completes in, the layer-granularity lower bound, bytes by kind at the "
+                        "peak, the per-step trace, recomputations and bytes moved.")
+    _model_args(pl, 32)
+    _policy_args(pl, "superneurons")
+    pl.add_argument("--plot", default=None, metavar="FILE.png",
+                    help="draw the per-step memory trace (needs matplotlib: pip install "
+                    "neuron[plot])")
+    pl.add_argument("--no-min-budget", action="store_true",
+                    help="skip the minimum-budget search (faster)")
+
+    dp = sub.add_parser("deepest", help="deepest network of a family that fits a budget",
+                        description="Exponential then bisection search, by planning, for the "
+                        "deepest MODEL (resnet: SuperNeurons Table 4 family; resnet_cifar: 6n+2; "
+                        "densenet_cifar: 6n+4) whose training iteration fits --budget.")
+    dp.add_argument("model")
+    dp.add_argument("--batch", type=_positive("--batch"), default=16)
+    dp.add_argument("--json", action="store_true")
+    dp.add_argument("--confirm", action="store_true",
+                    help="run real training iterations at the answer (CPU or GPU)")
+    dp.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    _policy_args(dp, "superneurons", budget_required=True)
+
+    wd = sub.add_parser("widest", help="largest batch that fits a budget",
+                        description="Exponential then bisection search, by planning, for the "
+                        "largest batch of MODEL whose training iteration fits --budget.")
+    wd.add_argument("model")
+    wd.add_argument("--depth", type=int, default=None)
+    wd.add_argument("--json", action="store_true")
+    wd.add_argument("--confirm", action="store_true",
+                    help="run real training iterations at the answer (CPU or GPU)")
+    wd.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    _policy_args(wd, "superneurons", budget_required=True)
+
     m = sub.add_parser("models", help="list the model names")
     m.add_argument("--json", action="store_true")
     return ap
@@ -73,7 +124,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from .errors import NeuronError
     try:
-        return {"train": cmd_train, "summary": cmd_summary, "models": cmd_models}[args.command](args)
+        return {"train": cmd_train, "summary": cmd_summary, "models": cmd_models,
+                "plan": cmd_plan, "deepest": cmd_deepest, "widest": cmd_widest}[args.command](args)
     except (NeuronError, ValueError, KeyError, FileNotFoundError, MemoryError) as e:
         # user errors: one clear line, no traceback
         print(f"neuron {args.command}: error: {e}", file=sys.stderr)
@@ -117,9 +169,116 @@ def cmd_summary(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
+def _policy_kw(args, host_default=None) -> dict:
+    from .memory.policy import get_policy
+    get_policy(args.policy)                      # unknown policy: error before any work
+    hb = args.host_budget or host_default
+    return dict(policy=args.policy, offload_params=args.offload_params,
+                recompute_strategy=args.recompute_strategy,
+                host_budget=parse_bytes(hb) if hb else None)
+
+
+def cmd_plan(args) -> int:
+    from .plan import plan
+    budget = parse_bytes(args.budget) if args.budget else None
+    graph = _build(args)
+    r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
+             model=args.model, **_policy_kw(args))
+    mb = r["min_budget_bytes"]
+    print(f"{args.model} batch {args.batch}, policy {r['policy']}"
+          f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
+          f"{r['num_steps']} steps, {r['params']:,} parameters")
+    print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}")
+    if mb is not None:
+        print(f"  minimum budget          {fmt_bytes(mb)}  ({mb / r['lower_bound_bytes']:.3f} x "
+              "lower bound)")
+    print(f"  lower bound             {fmt_bytes(r['lower_bound_bytes'])}  (largest step "
+          f"{fmt_bytes(r['max_step_bytes'])} + resident state)")
+    print(f"  extra forward steps     {r['extra_forward_steps']}")
+    if budget is not None:
+        if r["fits"]:
+            print(f"  budget {fmt_bytes(budget)}: fits, peak {fmt_bytes(r['peak_bytes'])}, "
+                  f"offloaded {fmt_bytes(r['offload_bytes'])}, prefetched "
+                  f"{fmt_bytes(r['prefetch_bytes'])}")
+        else:
+            need = f"; the minimum is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
+            print(f"  budget {fmt_bytes(budget)}: does NOT fit: {r['error']}{need}")
+    if r.get("bytes_by_kind"):
+        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
+        print(f"  at the peak: {kinds}")
+    if args.plot and r.get("steps"):
+        from .report import plot_trace
+        plot_trace({r["policy"]: r["steps"]}, args.plot,
+                   title=f"{args.model} batch {args.batch}")
+        print(f"  trace drawn to {args.plot}")
+    if args.json:
+        print(json.dumps(r))
+    return 0 if r["fits"] else 1
+
+
+def _search_cmd(args, kind: str) -> int:
+    from . import plan as P
+    budget = parse_bytes(args.budget)
+    kw = _policy_kw(args, host_default="128GiB")
+    from tqdm import tqdm
+    bar = tqdm(desc=f"{kind} {args.model}", unit="probe", disable=args.json, leave=False)
+
+    def progress(v, ok):
+        bar.set_postfix_str(f"{'batch' if kind == 'widest' else 'depth'} {v}: "
+                            f"{'fits' if ok else 'does not fit'}")
+        bar.update(1)
+
+    if kind == "deepest":
+        r = P.deepest(args.model, args.batch, budget, progress=progress, **kw)
+        key, label = "deepest", "depth"
+    else:
+        r = P.widest(args.model, budget, depth=args.depth, progress=progress, **kw)
+        key, label = "widest", "batch"
+    bar.close()
+    print(f"| {label} | fits | seconds |\n|---|---|---|")
+    for p in r["probes"]:
+        print(f"| {p[label]} | {'yes' if p['fits'] else 'no'} | {p['seconds']} |")
+    ans = r[key]
+    print(f"{kind} {args.model} under {fmt_bytes(budget)} ({r['policy']}"
+          f"{', offload-params' if r['offload_params'] else ''}): "
+          f"{ans if ans is not None else 'nothing fits'}")
+    if args.confirm and ans is not None:
+        r["confirm"] = _confirm(args, kind, ans, budget, kw)
+        print(f"confirmed with {r['confirm']['iterations']} real iterations on "
+              f"{r['confirm']['device']}: loss {r['confirm']['final_loss']:.4f}, pool peak "
+              f"{fmt_bytes(r['confirm']['peak_bytes'])}")
+    if args.json:
+        print(json.dumps(r))
+    return 0
+
+
+def _confirm(args, kind, ans, budget, kw) -> dict:
     import numpy as np
+    from .executor import Executor
+    from .models import build_model
+    depth = ans if kind == "deepest" else args.depth
+    batch = args.batch if kind == "deepest" else ans
+    graph = build_model(args.model, depth=depth)
+    ex = Executor(graph, batch, device=args.device, budget=budget, **kw)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
+    y = rng.integers(0, graph.outputs[0].shape[0], batch)
+    losses = [ex.train_step(x, y) for _ in range(2)]
+    return {"iterations": 2, "final_loss": losses[-1], "peak_bytes": ex.pool.high_water,
+            "device": ex.device.name}
+
+
+def cmd_deepest(args) -> int:
+    return _search_cmd(args, "deepest")
+
+
+def cmd_widest(args) -> int:
+    return _search_cmd(args, "widest")
+
+
+def cmd_train(args) -> int:
     from .data import load_dataset
+    from .errors import MemoryBudgetError
     from .executor import Executor
     from .optim import SGD
     from .train import fit
@@ -130,8 +289,16 @@ def cmd_train(args) -> int:
     graph = _build(args, in_shape=split.train.sample_shape, num_classes=split.train.num_classes)
     opt = SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
               nesterov=args.nesterov)
-    ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
-                  seed=args.seed, budget=budget)
+    try:
+        ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
+                      seed=args.seed, budget=budget, offload_params=args.offload_params)
+    except MemoryBudgetError as e:
+        from .plan import plan
+        need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
+                    trace=False)["min_budget_bytes"]
+        raise MemoryBudgetError(f"{e}; the smallest budget in which policy {args.policy} "
+                                f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
+                                ) from None
     meta = {"model": args.model, "depth": args.depth, "dataset": args.dataset}
     res = fit(ex, split.train, split.test, iters=args.iters, epochs=args.epochs, lr=args.lr,
               schedule=args.schedule, warmup=args.warmup, seed=args.seed,
@@ -139,6 +306,7 @@ def cmd_train(args) -> int:
               progress=not args.no_progress)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, dataset=args.dataset)
+    res.update(ex.pool.counters())
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
             f"{res['images_per_sec']:.1f} img/s on {ex.device.name}, pool peak "
             f"{fmt_bytes(res['peak_bytes'])} (planned {fmt_bytes(res['planned_peak_bytes'] or 0)})")

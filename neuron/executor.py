@@ -47,6 +47,9 @@ def with_loss(graph: Graph) -> Graph:
     cached = getattr(graph, "_train_graph", None)
     if cached is not None:
         return cached
+    if len(graph.inputs) != 1:
+        raise DataError(f"{graph.name}: training feeds one data input; this graph has "
+                        f"{len(graph.inputs)} ({[t.name for t in graph.inputs]})")
     if len(graph.outputs) != 1 or len(graph.outputs[0].shape) != 1:
         raise DataError(f"{graph.name}: training needs one output of per-sample shape (K,), got "
                         f"{[t.shape for t in graph.outputs]}")
@@ -145,16 +148,17 @@ class Executor:
             return self._simulate(arena_bytes)
 
     def _simulate(self, arena_bytes):
-        v = Executor(self.graph, self.batch, device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
-                     optimizer=self.optimizer, policy=self.policy, dtype=self.dtype,
-                     offload_params=self.offload_params,
-                     recompute_strategy=self.recompute_strategy,
-                     host_budget=self.host_budget, block=self.block,
-                     strategy=self.strategy, _plan_from=self)
         try:
+            v = Executor(self.graph, self.batch,
+                         device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
+                         optimizer=self.optimizer, policy=self.policy, dtype=self.dtype,
+                         offload_params=self.offload_params,
+                         recompute_strategy=self.recompute_strategy,
+                         host_budget=self.host_budget, block=self.block,
+                         strategy=self.strategy, _plan_from=self)
             v.train_step(None, None)
         except MemoryBudgetError as e:
-            return {"fits": False, "error": e, "executor": v}
+            return {"fits": False, "error": e}
         return {"fits": True, "error": None, "peak_bytes": v.pool.high_water,
                 "arena_bytes": v.pool.max_extent, "trace": v.last_trace, "executor": v,
                 "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
@@ -269,12 +273,19 @@ class Executor:
                 if t.kind is Kind.PARAM and t.name not in self.schedule.param_grads]
 
     def _end_iteration(self):
+        """Back to the state every iteration starts from (the one the plan simulated): only
+        parameters and optimizer state exist, in the arena or, with offload_params, all on
+        the host. Leaving offloaded parameters cached across iterations would make each
+        iteration's layout differ from the plan's."""
         pool = self.pool
         for t in list(pool.live.values()) + [t for t, _ in list(pool.host.values())]:
             if not t.persistent:
                 pool.free(t)
         pool.release_held()
         pool.locked.clear()
+        if self.offload_params:
+            for t in list(pool.live.values()):
+                pool.offload(t)
 
     def _check_loss(self, ctx, guard):
         loss = ctx.losses.get("loss")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1 << 20, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4,
@@ -10,6 +11,8 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, 
 
 def parse_bytes(text) -> int:
     """'12GiB' -> 12884901888; '12GB' -> 12000000000; '4096' -> 4096. Errors name the input."""
+    if isinstance(text, bool):
+        raise ValueError(f"size must be a number of bytes, got {text!r}")
     if isinstance(text, int):
         if text <= 0:
             raise ValueError(f"size must be positive, got {text}")
@@ -18,7 +21,7 @@ def parse_bytes(text) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot parse size {text!r}: expected a positive number with an "
                          "optional unit B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (e.g. 12GiB)")
-    n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    n = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]     # exact, even past 2**53
     if n < 1:
         raise ValueError(f"size must be at least 1 byte, got {text!r}")
     return int(n)

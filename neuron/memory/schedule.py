@@ -55,12 +55,14 @@ class Step:
                       *self.params.values()]:
                 if t is not None:
                     reads[t.id] = t
+            started = {g.id for _, g, tmp in self.grad_targets if tmp is None}
             for _, g, tmp in self.grad_targets:
                 if tmp is None:
                     writes[g.id] = g
                 else:
                     writes[tmp.id] = tmp
-                    reads[g.id] = g
+                    if g.id not in started:     # begun by an earlier step: must be resident
+                        reads[g.id] = g
             for _, _, g, states in self.updates:
                 writes[g.id] = g
                 for s in states:

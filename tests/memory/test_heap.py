@@ -356,7 +356,7 @@ def test_virtual_100_gib_and_1_tib(strategy):
 OPS: collections.Counter = collections.Counter()
 MIN_OPS = 10_000
 MACHINE_SETTINGS = settings(
-    max_examples=150,
+    max_examples=170,
     stateful_step_count=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

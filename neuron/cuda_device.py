@@ -1,0 +1,485 @@
+"""CudaDevice: the arena is ONE cudaMalloc; every tensor is a zero-copy CuPy view into it.
+
+Layout of the single allocation::
+
+    base                                   base + arena_bytes          + scratch_bytes
+    |---------------- pool region ----------------|------ scratch ------|
+      managed by the Pool's Heap (offsets);          CuPy's temporaries until the pool
+      the memory budget                              attaches its heap (then: overflow)
+
+Outside it, only what cannot be avoided: the cuDNN and cuBLAS handles, CUDA contexts and kernel
+images, and whatever cuDNN allocates internally. That is why construction measures the free
+memory before and after creating the handles and leaves ``headroom_bytes`` unallocated.
+
+Two streams. Kernels run on ``compute_stream`` (made CuPy's current stream; the cuDNN handle
+follows the current stream). Offloads (device to pinned host) and prefetches (host to device)
+run on ``copy_stream``, ordered against compute with events, so transfers overlap compute. The
+rule the runtime must keep: an arena block whose contents are being offloaded may be reused
+only after the offload's event completed (``is_done(event)`` / ``wait(event)``).
+
+CuPy's own temporaries (reduction scratch, ``cupy.asarray`` of host data, ...) are routed into the
+arena with ``cupy.cuda.set_allocator``, so no byte escapes the budget behind neuron's back.
+
+The pointer and buffer bookkeeping (ArenaLayout, ArenaAllocator, HostBufferPool) is pure Python
+so it is tested on machines without a GPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import numpy as np
+
+from .devices import Device
+from .errors import MemoryBudgetError
+
+MiB = 1 << 20
+
+DEFAULT_HEADROOM = 512 * MiB       # cuDNN/cuBLAS workspaces and engines created after start-up
+DEFAULT_SCRATCH = 64 * MiB         # CuPy temporaries before the pool attaches its heap
+ARENA_ALIGN = 256                  # what the heap hands out; cuDNN and vector loads need it
+
+
+# ----------------------------------------------------------------------------------------------
+# pure bookkeeping (CPU-testable)
+# ----------------------------------------------------------------------------------------------
+
+class ArenaLayout:
+    """Offsets <-> device pointers for a region [base_ptr, base_ptr + size), with checks.
+
+    Every view the runtime hands to a kernel goes through :meth:`pointer`, so an offset or size
+    bug surfaces as a clear error here instead of as a silent overwrite on the device."""
+
+    def __init__(self, base_ptr: int, size: int):
+        base_ptr, size = int(base_ptr), int(size)
+        if base_ptr < 0 or size < 0:
+            raise ValueError(f"bad arena region base={base_ptr:#x} size={size}")
+        self.base, self.size = base_ptr, size
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+    def pointer(self, offset: int, nbytes: int = 0, align: int = 1) -> int:
+        """Device pointer of [offset, offset + nbytes); ValueError if out of bounds or
+        misaligned (``align`` is the element size of the view)."""
+        offset, nbytes = int(offset), int(nbytes)
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise ValueError(f"region [{offset}, {offset + nbytes}) is outside the arena of "
+                             f"{self.size} bytes")
+        ptr = self.base + offset
+        if align > 1 and ptr % align:
+            raise ValueError(f"offset {offset} (address {ptr:#x}) is not aligned to {align} bytes")
+        return ptr
+
+    def offset(self, ptr: int, nbytes: int = 0) -> int:
+        """Inverse of :meth:`pointer`."""
+        ptr = int(ptr)
+        if not self.contains(ptr, nbytes):
+            raise ValueError(f"address {ptr:#x} (+{nbytes}) is outside the arena "
+                             f"[{self.base:#x}, {self.end:#x})")
+        return ptr - self.base
+
+    def contains(self, ptr: int, nbytes: int = 0) -> bool:
+        return self.base <= ptr and ptr + nbytes <= self.end
+
+    def split(self, nbytes: int) -> tuple["ArenaLayout", "ArenaLayout"]:
+        """The first ``nbytes`` and the rest, as two layouts."""
+        nbytes = int(nbytes)
+        if not 0 <= nbytes <= self.size:
+            raise ValueError(f"cannot split {nbytes} bytes off an arena of {self.size}")
+        return ArenaLayout(self.base, nbytes), ArenaLayout(self.base + nbytes, self.size - nbytes)
+
+    def __repr__(self):
+        return f"ArenaLayout(base={self.base:#x}, size={self.size})"
+
+
+class ArenaAllocator:
+    """malloc/free callbacks for ``cupy.cuda.PythonFunctionAllocator`` over heaps in the arena.
+
+    Regions are tried in order: the pool's heap once attached (so temporaries count against the
+    budget, like every other byte), then the reserved scratch region. A heap is anything with
+    ``try_alloc(n) -> offset or -1``, ``free(offset)`` and ``largest_free`` (neuron's Heap)."""
+
+    def __init__(self):
+        self._regions: list[tuple[object, ArenaLayout, str]] = []
+        self._live: dict[int, tuple[object, int, int]] = {}    # ptr -> (heap, offset, bytes)
+        # CuPy frees from __dealloc__, which the garbage collector may run inside our own
+        # malloc on the same thread: a re-entrant lock, not a plain one
+        self._lock = threading.RLock()
+        self.live_bytes = 0
+
+    def add_region(self, heap, layout: ArenaLayout, name: str, first: bool = False) -> None:
+        entry = (heap, layout, name)
+        with self._lock:
+            if first:
+                self._regions.insert(0, entry)
+            else:
+                self._regions.append(entry)
+
+    def remove_region(self, name: str) -> None:
+        with self._lock:
+            self._regions = [r for r in self._regions if r[2] != name]
+
+    def malloc(self, nbytes: int, device_id: int = 0) -> int:
+        nbytes = int(nbytes)
+        if nbytes == 0:
+            return 0            # CuPy's own convention for empty arrays
+        with self._lock:
+            for heap, layout, _ in self._regions:
+                off = heap.try_alloc(nbytes)
+                if off >= 0:
+                    ptr = layout.pointer(off, nbytes)
+                    self._live[ptr] = (heap, off, nbytes)
+                    self.live_bytes += nbytes
+                    return ptr
+            where = ", ".join(f"{name}: largest free {heap.largest_free}"
+                              for heap, _, name in self._regions) or "no region"
+        raise MemoryBudgetError(
+            f"CuPy temporary of {nbytes} bytes does not fit in the arena ({where})",
+            tensor="cupy-temporary", requested=nbytes,
+            largest_free=max((h.largest_free for h, _, _ in self._regions), default=0))
+
+    def free(self, ptr: int, device_id: int = 0) -> None:
+        if ptr == 0:
+            return
+        with self._lock:
+            heap, off, nbytes = self._live.pop(ptr)
+            self.live_bytes -= nbytes
+            heap.free(off)
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+
+def size_class(nbytes: int, min_bytes: int = 4096) -> int:
+    """Host-buffer size class: at least ``min_bytes``, then steps of 1/8 of the power of two
+    below, so a reused buffer wastes at most 12.5% while similar tensors share buffers."""
+    nbytes = int(nbytes)
+    if nbytes <= min_bytes:
+        return min_bytes
+    step = max(min_bytes, 1 << (nbytes.bit_length() - 4))
+    return -(-nbytes // step) * step
+
+
+class HostBufferPool:
+    """Reused host buffers for offloaded tensors: the bookkeeping of PinnedHostPool.
+
+    ``allocate(nbytes)`` makes a new uint8 buffer (pinned memory in PinnedHostPool, plain NumPy in
+    tests). :meth:`get` returns a uint8 view of exactly the requested bytes, reusing a released
+    buffer of the same size class (or one up to twice as big) before allocating; :meth:`release`
+    takes the view (any reshape/dtype view of it works: buffers are found by address) and, if
+    given an event, keeps the buffer out of reuse until the event reports ``done`` (a copy may
+    still be reading or writing it). Pinned memory is slow to allocate and page-locks host RAM,
+    so buffers are kept for reuse rather than freed, up to ``capacity`` bytes in total."""
+
+    def __init__(self, allocate, capacity: int | None = None):
+        self._allocate = allocate
+        self.capacity = capacity
+        self._free: dict[int, list] = {}            # size class -> [buffer]
+        self._busy: dict[int, tuple] = {}           # address -> (buffer, class)
+        self._pending: list[tuple] = []             # (buffer, class, event)
+        self.allocated_bytes = 0                    # all buffers we own
+        self.allocations = 0                        # calls to allocate()
+        self.reuses = 0
+
+    @staticmethod
+    def address(a) -> int:
+        return int(a.__array_interface__["data"][0])
+
+    @property
+    def in_use_bytes(self) -> int:
+        return sum(cls for _, cls in self._busy.values())
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(cls * len(v) for cls, v in self._free.items())
+
+    def _reap(self) -> None:
+        still = []
+        for buf, cls, ev in self._pending:
+            if ev.done:
+                self._free.setdefault(cls, []).append(buf)
+            else:
+                still.append((buf, cls, ev))
+        self._pending = still
+
+    def _take_free(self, cls: int):
+        bucket = self._free.get(cls)
+        if bucket:
+            return bucket.pop(), cls
+        # the smallest free buffer that is big enough without wasting more than half of it
+        fits = [c for c, v in self._free.items() if v and cls < c <= 2 * cls]
+        if fits:
+            c = min(fits)
+            return self._free[c].pop(), c
+        return None, 0
+
+    def get(self, nbytes: int):
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        self._reap()
+        cls = size_class(max(nbytes, 1))
+        buf, c = self._take_free(cls)
+        if buf is not None:
+            self.reuses += 1
+        else:
+            if self.capacity is not None and self.allocated_bytes + cls > self.capacity:
+                self.trim()
+                if self.allocated_bytes + cls > self.capacity:
+                    raise MemoryError(
+                        f"host buffer of {nbytes} bytes exceeds the pinned pool capacity "
+                        f"({self.allocated_bytes} of {self.capacity} bytes in use or pending)")
+            buf, c = self._allocate(cls), cls
+            self.allocated_bytes += cls
+            self.allocations += 1
+        self._busy[self.address(buf)] = (buf, c)
+        return buf[:nbytes]
+
+    def release(self, view, event=None) -> None:
+        addr = self.address(view)
+        try:
+            buf, cls = self._busy.pop(addr)
+        except KeyError:
+            raise KeyError(f"host buffer at {addr:#x} is not from this pool or was released "
+                           "twice") from None
+        if event is not None and not event.done:
+            self._pending.append((buf, cls, event))
+        else:
+            self._free.setdefault(cls, []).append(buf)
+
+    def trim(self) -> int:
+        """Drop every free buffer (pending and busy ones stay); returns the bytes dropped."""
+        self._reap()
+        dropped = self.free_bytes
+        self._free.clear()
+        self.allocated_bytes -= dropped
+        return dropped
+
+
+# ----------------------------------------------------------------------------------------------
+# the device
+# ----------------------------------------------------------------------------------------------
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise RuntimeError("the cuda device needs CuPy: pip install 'cupy-cuda13x>=14' "
+                           "nvidia-cudnn-cu13 (or neuron[cuda])") from e
+    return cupy
+
+
+class PinnedHostPool(HostBufferPool):
+    """HostBufferPool over page-locked memory (cupy.cuda.alloc_pinned_memory): only pinned
+    buffers let cudaMemcpyAsync run asynchronously and overlap compute."""
+
+    def __init__(self, capacity: int | None = None):
+        cp = _cupy()
+
+        def allocate(nbytes):
+            mem = cp.cuda.alloc_pinned_memory(nbytes)
+            return np.frombuffer(mem, np.uint8, nbytes)     # keeps `mem` alive via .base
+
+        super().__init__(allocate, capacity)
+
+
+class CudaDevice(Device):
+    name = "cuda"
+
+    def __init__(self, arena_bytes: int, *, device_id: int = 0,
+                 headroom_bytes: int | None = None, scratch_bytes: int = DEFAULT_SCRATCH,
+                 pinned_capacity: int | None = None, route_cupy_allocations: bool = True):
+        super().__init__(arena_bytes)
+        cp = _cupy()
+        if not cp.cuda.is_available():
+            raise RuntimeError("no usable CUDA device (cupy.cuda.is_available() is False)")
+        from .kernels import cudnn
+        from .memory.heap import Heap
+
+        self.device_id = int(device_id)
+        self._cp = cp
+        cp.cuda.Device(self.device_id).use()
+        if headroom_bytes is None:
+            headroom_bytes = int(os.environ.get("NEURON_CUDA_HEADROOM", DEFAULT_HEADROOM))
+        self.headroom_bytes = int(headroom_bytes)
+        self.scratch_bytes = -(-int(scratch_bytes) // ARENA_ALIGN) * ARENA_ALIGN
+
+        # Whatever CuPy's default pool cached is given back first: it would count as used.
+        cp.get_default_memory_pool().free_all_blocks()
+        free_before, self.total_bytes = cp.cuda.runtime.memGetInfo()
+        self.compute_stream = cp.cuda.Stream(non_blocking=True)
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self._prev_stream = cp.cuda.get_current_stream()
+        self.compute_stream.use()
+        # Create the library handles now so their memory is measured, not discovered later.
+        self.cudnn_handle = cudnn.get_handle(self.device_id, self.compute_stream.ptr)
+        cp.cuda.device.get_cublas_handle()
+        free_after, _ = cp.cuda.runtime.memGetInfo()
+        self.library_bytes = max(0, free_before - free_after)
+
+        need = self.arena_bytes + self.scratch_bytes
+        available = free_after - self.headroom_bytes
+        if need > available:
+            raise MemoryBudgetError(
+                f"cannot allocate a {need} byte arena ({self.arena_bytes} budget + "
+                f"{self.scratch_bytes} scratch) on GPU {self.device_id}: {free_after} bytes free "
+                f"after the cuDNN/cuBLAS handles took {self.library_bytes}, minus "
+                f"{self.headroom_bytes} headroom leaves {max(0, available)} "
+                f"({need - max(0, available)} short)",
+                tensor="arena", requested=need, free_bytes=max(0, available),
+                budget=self.arena_bytes)
+        try:
+            self.arena = cp.cuda.Memory(need)           # the one cudaMalloc
+        except Exception as e:                          # OutOfMemoryError / CUDARuntimeError
+            raise MemoryBudgetError(
+                f"cudaMalloc of the {need} byte arena failed on GPU {self.device_id} "
+                f"({free_after} bytes were free): {e}", tensor="arena", requested=need,
+                free_bytes=free_after, budget=self.arena_bytes) from e
+        whole = ArenaLayout(self.arena.ptr, need)
+        self.layout, self.scratch_layout = whole.split(self.arena_bytes)
+
+        self.allocator = ArenaAllocator()
+        self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
+            if self.scratch_bytes else None
+        if self._scratch_heap is not None:
+            self.allocator.add_region(self._scratch_heap, self.scratch_layout, "scratch")
+        self._allocator_fn = None
+        self._prev_allocator = None
+        if route_cupy_allocations:
+            self._install_allocator()
+        self.host_pool = PinnedHostPool(pinned_capacity)
+
+    # ---- allocator routing ------------------------------------------------------------------
+    def _install_allocator(self) -> None:
+        cp = self._cp
+        arena, alloc = self.arena, self.allocator
+
+        def malloc(nbytes, device_id):
+            return alloc.malloc(nbytes, device_id)
+
+        def free(ptr, device_id):
+            alloc.free(ptr, device_id)
+
+        malloc.arena = arena        # CuPy keeps the functions alive as long as any temporary:
+        free.arena = arena          # so they keep the arena alive too
+        self._prev_allocator = cp.cuda.get_allocator()
+        self._allocator_fn = cp.cuda.PythonFunctionAllocator(malloc, free).malloc
+        cp.cuda.set_allocator(self._allocator_fn)
+
+    def attach_heap(self, heap) -> None:
+        """Serve CuPy temporaries from the pool's heap (offsets into the pool region), falling
+        back to the scratch region. Called by the pool once it owns the arena."""
+        self.allocator.remove_region("pool")
+        self.allocator.add_region(heap, self.layout, "pool", first=True)
+
+    def detach_heap(self) -> None:
+        self.allocator.remove_region("pool")
+
+    # ---- Device interface -------------------------------------------------------------------
+    @property
+    def kernels(self):
+        from .kernels import cuda
+        return cuda
+
+    def view(self, offset: int, shape, dtype):
+        cp = self._cp
+        dtype = np.dtype(dtype)
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        nbytes = math.prod(shape) * dtype.itemsize
+        self.layout.pointer(offset, nbytes, align=dtype.itemsize)
+        return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self.arena, int(offset)))
+
+    def to_numpy(self, a) -> np.ndarray:
+        if isinstance(a, np.ndarray):
+            return np.array(a, copy=True)
+        return self._cp.asnumpy(a, stream=self.compute_stream)   # waits for the compute stream
+
+    def synchronize(self) -> None:
+        self.compute_stream.synchronize()
+        self.copy_stream.synchronize()
+
+    # ---- transfers ------------------------------------------------------------------------
+    @staticmethod
+    def _host_ptr(host_buf, nbytes: int) -> int:
+        if not host_buf.flags.c_contiguous or host_buf.nbytes < nbytes:
+            raise ValueError(f"host buffer must be contiguous and hold {nbytes} bytes "
+                             f"(got {host_buf.nbytes}, contiguous={host_buf.flags.c_contiguous})")
+        return int(host_buf.__array_interface__["data"][0])
+
+    def offload(self, src_view, host_buf):
+        """Copy ``src_view`` (contiguous, in the arena) into ``host_buf`` (pinned, e.g. from
+        ``host_pool.get``) on the copy stream, after everything already queued on compute (the
+        producer of the data). Returns the event that completes with the copy: the arena block
+        may be freed or overwritten only once ``is_done(event)``."""
+        cp = self._cp
+        if not src_view.flags.c_contiguous:
+            raise ValueError("offload needs a contiguous device view")
+        nbytes = src_view.nbytes
+        dst = self._host_ptr(host_buf, nbytes)
+        ready = self.compute_stream.record()
+        self.copy_stream.wait_event(ready)
+        cp.cuda.runtime.memcpyAsync(dst, src_view.data.ptr, nbytes,
+                                    cp.cuda.runtime.memcpyDeviceToHost, self.copy_stream.ptr)
+        return self.copy_stream.record(cp.cuda.Event(disable_timing=True))
+
+    def prefetch(self, host_buf, dst_view, compute_waits: bool = True):
+        """Copy ``host_buf`` into ``dst_view`` on the copy stream; returns its event.
+
+        The copy first waits for the work already queued on compute: ``dst_view`` is usually a
+        block just allocated, whose previous tenant compute may still be reading. With
+        ``compute_waits`` (default) compute waits for the copy before any later kernel; pass
+        False and call :meth:`compute_wait` right before the first kernel that reads the tensor
+        to let the compute in between overlap the transfer."""
+        cp = self._cp
+        if not dst_view.flags.c_contiguous:
+            raise ValueError("prefetch needs a contiguous device view")
+        nbytes = dst_view.nbytes
+        src = self._host_ptr(host_buf, nbytes)
+        self.copy_stream.wait_event(self.compute_stream.record())
+        cp.cuda.runtime.memcpyAsync(dst_view.data.ptr, src, nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, self.copy_stream.ptr)
+        done = self.copy_stream.record(cp.cuda.Event(disable_timing=True))
+        if compute_waits:
+            self.compute_stream.wait_event(done)
+        return done
+
+    def compute_wait(self, event) -> None:
+        """Make later compute work wait for ``event`` (device-side; the host does not block)."""
+        self.compute_stream.wait_event(event)
+
+    @staticmethod
+    def is_done(event) -> bool:
+        return bool(event.done)
+
+    @staticmethod
+    def wait(event) -> None:
+        event.synchronize()
+
+    # ---- reporting / teardown ----------------------------------------------------------------
+    def memory_info(self) -> dict:
+        free, total = self._cp.cuda.runtime.memGetInfo()
+        return {"arena_bytes": self.arena_bytes, "scratch_bytes": self.scratch_bytes,
+                "arena_base": self.layout.base, "library_bytes": self.library_bytes,
+                "headroom_bytes": self.headroom_bytes, "device_free_bytes": free,
+                "device_total_bytes": total,
+                "cupy_temporaries_live_bytes": self.allocator.live_bytes,
+                "pinned_host_bytes": self.host_pool.allocated_bytes}
+
+    def close(self) -> None:
+        """Give CuPy its previous allocator and stream back (if ours are still installed).
+        The arena itself is freed once the last view of it is gone."""
+        cp = self._cp
+        self.synchronize()
+        if self._allocator_fn is not None and cp.cuda.get_allocator() is self._allocator_fn:
+            cp.cuda.set_allocator(self._prev_allocator)
+        self._allocator_fn = None
+        if cp.cuda.get_current_stream().ptr == self.compute_stream.ptr:
+            self._prev_stream.use()
+
+    def __repr__(self):
+        return (f"CudaDevice(gpu={getattr(self, 'device_id', '?')}, "
+                f"arena_bytes={self.arena_bytes})")

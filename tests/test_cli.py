@@ -1,0 +1,176 @@
+"""The `neuron` command, run in-process through neuron.cli.main (and once as python -m neuron)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from neuron.cli import main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+SMALL = ["resnet_cifar", "--depth", "8"]
+
+
+def run(capsys, *argv):
+    """(exit code, stdout, stderr); argparse's own errors exit through SystemExit."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def last_json(out):
+    lines = [l for l in out.strip().splitlines() if l.strip()]
+    assert lines, "no output"
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------- models / summary
+def test_models(capsys):
+    rc, out, err = run(capsys, "models")
+    assert rc == 0
+    names = out.split()
+    assert "resnet_cifar" in names and "alexnet" in names
+    assert names == sorted(names)
+    rc, out, _ = run(capsys, "models", "--json")
+    assert rc == 0
+    assert last_json(out)["models"] == names
+
+
+def test_summary_json(capsys):
+    from neuron.models import build_model
+    rc, out, err = run(capsys, "summary", *SMALL, "--batch", "2", "--json")
+    assert rc == 0, err
+    info = last_json(out)
+    assert {"layers", "params", "steps"} <= info.keys()
+    assert info["params"] == build_model("resnet_cifar", depth=8).num_params()
+    names = [l["name"] for l in info["layers"]]
+    assert names[0] == "data" and "fc" in names and names[-1] == "loss"
+    for l in info["layers"]:
+        assert l["output_shape"][0] == 2 if l["output_shape"] else True
+    phases = [s["phase"] for s in info["steps"]]
+    nf = phases.count("F")
+    assert phases == ["F"] * nf + ["B"] * (len(phases) - nf)
+    assert all(s["bytes"] > 0 for s in info["steps"] if s["layer"] not in ("labels",))
+    assert info["max_step_bytes"] == max(s["bytes"] for s in info["steps"])
+
+
+def test_summary_text(capsys):
+    rc, out, err = run(capsys, "summary", *SMALL, "--batch", "2")
+    assert rc == 0, err
+    assert "parameters" in out.splitlines()[-1]
+    assert "layer1.0.conv1" in out
+
+
+# ---------------------------------------------------------------- train
+def test_train_synthetic_json(capsys):
+    rc, out, err = run(capsys, "train", *SMALL, "--dataset", "synthetic", "--iters", "2",
+                       "--batch", "4", "--no-progress", "--json", "--device", "cpu")
+    assert rc == 0, err
+    r = last_json(out)
+    assert {"final_loss", "images_per_sec", "peak_bytes"} <= r.keys()
+    assert r["iterations"] == 2
+    assert 0 < r["final_loss"] < 10
+    assert r["images_per_sec"] > 0
+    assert r["peak_bytes"] == r["planned_peak_bytes"] > 0
+    assert "test_accuracy" not in r           # synthetic data has no test split
+    assert "final loss" in out.splitlines()[0]
+
+
+def test_train_digits_reports_test_accuracy(capsys, tmp_path):
+    ckpt = tmp_path / "c.npz"
+    rc, out, err = run(capsys, "train", *SMALL, "--dataset", "digits", "--iters", "2",
+                       "--batch", "16", "--no-progress", "--json", "--device", "cpu",
+                       "--checkpoint", str(ckpt))
+    assert rc == 0, err
+    r = last_json(out)
+    assert 0.0 <= r["test_accuracy"] <= 1.0
+    assert "test_loss" in r and r["dataset"] == "digits"
+    assert ckpt.exists()
+    # resume to 3 iterations from the checkpoint: one more step
+    rc, out, err = run(capsys, "train", *SMALL, "--dataset", "digits", "--iters", "3",
+                       "--batch", "16", "--no-progress", "--json", "--device", "cpu",
+                       "--resume", str(ckpt))
+    assert rc == 0, err
+    assert last_json(out)["iterations"] == 1
+
+
+# ---------------------------------------------------------------- user errors
+def _assert_user_error(rc, err, *fragments):
+    assert rc == 2
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in err, (f, err)
+
+
+def test_unknown_model(capsys):
+    rc, out, err = run(capsys, "summary", "nosuchnet")
+    _assert_user_error(rc, err, "unknown model", "nosuchnet", "resnet_cifar")
+    rc, out, err = run(capsys, "train", "nosuchnet", "--iters", "1", "--no-progress")
+    _assert_user_error(rc, err, "nosuchnet")
+
+
+def test_bad_budget(capsys):
+    rc, out, err = run(capsys, "train", *SMALL, "--budget", "12XB", "--iters", "1",
+                       "--no-progress")
+    _assert_user_error(rc, err, "12XB")
+
+
+def test_budget_too_small(capsys):
+    rc, out, err = run(capsys, "train", *SMALL, "--batch", "2", "--budget", "64KiB",
+                       "--iters", "1", "--no-progress", "--device", "cpu")
+    _assert_user_error(rc, err, "bytes", "budget")
+
+
+def test_nonexistent_dataset_dir(capsys, tmp_path):
+    missing = tmp_path / "no_such_dir"
+    for spec in (f"cifar10:{missing}", f"mnist:{missing}"):
+        rc, out, err = run(capsys, "train", *SMALL, "--dataset", spec, "--iters", "1",
+                           "--no-progress")
+        _assert_user_error(rc, err, str(missing))
+
+
+def test_unknown_dataset(capsys):
+    rc, out, err = run(capsys, "train", *SMALL, "--dataset", "imagenet", "--iters", "1",
+                       "--no-progress")
+    _assert_user_error(rc, err, "imagenet")
+
+
+def test_missing_depth(capsys):
+    rc, out, err = run(capsys, "summary", "resnet_cifar")
+    _assert_user_error(rc, err, "depth")
+    rc, out, err = run(capsys, "summary", "resnet_cifar", "--depth", "9")
+    _assert_user_error(rc, err, "8", "14")      # names the nearest valid depths
+
+
+def test_argparse_errors(capsys):
+    rc, out, err = run(capsys, "train", *SMALL, "--iters", "0")
+    _assert_user_error(rc, err, "--iters")
+    rc, out, err = run(capsys)
+    assert rc == 2 and "usage" in err
+    rc, out, err = run(capsys, "frobnicate")
+    assert rc == 2 and "frobnicate" in err
+    rc, out, err = run(capsys, "train", *SMALL, "--iters", "1", "--epochs", "1")
+    assert rc == 2 and "not allowed" in err
+
+
+def test_unknown_policy(capsys):
+    rc, out, err = run(capsys, "train", *SMALL, "--policy", "magic", "--iters", "1",
+                       "--no-progress")
+    _assert_user_error(rc, err, "magic")
+
+
+# ---------------------------------------------------------------- python -m neuron
+def test_python_m_neuron_help():
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "neuron", "--help"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    for cmd in ("train", "summary", "models"):
+        assert cmd in p.stdout
+    p = subprocess.run([sys.executable, "-m", "neuron", "models"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "resnet_cifar" in p.stdout

@@ -1,0 +1,178 @@
+"""The training loop: real learning, exact checkpoint resume, evaluation, lr schedules."""
+import math
+import time
+
+import numpy as np
+import pytest
+
+import neuron as nn
+from neuron.checkpoint import load_checkpoint
+from neuron.data import load_dataset
+from neuron.train import evaluate, fit, lr_at
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", seed=0)
+
+
+def small_cnn(dropout=0.0):
+    x = nn.Input((1, 8, 8), name="data")
+    h = nn.Conv2d(8, 3, padding=1, bias=False, name="c1")(x)
+    h = nn.ReLU(name="r1")(nn.BatchNorm(name="bn1")(h))
+    h = nn.MaxPool2d(2, name="p1")(h)
+    h = nn.ReLU(name="r2")(nn.BatchNorm(name="bn2")(nn.Conv2d(16, 3, padding=1, name="c2")(h)))
+    h = nn.GlobalAvgPool(name="gap")(h)
+    if dropout:
+        h = nn.Dropout(dropout, name="drop")(h)
+    return nn.Graph(x, nn.Linear(10, name="fc")(h), name="small_cnn")
+
+
+def _sgd():
+    return nn.SGD(lr=0.1, momentum=0.9, weight_decay=5e-4)
+
+
+# ---------------------------------------------------------------- (a) it learns
+def _learning_graph():
+    try:
+        from neuron.models import build_model
+    except ImportError:          # the model zoo is optional for this test
+        return small_cnn()
+    return build_model("resnet_cifar", depth=8, in_shape=(1, 8, 8), num_classes=10)
+
+
+def test_learns_digits(digits):
+    g = _learning_graph()
+    ex = nn.Executor(g, 32, optimizer=_sgd(), seed=0)
+    t0 = time.perf_counter()
+    res = fit(ex, digits.train, digits.test, iters=60, lr=0.1, schedule="cosine", seed=0,
+              progress=False)
+    elapsed = time.perf_counter() - t0
+    assert res["test_accuracy"] >= 0.90, res
+    assert elapsed < 60, f"{elapsed:.1f}s"
+    assert res["iterations"] == 60
+    assert res["final_loss"] < 0.5
+    assert res["peak_bytes"] == res["planned_peak_bytes"] == ex.pool.high_water
+    assert res["images_per_sec"] > 0 and res["seconds"] > 0
+    assert 0 <= res["test_loss"] < 1.0
+    assert res["arena_bytes"] >= res["peak_bytes"]
+
+
+# ---------------------------------------------------------------- (b) resume
+def test_checkpoint_resume_is_bit_identical(digits, tmp_path):
+    """Stop at k with a checkpoint, resume in a new executor to N: identical to N straight.
+    Dropout, BN running statistics, momentum, weight decay and the cosine schedule all must
+    continue exactly."""
+    n, k = 14, 6
+    g = small_cnn(dropout=0.3)
+    kw = dict(iters=n, lr=0.1, schedule="cosine", warmup=3, seed=4, progress=False)
+
+    straight = nn.Executor(g, 16, optimizer=_sgd(), seed=9)
+    r_full = fit(straight, digits.train, **kw)
+
+    ckpt = tmp_path / "run.npz"
+    first = nn.Executor(g, 16, optimizer=_sgd(), seed=9)
+    r1 = fit(first, digits.train, **kw, stop_at=k, checkpoint=str(ckpt), meta={"note": "x"})
+    assert r1["iterations"] == k
+    arrays, meta = load_checkpoint(ckpt)
+    assert meta["iteration"] == k and meta["note"] == "x" and meta["seed"] == 4
+    assert meta["optimizer"]["momentum"] == 0.9 and meta["batch"] == 16
+    assert arrays.keys() == straight.state_dict().keys()
+
+    second = nn.Executor(g, 16, optimizer=_sgd(), seed=9)
+    r2 = fit(second, digits.train, **kw, resume=str(ckpt))
+    assert r2["iterations"] == n - k
+    assert second.iteration == straight.iteration == n
+    assert r2["final_loss"] == r_full["final_loss"]
+    a, b = second.state_dict(), straight.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].tobytes() == b[key].tobytes(), key
+    # the optimizer's lr ended on the same schedule value
+    assert second.optimizer.lr == straight.optimizer.lr == lr_at(n - 1, n, 0.1, "cosine", 3)
+
+
+def test_resume_checkpoint_of_the_end_of_a_run(digits, tmp_path):
+    g = small_cnn()
+    ckpt = tmp_path / "end.npz"
+    ex = nn.Executor(g, 16, optimizer=_sgd(), seed=0)
+    fit(ex, digits.train, iters=3, seed=0, progress=False, checkpoint=str(ckpt))
+    ex2 = nn.Executor(g, 16, optimizer=_sgd(), seed=1)
+    r = fit(ex2, digits.train, iters=3, seed=0, progress=False, resume=str(ckpt))
+    assert r["iterations"] == 0 and r["final_loss"] is None
+    for key, v in ex.state_dict().items():
+        assert np.array_equal(v, ex2.state_dict()[key])
+
+
+def test_fit_rejects_bad_arguments(digits, tmp_path):
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    with pytest.raises(ValueError, match="positive"):
+        fit(ex, digits.train, iters=0, progress=False)
+    with pytest.raises(FileNotFoundError):
+        fit(ex, digits.train, iters=2, progress=False, resume=str(tmp_path / "missing.npz"))
+    with pytest.raises(ValueError, match="schedule"):
+        fit(ex, digits.train, iters=2, schedule="linear", progress=False)
+
+
+def test_fit_epochs_counts_steps(digits):
+    ex = nn.Executor(small_cnn(), 256, optimizer=_sgd())
+    r = fit(ex, digits.train, epochs=0.5, progress=False)
+    # 1437 training samples // 256 = 5 steps per epoch; half an epoch rounds up to 3
+    assert r["iterations"] == math.ceil(0.5 * (len(digits.train) // 256)) == 3
+
+
+# ---------------------------------------------------------------- evaluation
+def test_evaluate_pads_the_last_batch(digits):
+    """Accuracy and mean loss over the whole test split do not depend on the batch size
+    (360 samples: a partial last batch for 32 and for 7), and equal one whole-split batch."""
+    g = small_cnn()
+    trained = nn.Executor(g, 32, optimizer=_sgd(), dtype=np.float64, seed=0)
+    fit(trained, digits.train, iters=5, progress=False)
+    state = trained.state_dict()
+    test = digits.test
+    results = {}
+    for b in (32, 7, len(test)):
+        ex = nn.Executor(g, b, optimizer=_sgd(), dtype=np.float64)
+        ex.load_state_dict(state)
+        results[b] = evaluate(ex, test)
+    ex = nn.Executor(g, len(test), optimizer=_sgd(), dtype=np.float64)
+    ex.load_state_dict(state)
+    loss, correct = ex.evaluate(test.x, test.y)
+    for b, (l, acc) in results.items():
+        assert acc == correct / len(test), b
+        assert l == pytest.approx(loss, rel=1e-12), b
+    # evaluation changes no state
+    for key, v in state.items():
+        assert np.array_equal(v, trained.state_dict()[key])
+
+
+# ---------------------------------------------------------------- (c) lr schedules
+def test_lr_constant():
+    assert all(lr_at(s, 100, 0.1, "constant") == 0.1 for s in range(0, 120, 7))
+
+
+def test_lr_cosine():
+    base, total = 0.4, 100
+    assert lr_at(0, total, base, "cosine") == base
+    assert lr_at(total // 2, total, base, "cosine") == pytest.approx(base / 2)
+    assert lr_at(total, total, base, "cosine") == pytest.approx(0.0, abs=1e-15)
+    assert lr_at(total + 50, total, base, "cosine") == pytest.approx(0.0, abs=1e-15)
+    assert lr_at(25, total, base, "cosine") == pytest.approx(base * (1 + math.sqrt(0.5)) / 2)
+    vals = [lr_at(s, total, base, "cosine") for s in range(total + 1)]
+    assert all(a >= b for a, b in zip(vals, vals[1:]))
+    assert all(0 <= v <= base for v in vals)
+
+
+def test_lr_warmup():
+    base = 0.2
+    w = [lr_at(s, 100, base, "cosine", warmup=4) for s in range(4)]
+    assert w == pytest.approx([0.05, 0.1, 0.15, 0.2])
+    assert lr_at(4, 100, base, "cosine", warmup=4) == pytest.approx(
+        0.5 * base * (1 + math.cos(math.pi * 4 / 100)))
+    assert lr_at(2, 100, base, "constant", warmup=4) == pytest.approx(0.15)
+    assert lr_at(10, 100, base, "constant", warmup=4) == base
+
+
+def test_lr_unknown_schedule():
+    with pytest.raises(ValueError, match="step"):
+        lr_at(0, 10, 0.1, "step")
