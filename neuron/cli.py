@@ -133,9 +133,11 @@ def main(argv=None) -> int:
 
 
 def _build(args, in_shape=None, num_classes=None):
+    from .executor import no_gc
     from .models import build_model
-    return build_model(args.model, depth=args.depth, in_shape=in_shape,
-                       num_classes=num_classes or args.classes)
+    with no_gc():       # 10^4-layer graphs: nothing cyclic to collect while building
+        return build_model(args.model, depth=args.depth, in_shape=in_shape,
+                           num_classes=num_classes or args.classes)
 
 
 def cmd_models(args) -> int:

@@ -160,7 +160,7 @@ def size_class(nbytes: int, min_bytes: int = 4096) -> int:
     nbytes = int(nbytes)
     if nbytes <= min_bytes:
         return min_bytes
-    step = max(min_bytes, 1 << (nbytes.bit_length() - 4))
+    step = max(256, 1 << (nbytes.bit_length() - 4))
     return -(-nbytes // step) * step
 
 
@@ -273,18 +273,18 @@ def _cupy():
     return cupy
 
 
+def pinned_empty(nbytes: int) -> np.ndarray:
+    """A 1-D uint8 NumPy array over page-locked host memory (alive as long as the array)."""
+    mem = _cupy().cuda.alloc_pinned_memory(int(nbytes))
+    return np.frombuffer(mem, np.uint8, int(nbytes))        # .base keeps `mem` alive
+
+
 class PinnedHostPool(HostBufferPool):
     """HostBufferPool over page-locked memory (cupy.cuda.alloc_pinned_memory): only pinned
     buffers let cudaMemcpyAsync run asynchronously and overlap compute."""
 
     def __init__(self, capacity: int | None = None):
-        cp = _cupy()
-
-        def allocate(nbytes):
-            mem = cp.cuda.alloc_pinned_memory(nbytes)
-            return np.frombuffer(mem, np.uint8, nbytes)     # keeps `mem` alive via .base
-
-        super().__init__(allocate, capacity)
+        super().__init__(pinned_empty, capacity)
 
 
 class CudaDevice(Device):
@@ -315,6 +315,26 @@ class CudaDevice(Device):
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._prev_stream = cp.cuda.get_current_stream()
         self.compute_stream.use()
+        try:
+            self._allocate_arena(cp, cudnn, free_before)
+        except BaseException:
+            self._prev_stream.use()         # a failed device must not leave its stream current
+            raise
+        whole = ArenaLayout(self.arena.ptr, self.arena_bytes + self.scratch_bytes)
+        self.layout, self.scratch_layout = whole.split(self.arena_bytes)
+
+        self.allocator = ArenaAllocator()
+        self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
+            if self.scratch_bytes else None
+        if self._scratch_heap is not None:
+            self.allocator.add_region(self._scratch_heap, self.scratch_layout, "scratch")
+        self._allocator_fn = None
+        self._prev_allocator = None
+        if route_cupy_allocations:
+            self._install_allocator()
+        self.host_pool = PinnedHostPool(pinned_capacity)
+
+    def _allocate_arena(self, cp, cudnn, free_before) -> None:
         # Create the library handles now so their memory is measured, not discovered later.
         self.cudnn_handle = cudnn.get_handle(self.device_id, self.compute_stream.ptr)
         cp.cuda.device.get_cublas_handle()
@@ -339,19 +359,6 @@ class CudaDevice(Device):
                 f"cudaMalloc of the {need} byte arena failed on GPU {self.device_id} "
                 f"({free_after} bytes were free): {e}", tensor="arena", requested=need,
                 free_bytes=free_after, budget=self.arena_bytes) from e
-        whole = ArenaLayout(self.arena.ptr, need)
-        self.layout, self.scratch_layout = whole.split(self.arena_bytes)
-
-        self.allocator = ArenaAllocator()
-        self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
-            if self.scratch_bytes else None
-        if self._scratch_heap is not None:
-            self.allocator.add_region(self._scratch_heap, self.scratch_layout, "scratch")
-        self._allocator_fn = None
-        self._prev_allocator = None
-        if route_cupy_allocations:
-            self._install_allocator()
-        self.host_pool = PinnedHostPool(pinned_capacity)
 
     # ---- allocator routing ------------------------------------------------------------------
     def _install_allocator(self) -> None:
@@ -403,6 +410,19 @@ class CudaDevice(Device):
         self.copy_stream.synchronize()
 
     # ---- transfers ------------------------------------------------------------------------
+    # The Pool's interface (host_allocator, copy_to_host, copy_to_device) is synchronous: the
+    # pool frees an offloaded block and reuses a host buffer right after the call returns, so
+    # these wait for their copy. offload()/prefetch() below are the asynchronous forms, for a
+    # pool that keeps the returned events and frees/reuses only once is_done(event).
+    def host_allocator(self):
+        return pinned_empty
+
+    def copy_to_host(self, view, buf, nbytes: int) -> None:
+        self.wait(self._d2h(view, buf, int(nbytes)))
+
+    def copy_to_device(self, buf, view, nbytes: int) -> None:
+        self.wait(self._h2d(buf, view, int(nbytes), compute_waits=True))
+
     @staticmethod
     def _host_ptr(host_buf, nbytes: int) -> int:
         if not host_buf.flags.c_contiguous or host_buf.nbytes < nbytes:
@@ -415,10 +435,12 @@ class CudaDevice(Device):
         ``host_pool.get``) on the copy stream, after everything already queued on compute (the
         producer of the data). Returns the event that completes with the copy: the arena block
         may be freed or overwritten only once ``is_done(event)``."""
+        return self._d2h(src_view, host_buf, src_view.nbytes)
+
+    def _d2h(self, src_view, host_buf, nbytes):
         cp = self._cp
-        if not src_view.flags.c_contiguous:
-            raise ValueError("offload needs a contiguous device view")
-        nbytes = src_view.nbytes
+        if not src_view.flags.c_contiguous or nbytes > src_view.nbytes:
+            raise ValueError("offload needs a contiguous device view of at least nbytes")
         dst = self._host_ptr(host_buf, nbytes)
         ready = self.compute_stream.record()
         self.copy_stream.wait_event(ready)
@@ -434,10 +456,12 @@ class CudaDevice(Device):
         ``compute_waits`` (default) compute waits for the copy before any later kernel; pass
         False and call :meth:`compute_wait` right before the first kernel that reads the tensor
         to let the compute in between overlap the transfer."""
+        return self._h2d(host_buf, dst_view, dst_view.nbytes, compute_waits)
+
+    def _h2d(self, host_buf, dst_view, nbytes, compute_waits):
         cp = self._cp
-        if not dst_view.flags.c_contiguous:
-            raise ValueError("prefetch needs a contiguous device view")
-        nbytes = dst_view.nbytes
+        if not dst_view.flags.c_contiguous or nbytes > dst_view.nbytes:
+            raise ValueError("prefetch needs a contiguous device view of at least nbytes")
         src = self._host_ptr(host_buf, nbytes)
         self.copy_stream.wait_event(self.compute_stream.record())
         cp.cuda.runtime.memcpyAsync(dst_view.data.ptr, src, nbytes,

@@ -104,6 +104,7 @@ class Executor:
             with no_gc():
                 self._make_plan(graph)
         self.iteration = 0
+        self.record_trace = True
         self.last_trace: list[TraceRow] = []
         self.last_logits = None
         self.planned = None
@@ -132,9 +133,9 @@ class Executor:
         self.frees = frees_for(steps, self.policy.free_dead)
         self.eval_steps = self.schedule.forward_steps()
         self.logits_tensor = self.schedule.act[id(graph.outputs[0])]
-        self.eval_frees = frees_for(self.eval_steps, self.policy.free_dead,
-                                    keep=[self.logits_tensor])
+        self._eval_frees = None             # computed on the first evaluate()
         self.persistent = self.schedule.persistent()
+        self.state_tensors = self.schedule.state_tensors()
 
     def _new_pool(self):
         self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
@@ -142,12 +143,12 @@ class Executor:
         self._alloc_persistent()
 
     # ---- planning ---------------------------------------------------------------------
-    def simulate(self, arena_bytes: int | None = None) -> dict:
+    def simulate(self, arena_bytes: int | None = None, trace: bool = True) -> dict:
         """One iteration on a virtual device of the given arena size (same code path)."""
         with no_gc():
-            return self._simulate(arena_bytes)
+            return self._simulate(arena_bytes, trace)
 
-    def _simulate(self, arena_bytes):
+    def _simulate(self, arena_bytes, trace=True):
         try:
             v = Executor(self.graph, self.batch,
                          device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
@@ -156,6 +157,7 @@ class Executor:
                          recompute_strategy=self.recompute_strategy,
                          host_budget=self.host_budget, block=self.block,
                          strategy=self.strategy, _plan_from=self)
+            v.record_trace = trace
             v.train_step(None, None)
         except MemoryBudgetError as e:
             return {"fits": False, "error": e}
@@ -166,42 +168,48 @@ class Executor:
 
     # ---- state ------------------------------------------------------------------------
     def _alloc_persistent(self):
+        """One block per layer (parameters + optimizer state), initialized in route order."""
         rng = np.random.default_rng(self.seed)
         compute = self.device.computes
-        for t in self.persistent:
-            value = None
-            if compute:
+        for block in self.persistent:
+            if self.offload_params:
+                self.pool.place_on_host(block)
+            else:
+                try:
+                    self.pool.alloc(block, pin=True)
+                except MemoryBudgetError as e:
+                    raise MemoryBudgetError(
+                        f"parameters and optimizer state do not fit: {e}", tensor=block.name,
+                        requested=e.requested, largest_free=e.largest_free,
+                        free_bytes=e.free_bytes, budget=e.budget) from None
+            if not compute:
+                continue
+            for t in block.members:
                 if t.kind is Kind.PARAM:
                     layer_name, pname = t.name.rsplit(".", 1)
                     spec = self.train_graph.layers[layer_name].param_specs[pname]
-                    value = spec.init(rng, spec.shape).astype(self.dtype)
+                    self._write(t, spec.init(rng, spec.shape).astype(self.dtype))
                 else:
-                    value = np.zeros(t.shape, self.dtype)
-            if self.offload_params:
-                self.pool.place_on_host(t, value)
-                continue
-            try:
-                view = self.pool.alloc(t)
-            except MemoryBudgetError as e:
-                raise MemoryBudgetError(f"parameters and optimizer state do not fit: {e}",
-                                        tensor=t.name, requested=e.requested,
-                                        largest_free=e.largest_free, free_bytes=e.free_bytes,
-                                        budget=e.budget) from None
-            self.pool.pinned.add(t.id)
-            if value is not None:
-                view[...] = value
+                    self._write(t, np.zeros(t.shape, self.dtype))
+
+    def _write(self, t, value) -> None:
+        """Set a parameter/state tensor wherever it lives (arena or host)."""
+        if self.pool.resident(t):
+            self.device.kernels.copy(self.pool.view(t), np.asarray(value, dtype=t.dtype))
+        else:
+            self.pool.host_view(t)[...] = value
 
     def _value(self, t) -> np.ndarray:
         if self.pool.resident(t):
             return self.device.to_numpy(self.pool.view(t))
-        return self.pool.host_value(t)
+        return self.pool.host_view(t).copy()
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters (by torchvision-style names) and optimizer state, copied to NumPy."""
-        return {t.name: self._value(t) for t in self.persistent}
+        return {t.name: self._value(t) for t in self.state_tensors}
 
     def load_state_dict(self, arrays: dict[str, np.ndarray], strict: bool = True) -> None:
-        persistent = {t.name: t for t in self.persistent}
+        persistent = {t.name: t for t in self.state_tensors}
         if strict:
             missing = sorted(set(persistent) - set(arrays))
             extra = sorted(set(arrays) - set(persistent))
@@ -213,13 +221,8 @@ class Executor:
                 raise ValueError(f"{name}: shape {tuple(a.shape)} does not match {t.shape}")
         for name, a in arrays.items():          # validated all first: nothing half-loaded
             t = persistent.get(name)
-            if t is None:
-                continue
-            if self.pool.resident(t):
-                self.pool.view(t)[...] = np.asarray(a, dtype=self.dtype)
-            else:
-                self.pool.free(t)
-                self.pool.place_on_host(t, np.asarray(a, dtype=self.dtype))
+            if t is not None:
+                self._write(t, np.asarray(a, dtype=self.dtype))
 
     def parameters(self) -> dict[str, np.ndarray]:
         return {k: v for k, v in self.state_dict().items() if ":" not in k}
@@ -259,7 +262,10 @@ class Executor:
         """Forward in inference mode; returns (mean loss, number of correct predictions)."""
         ctx = Context(training=False, seed=self.seed, iteration=self.iteration,
                       feed=self._feed(x, y))
-        keep = self._run(self.eval_steps, self.eval_frees, ctx, keep=[self.logits_tensor])
+        if self._eval_frees is None:
+            self._eval_frees = frees_for(self.eval_steps, self.policy.free_dead,
+                                         keep=[self.logits_tensor])
+        keep = self._run(self.eval_steps, self._eval_frees, ctx, keep=[self.logits_tensor])
         self.last_logits = self.device.to_numpy(keep[0])
         self._end_iteration()
         correct = int((self.last_logits.argmax(axis=1) == np.asarray(y)).sum())
@@ -269,7 +275,7 @@ class Executor:
         """BN running statistics: the only state a forward pass changes."""
         if not self.device.computes:
             return None
-        return [(t, self._value(t)) for t in self.persistent
+        return [(t, self._value(t)) for t in self.state_tensors
                 if t.kind is Kind.PARAM and t.name not in self.schedule.param_grads]
 
     def _end_iteration(self):
@@ -291,11 +297,7 @@ class Executor:
         loss = ctx.losses.get("loss")
         if loss is not None and not math.isfinite(loss):
             for t, saved in guard:
-                if self.pool.resident(t):
-                    self.pool.view(t)[...] = saved
-                else:
-                    self.pool.free(t)
-                    self.pool.place_on_host(t, saved)
+                self._write(t, saved)
             raise NonFiniteLossError(
                 f"loss is {loss} at iteration {self.iteration}; stopping before any update "
                 "(lower the learning rate or check the data)")
@@ -304,19 +306,16 @@ class Executor:
         pool, dev = self.pool, self.device
         compute = dev.computes
         eager_param_offload = self.offload_params and not self.policy.offload
-        trace = []
+        trace = [] if self.record_trace else None
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
                 if guard is not None and step.phase == "B":
                     self._check_loss(ctx, guard)
                     guard = None
-                pool.lock(step.reads)
-                pool.lock(step.writes)
-                for t in step.reads:
-                    pool.ensure(t, step)
-                for t in step.writes:
-                    pool.alloc(t, step)
-                ws_off = (pool.alloc_bytes(step.workspace_bytes, f"workspace:{step.name}", step)
+                pool.lock(step.ids)
+                pool.ensure_all(step.reads, step)
+                pool.alloc_all(step.writes, step)
+                ws_off = (pool.alloc_bytes(step.workspace_bytes, None, step)
                           if step.workspace_bytes else None)
                 if compute:
                     ws = (dev.view(ws_off, (step.workspace_bytes,), np.uint8)
@@ -327,21 +326,21 @@ class Executor:
                         pool.free_bytes(ws_off)
                     else:
                         pool.hold_bytes(ws_off)
-                for t in dead:
-                    pool.free(t)
-                pool.unlock(step.reads)
-                pool.unlock(step.writes)
+                pool.free_all(dead)
+                pool.unlock(step.ids)
                 if eager_param_offload:
                     for t in step.reads:
                         if t.persistent and pool.resident(t):
                             pool.offload(t)
-                trace.append(TraceRow(step.index, step.layer.name, step.phase, pool.used_bytes,
-                                      len(pool.live)))
-                if i + 1 < len(steps):      # prefetch what the next step reads, if it fits
+                if trace is not None:
+                    trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
+                                  len(pool.live)))
+                if pool.host and i + 1 < len(steps):  # prefetch the next step's reads if they fit
+                    host = pool.host
                     for t in steps[i + 1].reads:
-                        if t.id in pool.host:
+                        if t.id in host:
                             pool.prefetch(t)
-            self.last_trace = trace
+            self.last_trace = [TraceRow(*r) for r in trace] if trace is not None else []
             return [pool.view(t) for t in keep]
         finally:
             if not keep:
@@ -373,4 +372,4 @@ class Executor:
 
 
 _PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
-                "logits_tensor", "eval_frees", "persistent")
+                "logits_tensor", "_eval_frees", "persistent", "state_tensors")

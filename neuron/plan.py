@@ -5,6 +5,7 @@ kernels), so what it says about a budget is what a real run on that budget does.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from .graph import Graph
 from .memory.tensors import Kind
 
 #: bisection stops when the bracket is within this fraction (and one block) of the answer
-MIN_BUDGET_TOLERANCE = 0.005
+MIN_BUDGET_TOLERANCE = 0.01
 
 
 def lower_bound(ex: Executor) -> tuple[int, int]:
@@ -39,31 +40,90 @@ def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
 
     Without eviction a first-fit run in an arena of the unbounded run's extent makes exactly
     the same choices, and any smaller arena fails at the allocation that reached that extent:
-    the answer is the extent. With eviction, search: grow the excess over the lower bound
-    exponentially until a simulation fits, then bisect."""
+    the answer is the extent. With eviction, search upward from the lower bound: grow the
+    excess exponentially until a simulation fits, then narrow the bracket. Large plans test
+    two candidates at a time in two forked processes (the search is the cost of planning a
+    10^4-layer network; the simulations are independent)."""
     extent = unbounded["arena_bytes"]
     if not ex.policy.offload:
         return extent
     block = ex.block
-    lo, hi = lb - 1, None                # lo fails (or is below the bound), hi fits
-    if ex.simulate(lb)["fits"]:
-        return lb
-    lo, step = lb, max(block, lb // 64)
-    while hi is None:
-        cand = min(lo + step, extent)
-        if cand >= extent or ex.simulate(cand)["fits"]:
-            hi = cand
-        else:
-            lo, step = cand, step * 2
-    while hi - lo > max(block, int(hi * MIN_BUDGET_TOLERANCE)):
-        mid = (lo + hi) // 2 // block * block
-        if mid <= lo:
-            break
-        if ex.simulate(mid)["fits"]:
-            hi = mid
-        else:
-            lo = mid
+    with _Prober(ex) as fits_all:
+        lo, hi, step = lb, None, max(block, lb // 32)
+        cands = [lb, lb + step]
+        while hi is None:                       # exponential phase
+            cands = [min(c, extent) for c in cands]
+            res = fits_all(cands)
+            for c, ok in zip(cands, res):
+                if ok or c >= extent:
+                    hi = c
+                    break
+                lo = c
+            if hi is None:
+                step *= 4
+                cands = [lo + step // 2, lo + step]
+        if hi == lb:
+            return lb
+        while hi - lo > max(block, int(hi * MIN_BUDGET_TOLERANCE)):    # narrowing phase
+            k = fits_all.width
+            cands = sorted({(lo + (hi - lo) * (i + 1) // (k + 1)) // block * block
+                            for i in range(k)} - {lo, hi})
+            cands = [c for c in cands if lo < c < hi]
+            if not cands:
+                break
+            for c, ok in zip(cands, fits_all(cands)):
+                if ok:
+                    hi = c
+                    break
+                lo = c
     return hi
+
+
+_PROBE_EX = None        # the executor a forked prober simulates (inherited, not pickled)
+
+
+def _probe(arena: int) -> bool:
+    return _PROBE_EX.simulate(arena, trace=False)["fits"]
+
+
+class _Prober:
+    """fits(list of arena sizes) -> list of bools; two at a time in forked workers when the
+    plan is large and two cores are there, else one by one."""
+    PARALLEL_MIN_STEPS = 20_000
+
+    def __init__(self, ex: Executor):
+        self.ex, self.pool, self.width = ex, None, 1
+        if len(ex.steps) >= self.PARALLEL_MIN_STEPS and (os.cpu_count() or 1) >= 2:
+            try:
+                import multiprocessing as mp
+                global _PROBE_EX
+                _PROBE_EX = ex
+                self.pool = mp.get_context("fork").Pool(2)
+                self.width = 2
+            except (OSError, ValueError):
+                self.pool = None
+
+    def __call__(self, arenas: list[int]) -> list[bool]:
+        if self.pool is not None and len(arenas) > 1:
+            return self.pool.map(_probe, arenas)
+        out = []
+        for a in arenas:                # serial: stop at the first fit, later ones are moot
+            out.append(self.ex.simulate(a, trace=False)["fits"])
+            if out[-1]:
+                out += [True] * (len(arenas) - len(out))
+                break
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        global _PROBE_EX
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+        _PROBE_EX = None
+        return False
 
 
 def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int | None = None,
@@ -73,14 +133,14 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     t0 = time.perf_counter()
     ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
                   recompute_strategy=recompute_strategy, host_budget=host_budget, dtype=dtype)
-    unbounded = ex.simulate(None)
+    unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
     lb, max_step = lower_bound(ex)
     mb = min_budget(ex, unbounded, lb) if search_min else None
     run = unbounded
     if budget is not None:
-        run = ex.simulate(budget)
+        run = ex.simulate(budget, trace=trace)
     fits = run["fits"]
     rep = ex.recompute_report
     out = {
@@ -113,7 +173,7 @@ def fits(graph: Graph, batch: int, budget: int, **kw) -> bool:
         ex = Executor(graph, batch, device="virtual", **kw)
     except MemoryBudgetError:
         return False
-    return ex.simulate(budget)["fits"]
+    return ex.simulate(budget, trace=False)["fits"]
 
 
 @dataclass

@@ -668,24 +668,30 @@ def filter_descriptor(shape, dtype) -> FilterDescriptor:
     return _cache.get(filter_key(shape, dtype), lambda: FilterDescriptor(shape, dtype))
 
 
+def _tuple2(v) -> tuple[int, int]:
+    """An int or a pair -> a pair of ints (the layers' convention)."""
+    if isinstance(v, (tuple, list)):
+        return tuple(int(a) for a in v)
+    return int(v), int(v)
+
+
 def conv_key(padding, stride, dilation, groups, dtype):
-    return ("conv", tuple(int(v) for v in padding), tuple(int(v) for v in stride),
-            tuple(int(v) for v in dilation), int(groups), np.dtype(dtype).str)
+    return ("conv", _tuple2(padding), _tuple2(stride), _tuple2(dilation), int(groups),
+            np.dtype(dtype).str)
 
 
 def convolution_descriptor(padding, stride, dilation, groups, dtype) -> ConvolutionDescriptor:
-    return _cache.get(conv_key(padding, stride, dilation, groups, dtype),
-                      lambda: ConvolutionDescriptor(padding, stride, dilation, groups, dtype))
+    key = conv_key(padding, stride, dilation, groups, dtype)
+    return _cache.get(key, lambda: ConvolutionDescriptor(*key[1:4], groups, dtype))
 
 
 def pooling_key(mode, window, padding, stride, nan=CUDNN_PROPAGATE_NAN):
-    return ("pool", int(mode), tuple(int(v) for v in window), tuple(int(v) for v in padding),
-            tuple(int(v) for v in stride), int(nan))
+    return ("pool", int(mode), _tuple2(window), _tuple2(padding), _tuple2(stride), int(nan))
 
 
 def pooling_descriptor(mode, window, padding, stride, nan=CUDNN_PROPAGATE_NAN):
     key = pooling_key(mode, window, padding, stride, nan)
-    return _cache.get(key, lambda: PoolingDescriptor(mode, window, padding, stride, nan))
+    return _cache.get(key, lambda: PoolingDescriptor(mode, key[2], key[3], key[4], nan))
 
 
 def activation_key(mode, nan=CUDNN_PROPAGATE_NAN, coef=0.0):

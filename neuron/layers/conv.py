@@ -58,9 +58,15 @@ class Conv2d(Layer):
         return self.stride, self.padding, self.dilation, self.groups
 
     def workspace_bytes(self, phase, batch, itemsize):
-        from ..kernels import numpy_ref
-        return numpy_ref.conv2d_workspace_bytes(
-            self.in_shapes(batch)[0], self.param_specs["weight"].shape, *self._args(), itemsize)
+        # forward and backward use the same im2col buffer; planners ask often, so remember
+        key = (batch, itemsize)
+        cache = self.__dict__.setdefault("_ws_cache", {})
+        if key not in cache:
+            from ..kernels import numpy_ref
+            cache[key] = numpy_ref.conv2d_workspace_bytes(
+                self.in_shapes(batch)[0], self.param_specs["weight"].shape, *self._args(),
+                itemsize)
+        return cache[key]
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         k.conv2d_forward(ins[0], params["weight"], params.get("bias"), outs[0], *self._args(), ws)

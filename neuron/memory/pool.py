@@ -31,6 +31,7 @@ class Pool:
         self.device = device
         self.heap = Heap(device.arena_bytes, block=block, strategy=strategy)
         self._h = self.heap._impl               # unchecked calls on the hot path
+        self._block = self.heap.block
         self.evict_enabled = evict
         self.offset: dict[int, int] = {}        # on device: tensor id -> arena offset
         self.live: dict[int, TensorInfo] = {}   # on device
@@ -56,35 +57,55 @@ class Pool:
             off = h.try_alloc(nbytes)
         if off < 0:
             raise self.budget_error(what, step, nbytes)
-        end = off + h.size_of(off)
+        end = off + self._rounded(nbytes)
         if end > self.max_extent:
             self.max_extent = end
         return off
+
+    def _rounded(self, nbytes: int) -> int:
+        b = self._block
+        return -(-nbytes // b) * b
 
     def _account(self, kind_index: int, nbytes: int) -> None:
         self.by_kind[kind_index] += nbytes
         if nbytes > 0 and self._h.used_bytes >= self._h.high_water:
             self._peak_kinds = list(self.by_kind)
 
+    def _account_tensor(self, t: TensorInfo, sign: int) -> None:
+        n = self._rounded(t.nbytes or 1)
+        if t.parts:                     # a parameter block: split by its members' kinds
+            for k, b in t.parts:
+                self.by_kind[k] += sign * b
+                n -= b
+        self._account(t.kind_index, sign * n)
+
     @property
     def by_kind_at_peak(self) -> dict:
         return {k: self._peak_kinds[i] for k, i in KIND_INDEX.items()}
 
-    def alloc(self, t: TensorInfo, step=None):
+    def alloc(self, t: TensorInfo, step=None, pin: bool = False):
+        """Place t in the arena; a pinned tensor is never evicted (nor kept in the LRU)."""
         if t.id in self.offset or t.id in self.host:
             raise RuntimeError(f"{t.name} allocated twice")
-        off = self._take(max(t.nbytes, 1), t, step)
+        n = t.nbytes or 1
+        off = self._take(n, t, step)
         self.offset[t.id] = off
         self.live[t.id] = t
-        self.lru[t.id] = t
-        self._account(t.kind_index, self._h.size_of(off))
+        if pin:
+            self.pinned.add(t.id)
+        else:
+            self.lru[t.id] = t
+        self._account_tensor(t, 1)
         return self.device.view(off, t.shape, t.dtype)
 
     def budget_error(self, t, step=None, nbytes: int | None = None):
         h = self.heap
         need = h.round(max(nbytes if nbytes is not None else t.nbytes, 1))
         where = f"step {step.name}" if step is not None else "setup"
-        name = t.name if isinstance(t, TensorInfo) else str(t)
+        if isinstance(t, TensorInfo):
+            name = t.name
+        else:       # a workspace: named only when it fails (names cost time on the hot path)
+            name = t or f"workspace:{getattr(step, 'name', '?')}"
         kind = f"{t.kind.value}, shape {t.shape}" if isinstance(t, TensorInfo) else "workspace"
         return MemoryBudgetError(
             f"{where}: cannot allocate {name} ({kind}) of {need} bytes in an arena of {h.size} "
@@ -97,7 +118,7 @@ class Pool:
         """Drop a tensor wherever it is."""
         if t.id in self.offset:
             off = self.offset.pop(t.id)
-            self._account(t.kind_index, -self._h.size_of(off))
+            self._account_tensor(t, -1)
             self._h.free(off)
             del self.live[t.id]
             self.lru.pop(t.id, None)
@@ -105,10 +126,10 @@ class Pool:
             self.host_pool.put(self.host.pop(t.id)[1])
         self.locked.discard(t.id)
 
-    def alloc_bytes(self, nbytes: int, what: str, step=None) -> int:
+    def alloc_bytes(self, nbytes: int, what: str | None = None, step=None) -> int:
         """A raw region (a workspace); returns its offset."""
         off = self._take(nbytes, what, step)
-        self._account(_WS, self._h.size_of(off))
+        self._account(_WS, self._rounded(nbytes))
         return off
 
     def free_bytes(self, offset: int) -> None:
@@ -126,20 +147,47 @@ class Pool:
 
     # ---- residency --------------------------------------------------------------------
     def view(self, t: TensorInfo):
+        if t.parent is not None:
+            return self.device.view(self.offset[t.parent.id] + t.byte_offset, t.shape, t.dtype)
         return self.device.view(self.offset[t.id], t.shape, t.dtype)
 
     def resident(self, t: TensorInfo) -> bool:
-        return t.id in self.offset
+        return t.storage.id in self.offset
 
-    def lock(self, tensors) -> None:
-        for t in tensors:
-            self.locked.add(t.id)
+    def lock(self, ids) -> None:
+        self.locked.update(ids)
 
-    def unlock(self, tensors) -> None:
+    def unlock(self, ids) -> None:
+        self.locked.difference_update(ids)
+        lru = self.lru
+        for i in ids:
+            if i in lru:
+                lru.move_to_end(i)              # most recently used
+
+    def ensure_all(self, tensors, step=None) -> None:
+        offset = self.offset
         for t in tensors:
+            if t.id in offset:
+                self.hits += 1
+            else:
+                self.ensure(t, step)
+
+    def alloc_all(self, tensors, step=None) -> None:
+        for t in tensors:
+            self.alloc(t, step)
+
+    def free_all(self, tensors) -> None:
+        offset, h, live, lru = self.offset, self._h, self.live, self.lru
+        for t in tensors:
+            off = offset.pop(t.id, None)
+            if off is None:                 # on the host, or a block: the general path
+                self.free(t)
+                continue
+            self._account_tensor(t, -1)
+            h.free(off)
+            del live[t.id]
+            lru.pop(t.id, None)
             self.locked.discard(t.id)
-            if t.id in self.lru:
-                self.lru.move_to_end(t.id)      # most recently used
 
     def ensure(self, t: TensorInfo, step=None):
         """Make t resident for a step (a cache hit, or a miss that copies it back now)."""
@@ -154,12 +202,13 @@ class Pool:
 
     def _bring_back(self, t: TensorInfo, step) -> None:
         _, buf = self.host[t.id]
-        off = self._take(max(t.nbytes, 1), t, step)
+        n = t.nbytes or 1
+        off = self._take(n, t, step)
         del self.host[t.id]
         self.offset[t.id] = off
         self.live[t.id] = t
         self.lru[t.id] = t
-        self._account(t.kind_index, self._h.size_of(off))
+        self._account_tensor(t, 1)
         self.device.copy_to_device(buf, self.device.view(off, t.shape, t.dtype), t.nbytes)
         self.host_pool.put(buf)
         self.prefetch_bytes += t.nbytes
@@ -181,10 +230,11 @@ class Pool:
         buf = self.host_pool.get(t.nbytes)
         off = self.offset.pop(t.id)
         self.device.copy_to_host(self.device.view(off, t.shape, t.dtype), buf, t.nbytes)
-        self._account(t.kind_index, -self._h.size_of(off))
+        self._account_tensor(t, -1)
         self._h.free(off)
         del self.live[t.id]
         self.lru.pop(t.id, None)
+        self.pinned.discard(t.id)
         self.host[t.id] = (t, buf)
         self.offload_bytes += t.nbytes
         self.offload_count += 1
@@ -196,13 +246,15 @@ class Pool:
             buf[:t.nbytes] = np.ascontiguousarray(value, dtype=t.dtype).reshape(-1).view(np.uint8)
         self.host[t.id] = (t, buf)
 
-    def host_value(self, t: TensorInfo) -> np.ndarray:
-        _, buf = self.host[t.id]
-        return buf[:t.nbytes].view(t.dtype).reshape(t.shape).copy()
+    def host_view(self, t: TensorInfo) -> np.ndarray:
+        """A member's or tensor's bytes while it is on the host (CPU arrays)."""
+        _, buf = self.host[t.storage.id]
+        return buf[t.byte_offset:t.byte_offset + t.nbytes].view(t.dtype).reshape(t.shape)
 
     def _evict_one(self) -> bool:
-        for tid, t in self.lru.items():
-            if tid not in self.locked and tid not in self.pinned:
+        locked = self.locked
+        for tid, t in self.lru.items():     # oldest first; pinned tensors are never in it
+            if tid not in locked:
                 self.offload(t)
                 return True
         return False

@@ -18,7 +18,7 @@ after its last backward use.
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 from dataclasses import dataclass
 
 from .schedule import Schedule, Step
@@ -105,7 +105,7 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
         return made
 
     for s in steps:
-        s = dataclasses.replace(s)     # never renumber the schedule's own steps
+        s = copy.copy(s)               # never renumber the schedule's own steps
         if s.phase != "B":
             new_steps.append(s)
             continue
@@ -130,9 +130,9 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
             else:
                 binding[t.id] = emit_chain(layers, keep_all=False)[t.id]
         if binding:
-            s = dataclasses.replace(
-                s, ins=[binding.get(t.id, t) if t is not None else None for t in s.ins],
-                outs=[binding.get(t.id, t) if t is not None else None for t in s.outs]).bind()
+            s.ins = [binding.get(t.id, t) if t is not None else None for t in s.ins]
+            s.outs = [binding.get(t.id, t) if t is not None else None for t in s.outs]
+            s.bind()
         new_steps.append(s)
     for i, s in enumerate(new_steps):
         s.index = i

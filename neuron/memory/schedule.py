@@ -36,6 +36,7 @@ class Step:
     workspace_bytes: int = 0
     reads: list = field(default_factory=list)      # derived by bind()
     writes: list = field(default_factory=list)
+    ids: tuple = ()                                 # ids of reads + writes (locking)
 
     def bind(self) -> "Step":
         """Derive reads/writes from the bindings (deduplicated, order kept)."""
@@ -44,17 +45,20 @@ class Step:
             for t in self.ins:
                 reads[t.id] = t
             for t in self.params.values():
-                reads[t.id] = t
+                b = t.storage
+                reads[b.id] = b
             for t in self.outs:
                 writes[t.id] = t
             for t in self.aux.values():
                 # a recompute re-reads aux (dropout mask, BN statistics) instead of making it
                 (reads if self.phase == "R" else writes)[t.id] = t
         else:
-            for t in [*self.douts, *self.ins, *self.outs, *self.aux.values(),
-                      *self.params.values()]:
+            for t in [*self.douts, *self.ins, *self.outs, *self.aux.values()]:
                 if t is not None:
                     reads[t.id] = t
+            for t in self.params.values():
+                b = t.storage
+                reads[b.id] = b
             started = {g.id for _, g, tmp in self.grad_targets if tmp is None}
             for _, g, tmp in self.grad_targets:
                 if tmp is None:
@@ -66,9 +70,11 @@ class Step:
             for _, _, g, states in self.updates:
                 writes[g.id] = g
                 for s in states:
-                    reads[s.id] = s
+                    b = s.storage
+                    reads[b.id] = b
         self.reads = list(reads.values())
         self.writes = [t for tid, t in writes.items() if tid not in reads]
+        self.ids = tuple(t.id for t in self.reads) + tuple(t.id for t in self.writes)
         return self
 
     @property
@@ -98,7 +104,12 @@ class Schedule:
     aux: dict                   # layer name -> {aux name: TensorInfo}
 
     def persistent(self) -> list[TensorInfo]:
-        return [t for t in self.registry.tensors if t.persistent]
+        """What is allocated for the whole run: the per-layer parameter blocks."""
+        return [t for t in self.registry.tensors if t.persistent and t.parent is None]
+
+    def state_tensors(self) -> list[TensorInfo]:
+        """Parameters, buffers and optimizer state one by one (the members of the blocks)."""
+        return [m for b in self.persistent() for m in (b.members or (b,))]
 
     def forward_steps(self) -> list[Step]:
         return [s for s in self.steps if s.phase == "F"]
@@ -108,13 +119,20 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
     dtype = np.dtype(dtype)
     reg = TensorRegistry()
     params, param_grads, opt_state, aux = {}, {}, {}, {}
+    members: dict[str, list] = {}
     for qname, layer, pname, spec in graph.params():
         p = reg.add(qname, Kind.PARAM, spec.shape, dtype, persistent=True)
         params.setdefault(layer.name, {})[pname] = p
+        members.setdefault(layer.name, []).append(p)
         if spec.trainable:
             param_grads[qname] = reg.add(f"grad:{qname}", Kind.PARAM_GRAD, spec.shape, dtype)
             opt_state[qname] = [reg.add(f"{s}:{qname}", Kind.OPT_STATE, spec.shape, dtype,
                                         persistent=True) for s in state_names]
+            members[layer.name].extend(opt_state[qname])
+    # a layer's parameters and optimizer state share one allocation: they are used together,
+    # so they move to and from the host together (one copy instead of up to six)
+    for lname, ms in members.items():
+        reg.add_block(f"params:{lname}", ms)
     act, grad = {}, {}
     for layer in graph.route:
         is_data = isinstance(layer, Input)

@@ -22,7 +22,8 @@ KIND_INDEX = {k: i for i, k in enumerate(Kind)}
 
 class TensorInfo:
     """Plain slots, sizes precomputed: the planner touches these millions of times."""
-    __slots__ = ("id", "name", "kind", "kind_index", "shape", "dtype", "persistent", "nbytes")
+    __slots__ = ("id", "name", "kind", "kind_index", "shape", "dtype", "persistent", "nbytes",
+                 "parent", "byte_offset", "members", "parts")
 
     def __init__(self, id: int, name: str, kind: Kind, shape, dtype, persistent: bool = False):
         self.id, self.name, self.kind = id, name, kind
@@ -30,6 +31,17 @@ class TensorInfo:
         self.shape, self.dtype = shape, dtype
         self.persistent = persistent    # lives across iterations (parameters, optimizer state)
         self.nbytes = math.prod(shape) * dtype.itemsize
+        # a member lives at byte_offset inside its parent block (a layer's parameters and
+        # optimizer state move as one allocation); a block lists its members
+        self.parent: "TensorInfo | None" = None
+        self.byte_offset = 0
+        self.members: tuple = ()
+        self.parts: tuple = ()          # a block's bytes by kind index, for accounting
+
+    @property
+    def storage(self) -> "TensorInfo":
+        """The tensor that owns the bytes: the block for a member, else itself."""
+        return self.parent or self
 
     def __repr__(self):
         return f"<{self.kind.value} {self.name} {self.shape}>"
@@ -48,6 +60,22 @@ class TensorRegistry:
         self.tensors.append(t)
         self.by_name[name] = t
         return t
+
+    def add_block(self, name: str, members: list[TensorInfo], align: int = 256) -> TensorInfo:
+        """One persistent allocation holding members at aligned offsets."""
+        off = 0
+        for m in members:
+            m.parent, m.byte_offset = None, off
+            off += -(-max(m.nbytes, 1) // align) * align
+        block = self.add(name, Kind.PARAM, (off,), np.uint8, persistent=True)
+        block.members = tuple(members)
+        by_kind: dict[int, int] = {}
+        for m in members:
+            m.parent = block
+            by_kind[m.kind_index] = by_kind.get(m.kind_index, 0) + \
+                -(-max(m.nbytes, 1) // align) * align
+        block.parts = tuple(by_kind.items())
+        return block
 
     def __getitem__(self, name: str) -> TensorInfo:
         return self.by_name[name]
