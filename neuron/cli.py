@@ -26,6 +26,9 @@ def _policy_args(p, default: str, budget_required: bool = False):
     p.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
     p.add_argument("--recompute-strategy", choices=["speed", "memory", "cost"], default="cost")
+    p.add_argument("--no-tensor-cache", action="store_true",
+                   help="offload every activation backward needs right after its last forward "
+                   "use (vDNN-style) instead of only when the arena is short")
     p.add_argument("--host-budget", default=None,
                    help="host memory for offloaded tensors (default: unlimited for plan, "
                    "128GiB for deepest/widest)")
@@ -177,6 +180,7 @@ def _policy_kw(args, host_default=None) -> dict:
     hb = args.host_budget or host_default
     return dict(policy=args.policy, offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
+                tensor_cache=not args.no_tensor_cache,
                 host_budget=parse_bytes(hb) if hb else None)
 
 

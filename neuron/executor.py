@@ -86,7 +86,7 @@ class Executor:
                  optimizer: SGD | None = None, policy: str | Policy = "liveness",
                  dtype=np.float32, seed: int = 0, budget: int | None = None,
                  offload_params: bool = False, recompute_strategy: str = "cost",
-                 host_budget: int | None = None,
+                 host_budget: int | None = None, tensor_cache: bool = True,
                  block: int = 1024, strategy: str = "first_fit", _plan_from=None):
         if batch <= 0:
             raise ValueError(f"batch must be positive, got {batch}")
@@ -97,6 +97,9 @@ class Executor:
         self.offload_params = bool(offload_params)
         self.recompute_strategy = recompute_strategy
         self.host_budget = host_budget
+        # without the LRU tensor cache (vDNN-style, Table 3's baseline), every activation a
+        # later step needs is offloaded right after the forward step that wrote it
+        self.tensor_cache = bool(tensor_cache)
         self.block, self.strategy = block, strategy
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
@@ -134,6 +137,7 @@ class Executor:
         self.eval_steps = self.schedule.forward_steps()
         self.logits_tensor = self.schedule.act[id(graph.outputs[0])]
         self._eval_frees = None             # computed on the first evaluate()
+        self._offload_after = None          # without the tensor cache: step -> tensors
         self.persistent = self.schedule.persistent()
         self.state_tensors = self.schedule.state_tensors()
 
@@ -155,7 +159,8 @@ class Executor:
                          optimizer=self.optimizer, policy=self.policy, dtype=self.dtype,
                          offload_params=self.offload_params,
                          recompute_strategy=self.recompute_strategy,
-                         host_budget=self.host_budget, block=self.block,
+                         host_budget=self.host_budget, tensor_cache=self.tensor_cache,
+                         block=self.block,
                          strategy=self.strategy, _plan_from=self)
             v.record_trace = trace
             v.train_step(None, None)
@@ -306,6 +311,10 @@ class Executor:
         pool, dev = self.pool, self.device
         compute = dev.computes
         eager_param_offload = self.offload_params and not self.policy.offload
+        eager_act_offload = (self.policy.offload and not self.tensor_cache
+                             and steps is self.steps)
+        if eager_act_offload and self._offload_after is None:
+            self._offload_after = _offload_points(steps)
         trace = [] if self.record_trace else None
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
@@ -331,6 +340,10 @@ class Executor:
                 if eager_param_offload:
                     for t in step.reads:
                         if t.persistent and pool.resident(t):
+                            pool.offload(t)
+                if eager_act_offload:
+                    for t in self._offload_after.get(i, ()):
+                        if t.id in pool.offset:
                             pool.offload(t)
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
@@ -371,5 +384,25 @@ class Executor:
             self.optimizer.update(k, params[pname], dparams[pname], [view(x) for x in states])
 
 
+_ACTIVATIONS = (Kind.ACTIVATION, Kind.DATA)
+
+
+def _offload_points(steps) -> dict[int, list]:
+    """For running without the tensor cache: each activation that backward needs is offloaded
+    right after its last forward use (vDNN's schedule), whatever the free memory."""
+    last_fwd, used_in_bwd = {}, set()
+    for i, s in enumerate(steps):
+        for t in s.reads + s.writes:
+            if t.kind in _ACTIVATIONS:
+                if s.phase == "B":
+                    used_in_bwd.add(t.id)
+                else:
+                    last_fwd[t.id] = (i, t)
+    out: dict[int, list] = {}
+    for tid, (i, t) in last_fwd.items():
+        if tid in used_in_bwd:
+            out.setdefault(i, []).append(t)
+    return out
 _PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
-                "logits_tensor", "_eval_frees", "persistent", "state_tensors")
+                "logits_tensor", "_eval_frees", "persistent", "state_tensors",
+                "_offload_after")

@@ -128,11 +128,13 @@ class _Prober:
 
 def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int | None = None,
          offload_params: bool = False, recompute_strategy: str = "cost",
-         host_budget: int | None = None, dtype=np.float32, search_min: bool = True,
+         host_budget: int | None = None, tensor_cache: bool = True, dtype=np.float32,
+         search_min: bool = True,
          model: str | None = None, trace: bool = True) -> dict:
     t0 = time.perf_counter()
     ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
-                  recompute_strategy=recompute_strategy, host_budget=host_budget, dtype=dtype)
+                  recompute_strategy=recompute_strategy, host_budget=host_budget,
+                  tensor_cache=tensor_cache, dtype=dtype)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
