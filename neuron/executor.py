@@ -113,6 +113,10 @@ class Executor:
         self.planned = None
         if isinstance(device, Device):
             self.device = device
+            if device.computes:     # prove the given arena fits before any state exists
+                self.planned = self.simulate(device.arena_bytes)
+                if not self.planned["fits"]:
+                    raise self.planned["error"]
         elif device == "virtual":
             self.device = VirtualDevice(budget or VIRTUAL_ARENA)
         else:
@@ -310,7 +314,9 @@ class Executor:
     def _run(self, steps, frees, ctx, keep=(), guard=None):
         pool, dev = self.pool, self.device
         compute = dev.computes
-        eager_param_offload = self.offload_params and not self.policy.offload
+        # offloaded parameters go back to the host right after each use: caching them in the
+        # arena between a layer's forward and its backward only fragments it
+        eager_param_offload = self.offload_params
         eager_act_offload = (self.policy.offload and not self.tensor_cache
                              and steps is self.steps)
         if eager_act_offload and self._offload_after is None:

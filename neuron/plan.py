@@ -36,7 +36,11 @@ def lower_bound(ex: Executor) -> tuple[int, int]:
 
 
 def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
-    """Smallest arena in which the policy completes an iteration.
+    """Smallest arena the search finds in which the policy completes an iteration.
+
+    Under LRU eviction, fitting is not monotone in the arena size (a smaller arena evicts
+    differently and can fragment less), so a still smaller arena may happen to work: the
+    answer is a tight, verified budget, not a proof that nothing smaller fits.
 
     Without eviction a first-fit run in an arena of the unbounded run's extent makes exactly
     the same choices, and any smaller arena fails at the allocation that reached that extent:

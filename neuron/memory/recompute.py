@@ -74,7 +74,7 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
     speed_n = mem_n = 0
     new_steps: list[Step] = []
     current: dict[int, TensorInfo] = {}  # forward tensor id -> its live recomputed version
-    counter = [0]
+    counter = [len(schedule.registry)]  # version names stay unique across rewrites
     extra = 0
 
     def version(t_sym) -> TensorInfo:

@@ -333,12 +333,6 @@ def test_every_strategy_trains_bit_identically(name):
         assert ex.pool.high_water == ex.planned["peak_bytes"]
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "neuron/memory/recompute.py plan_recompute: recomputed versions are registered in the "
-    "schedule's TensorRegistry under names '<tensor>@r<n>' with n restarting at 1 on every "
-    "call, so a second plan_recompute on the same Schedule (e.g. to compare strategies) raises "
-    "KeyError \"tensor 'act:...@r1' registered twice\" although the function otherwise leaves "
-    "the schedule untouched"))
 def test_plan_recompute_twice_on_one_schedule():
     s = schedule(relu_run(3))
     a, _ = plan_recompute(s, "speed")
