@@ -12,9 +12,11 @@ after its last backward use.
   has used it (extra forwards = segment length).
 - memory-centric: every needed tensor is recomputed from the checkpoint on its own and the
   intermediates die at once (extra forwards grow quadratically, memory stays at one layer).
-- cost-aware (the paper): speed-centric when the segment's bytes fit under l_peak, the largest
-  per-step need of the whole iteration, memory-centric otherwise. Recomputing a segment under
-  l_peak cannot raise the peak, so it is free in memory.
+- cost-aware (the paper): speed-centric when the segment fits under l_peak, the largest
+  per-step need of the whole iteration, memory-centric otherwise. The paper compares the
+  segment's bytes alone with l_peak; here the segment is held while its own backward steps run,
+  so the test is segment bytes + the largest of those steps <= l_peak: then recomputing cannot
+  raise the peak, and it is free in memory.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
         return out[::-1]
 
     l_peak = max(s.resident_bytes() for s in steps)
+    b_need = {id(s.layer): s.resident_bytes() for s in steps if s.phase == "B"}
     seg_mode: dict[int, str] = {}       # id(first layer of chain) -> "speed" | "memory"
     speed_n = mem_n = 0
     new_steps: list[Step] = []
@@ -118,9 +121,12 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
             layers = chain(t.id)
             key = id(layers[0])
             if key not in seg_mode:
+                # speed-centric holds the whole segment while its backward steps run: free in
+                # memory only if that, plus the largest of those steps, stays under l_peak
                 seg_bytes = sum(act[id(l.outputs[0])].nbytes for l in layers)
+                seg_step = max(b_need.get(id(l), 0) for l in layers)
                 mode = strategy if strategy != "cost" else (
-                    "speed" if seg_bytes <= l_peak else "memory")
+                    "speed" if seg_bytes + seg_step <= l_peak else "memory")
                 seg_mode[key] = mode
                 speed_n += mode == "speed"
                 mem_n += mode == "memory"
