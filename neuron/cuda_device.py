@@ -289,6 +289,11 @@ class PinnedHostPool(HostBufferPool):
 
 class CudaDevice(Device):
     name = "cuda"
+    # conv steps ask the kernels for the fastest algorithm's workspace under the largest free
+    # block at that moment (SuperNeurons §3.5), instead of the plan's fixed im2col ceiling
+    dynamic_workspace = True
+    # the pool issues prefetches and offloads on the copy stream and keeps their events
+    async_copies = True
 
     def __init__(self, arena_bytes: int, *, device_id: int = 0,
                  headroom_bytes: int | None = None, scratch_bytes: int = DEFAULT_SCRATCH,

@@ -67,10 +67,12 @@ class TraceRow:
     phase: str
     bytes_in_use: int
     live_tensors: int
+    workspace_bytes: int = 0        # what the step's kernel got (Figure 12: conv workspace)
 
     def as_dict(self):
         return dict(step=self.step, layer=self.layer, phase=self.phase,
-                    bytes_in_use=self.bytes_in_use, live_tensors=self.live_tensors)
+                    bytes_in_use=self.bytes_in_use, live_tensors=self.live_tensors,
+                    workspace_bytes=self.workspace_bytes)
 
 
 class Executor:
@@ -206,11 +208,13 @@ class Executor:
         if self.pool.resident(t):
             self.device.kernels.copy(self.pool.view(t), np.asarray(value, dtype=t.dtype))
         else:
+            self.device.synchronize()
             self.pool.host_view(t)[...] = value
 
     def _value(self, t) -> np.ndarray:
         if self.pool.resident(t):
             return self.device.to_numpy(self.pool.view(t))
+        self.device.synchronize()           # an offload may still be in flight
         return self.pool.host_view(t).copy()
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -322,6 +326,7 @@ class Executor:
         if eager_act_offload and self._offload_after is None:
             self._offload_after = _offload_points(steps)
         trace = [] if self.record_trace else None
+        dynamic_ws = getattr(dev, "dynamic_workspace", False)
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
                 if guard is not None and step.phase == "B":
@@ -330,11 +335,14 @@ class Executor:
                 pool.lock(step.ids)
                 pool.ensure_all(step.reads, step)
                 pool.alloc_all(step.writes, step)
-                ws_off = (pool.alloc_bytes(step.workspace_bytes, None, step)
-                          if step.workspace_bytes else None)
+                ws_bytes = step.workspace_bytes
+                if ws_bytes and dynamic_ws:     # choose under what is free right now (§3.5)
+                    ws_bytes = step.layer.workspace_request(
+                        dev.kernels, "F" if step.phase != "B" else "B", self.batch, self.dtype,
+                        pool.heap.largest_free)
+                ws_off = pool.alloc_bytes(ws_bytes, None, step) if ws_bytes else None
                 if compute:
-                    ws = (dev.view(ws_off, (step.workspace_bytes,), np.uint8)
-                          if ws_off is not None else None)
+                    ws = dev.view(ws_off, (ws_bytes,), np.uint8) if ws_off is not None else None
                     self._compute(step, ctx, ws)
                 if ws_off is not None:
                     if self.policy.free_dead:
@@ -353,7 +361,7 @@ class Executor:
                             pool.offload(t)
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
-                                  len(pool.live)))
+                                  len(pool.live), ws_bytes))
                 if pool.host and i + 1 < len(steps):  # prefetch the next step's reads if they fit
                     host = pool.host
                     for t in steps[i + 1].reads:

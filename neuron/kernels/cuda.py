@@ -294,6 +294,17 @@ def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, 
                                             itemsize)
 
 
+def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                             limit_bytes) -> int:
+    """Workspace bytes for a conv step when ``limit_bytes`` are free in one block (§3.5): the
+    fastest algorithm that fits (measured per geometry and free-bytes bucket, cached), and
+    exactly its workspace; the kernel then picks the same algorithm from the same cache. For
+    backward, the larger of the backward-data and backward-filter choices."""
+    kinds = ("fwd",) if phase == "F" else ("bwd_data", "bwd_filter")
+    return max(choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups,
+                                dtype, limit_bytes, record=False).memory for kind in kinds)
+
+
 def _conv_setup(x, w, stride, padding, dilation, groups):
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     _contig(w)

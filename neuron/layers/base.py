@@ -99,7 +99,15 @@ class Layer:
         return {}
 
     def workspace_bytes(self, phase: str, batch: int, itemsize: int) -> int:
+        """The workspace this step plans for (a ceiling on devices that choose dynamically)."""
         return 0
+
+    def workspace_request(self, k, phase: str, batch: int, dtype, limit: int) -> int:
+        """Bytes to give this step's kernel when ``limit`` bytes are free in one block.
+
+        Static by default; convolution on the GPU picks the fastest algorithm that fits
+        (SuperNeurons §3.5) and asks for exactly its workspace."""
+        return self.workspace_bytes(phase, batch, np.dtype(dtype).itemsize)
 
     def in_shapes(self, batch: int) -> list[tuple[int, ...]]:
         return [(batch, *t.shape) for t in self.inputs]

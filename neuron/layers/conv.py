@@ -68,6 +68,13 @@ class Conv2d(Layer):
                 itemsize)
         return cache[key]
 
+    def workspace_request(self, k, phase, batch, dtype, limit):
+        choose = getattr(k, "conv2d_workspace_request", None)
+        if choose is None:          # NumPy: the fixed im2col chunk
+            return super().workspace_request(k, phase, batch, dtype, limit)
+        return choose(phase, self.in_shapes(batch)[0], self.param_specs["weight"].shape,
+                      *self._args(), dtype, limit)
+
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         k.conv2d_forward(ins[0], params["weight"], params.get("bias"), outs[0], *self._args(), ws)
 

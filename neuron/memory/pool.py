@@ -47,6 +47,10 @@ class Pool:
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
         self.hits = self.misses = 0
+        # asynchronous copies (CudaDevice: copy stream + events); the CPU copies synchronously
+        self.async_copies = getattr(device, "async_copies", False)
+        self.inflight: dict[int, object] = {}   # tensor id -> event of its prefetch
+        self.deferred: list = []                # (event, host buffer) to reuse once done
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
@@ -116,6 +120,8 @@ class Pool:
 
     def free(self, t: TensorInfo) -> None:
         """Drop a tensor wherever it is."""
+        if self.inflight:
+            self._settle(t)
         if t.id in self.offset:
             off = self.offset.pop(t.id)
             self._account_tensor(t, -1)
@@ -165,12 +171,32 @@ class Pool:
                 lru.move_to_end(i)              # most recently used
 
     def ensure_all(self, tensors, step=None) -> None:
-        offset = self.offset
+        offset, inflight = self.offset, self.inflight
         for t in tensors:
             if t.id in offset:
                 self.hits += 1
+                if inflight and t.id in inflight:   # prefetched: the kernel waits on the GPU
+                    self.device.compute_wait(inflight.pop(t.id))
             else:
                 self.ensure(t, step)
+        if self.deferred:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Host buffers whose copies have completed go back to the host pool."""
+        keep = []
+        for ev, buf in self.deferred:
+            if self.device.is_done(ev):
+                self.host_pool.put(buf)
+            else:
+                keep.append((ev, buf))
+        self.deferred = keep
+
+    def _settle(self, t: TensorInfo) -> None:
+        """Before a prefetched block is freed or moved: order compute after its copy."""
+        ev = self.inflight.pop(t.id, None)
+        if ev is not None:
+            self.device.compute_wait(ev)
 
     def alloc_all(self, tensors, step=None) -> None:
         for t in tensors:
@@ -179,6 +205,8 @@ class Pool:
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru
         for t in tensors:
+            if self.inflight:
+                self._settle(t)
             off = offset.pop(t.id, None)
             if off is None:                 # on the host, or a block: the general path
                 self.free(t)
@@ -200,7 +228,7 @@ class Pool:
         self.misses += 1
         self._bring_back(t, step)
 
-    def _bring_back(self, t: TensorInfo, step) -> None:
+    def _bring_back(self, t: TensorInfo, step, ahead: bool = False) -> None:
         _, buf = self.host[t.id]
         n = t.nbytes or 1
         off = self._take(n, t, step)
@@ -209,8 +237,16 @@ class Pool:
         self.live[t.id] = t
         self.lru[t.id] = t
         self._account_tensor(t, 1)
-        self.device.copy_to_device(buf, self.device.view(off, t.shape, t.dtype), t.nbytes)
-        self.host_pool.put(buf)
+        view = self.device.view(off, t.shape, t.dtype)
+        if ahead and self.async_copies:
+            # a prefetch: the copy stream works while compute runs the current step; the
+            # consumer's kernel waits on the event (ensure_all), the buffer is reused once done
+            ev = self.device.prefetch(buf[:t.nbytes], view, compute_waits=False)
+            self.inflight[t.id] = ev
+            self.deferred.append((ev, buf))
+        else:
+            self.device.copy_to_device(buf, view, t.nbytes)
+            self.host_pool.put(buf)
         self.prefetch_bytes += t.nbytes
         self.prefetch_count += 1
 
@@ -220,16 +256,25 @@ class Pool:
             return False
         saved, self.evict_enabled = self.evict_enabled, False
         try:
-            self._bring_back(t, None)
+            self._bring_back(t, None, ahead=True)
         finally:
             self.evict_enabled = saved
         return True
 
     def offload(self, t: TensorInfo) -> None:
         """Move a device tensor to a host buffer and free its arena block."""
+        if self.inflight:
+            self._settle(t)
         buf = self.host_pool.get(t.nbytes)
         off = self.offset.pop(t.id)
-        self.device.copy_to_host(self.device.view(off, t.shape, t.dtype), buf, t.nbytes)
+        view = self.device.view(off, t.shape, t.dtype)
+        if self.async_copies:
+            # copy stream, after the producer; compute waits for the copy on the GPU before any
+            # later kernel (which may overwrite the block), so the host never blocks and the
+            # block can be reused at once
+            self.device.compute_wait(self.device.offload(view, buf[:t.nbytes]))
+        else:
+            self.device.copy_to_host(view, buf, t.nbytes)
         self._account_tensor(t, -1)
         self._h.free(off)
         del self.live[t.id]
