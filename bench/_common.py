@@ -11,13 +11,21 @@ import sys
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def provenance(device: str | None = None) -> dict:
+def git_commit() -> str:
+    """HEAD, with -dirty when the tree has uncommitted changes."""
+    root = os.path.dirname(RESULTS)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.path.dirname(RESULTS)).stdout.strip()
-    except OSError:
-        commit = "unknown"
-    return {"date": datetime.date.today().isoformat(), "commit": commit or "unknown",
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
+                               text=True).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(device: str | None = None) -> dict:
+    return {"date": datetime.date.today().isoformat(), "commit": git_commit()[:12],
             "device": device or f"CPU ({platform.processor() or platform.machine()}, "
                                 f"{os.cpu_count()} cores), planning only",
             "python": platform.python_version(), "command": " ".join(sys.argv)}

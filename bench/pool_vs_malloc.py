@@ -23,12 +23,12 @@ import argparse
 import datetime as _dt
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, ROOT)
+from bench._common import git_commit  # noqa: E402
 
 #: (model name for neuron.models.build_model, batch) as in the SuperNeurons evaluation
 MODELS = [("alexnet", 128), ("vgg16", 16), ("inception_v4", 16), ("resnet50", 16),
@@ -50,17 +50,6 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"),
                    help="directory for the raw JSON")
     return p.parse_args(argv)
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except Exception:
-        return "unknown"
 
 
 def build_model(name: str):

@@ -16,12 +16,12 @@ import argparse
 import datetime as _dt
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, ROOT)
+from bench._common import git_commit  # noqa: E402
 
 CASES = [("resnet50", 64), ("resnet152", 32)]
 BLOCKS = {"resnet50": [3, 4, 6, 3], "resnet101": [3, 4, 23, 3], "resnet152": [3, 8, 36, 3]}
@@ -41,17 +41,6 @@ def parse_args(argv=None):
     p.add_argument("--skip-neuron", action="store_true")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     return p.parse_args(argv)
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except Exception:
-        return "unknown"
 
 
 def _time(step, warmup, iters, sync) -> float:

@@ -889,16 +889,9 @@ def concat_forward(xs, y):
 
 def concat_backward(dy, dxs, widths=None):
     cp = _cp()
+    widths = numpy_ref.concat_widths(dy, dxs, widths)
     if widths is None:
-        known = [d.shape[1] if d is not None else None for d in dxs]
-        missing = known.count(None)
-        if missing == 1:
-            known[known.index(None)] = dy.shape[1] - sum(c for c in known if c is not None)
-        elif missing > 1:
-            if all(d is None for d in dxs):
-                return
-            raise ValueError("concat_backward: pass widths= when several dxs are None")
-        widths = known
+        return
     o = 0
     for d, c in zip(dxs, widths):
         if d is not None:

@@ -624,20 +624,28 @@ def concat_forward(xs, y):
     assert o == y.shape[1]
 
 
+def concat_widths(dy, dxs, widths=None):
+    """Channel count of each dxs entry (shared by every device's concat_backward). None
+    entries take theirs from ``widths`` or, when exactly one is None, from what the others
+    leave of dy.shape[1]. Returns None when there is nothing to write."""
+    if widths is not None:
+        return widths
+    known = [d.shape[1] if d is not None else None for d in dxs]
+    missing = known.count(None)
+    if missing == 1:
+        known[known.index(None)] = dy.shape[1] - sum(c for c in known if c is not None)
+    elif missing > 1:
+        if all(d is None for d in dxs):
+            return None
+        raise ValueError("concat_backward: pass widths= when several dxs are None")
+    return known
+
+
 def concat_backward(dy, dxs, widths=None):
-    """dxs[i] <- its channel slice of dy.  None entries are skipped; their
-    channel counts come from ``widths`` (optional extra argument) or, when
-    exactly one entry is None, from what the others leave of dy.shape[1]."""
+    """dxs[i] <- its channel slice of dy.  None entries are skipped (see concat_widths)."""
+    widths = concat_widths(dy, dxs, widths)
     if widths is None:
-        known = [d.shape[1] if d is not None else None for d in dxs]
-        missing = known.count(None)
-        if missing == 1:
-            known[known.index(None)] = dy.shape[1] - sum(c for c in known if c is not None)
-        elif missing > 1:
-            if all(d is None for d in dxs):
-                return
-            raise ValueError("concat_backward: pass widths= when several dxs are None")
-        widths = known
+        return
     o = 0
     for d, c in zip(dxs, widths):
         if d is not None:
