@@ -13,6 +13,7 @@ copy stream.
 """
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 
 import numpy as np
@@ -23,6 +24,15 @@ from .host import HostPool
 from .tensors import KIND_INDEX, Kind, TensorInfo
 
 _WS = KIND_INDEX[Kind.WORKSPACE]
+
+
+class Residency(enum.Enum):
+    """Where a tensor is. A recomputed tensor's forward copy is ABSENT after its last forward
+    use; its recomputed version is a tensor of its own."""
+    ABSENT = "absent"                   # not made yet, freed, or dropped for recompute
+    DEVICE = "device"
+    PREFETCHING = "prefetching"         # in the arena, its copy from the host still in flight
+    HOST = "host"                       # offloaded (its copy to the host may be in flight)
 
 
 class Pool:
@@ -156,6 +166,12 @@ class Pool:
         if t.parent is not None:
             return self.device.view(self.offset[t.parent.id] + t.byte_offset, t.shape, t.dtype)
         return self.device.view(self.offset[t.id], t.shape, t.dtype)
+
+    def state(self, t: TensorInfo) -> Residency:
+        tid = t.storage.id
+        if tid in self.offset:
+            return Residency.PREFETCHING if tid in self.inflight else Residency.DEVICE
+        return Residency.HOST if tid in self.host else Residency.ABSENT
 
     def resident(self, t: TensorInfo) -> bool:
         return t.storage.id in self.offset

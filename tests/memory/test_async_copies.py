@@ -82,3 +82,22 @@ def test_late_copies_train_like_synchronous_ones():
     assert dev.events and all(ev.waited for ev in dev.events)   # no kernel raced a copy
     assert not ex.pool.inflight                 # every prefetch was consumed or settled
     assert len(ex.pool.deferred) < c["prefetches"]      # buffers came back for reuse
+
+
+def test_residency_states_follow_a_tensor():
+    from neuron.memory.pool import Pool, Residency
+    from neuron.memory.tensors import Kind, TensorRegistry
+    reg = TensorRegistry()
+    a = reg.add("a", Kind.ACTIVATION, (256,), np.float32)
+    pool = Pool(LateCopyDevice(1 << 16), evict=True)
+    assert pool.state(a) is Residency.ABSENT
+    pool.alloc(a)
+    assert pool.state(a) is Residency.DEVICE
+    pool.offload(a)
+    assert pool.state(a) is Residency.HOST
+    assert pool.prefetch(a)
+    assert pool.state(a) is Residency.PREFETCHING       # its copy's event is not done yet
+    pool.ensure_all([a])                                # the consumer waits on the GPU
+    assert pool.state(a) is Residency.DEVICE
+    pool.free(a)
+    assert pool.state(a) is Residency.ABSENT

@@ -1,0 +1,588 @@
+"""PyTorch counterparts of the bench models, and the GPU measurement helpers the table scripts
+(deepest, widest, recompute_table, tensor_cache, memory_trace) share.
+
+Only ``torch`` is assumed (the GPU machine has no torchvision), so every network is written out
+here with the same architecture as ``neuron.models`` (same layers, shapes and parameter counts;
+``python bench/torch_models.py`` checks the counts against neuron's on the CPU):
+
+* ``resnet --depth D`` (SuperNeurons Table 4: bottleneck (6, 32, n3, 6)), ``resnet50/101/152``:
+  torchvision's Bottleneck v1.5 (stride on the 3x3), no torchvision needed;
+* ``resnet_cifar --depth 6n+2``: He et al.'s CIFAR ResNet with option-B (1x1 conv + BN)
+  projection shortcuts, as neuron's;
+* ``alexnet``: the SuperNeurons paper's single-tower AlexNet with LRN (227x227; LRN n=5,
+  alpha=5e-4 in torch's convention = the paper's 1e-4, beta 0.75, k 2);
+* ``vgg16``: configuration D without BN;
+* ``densenet121``: DenseNet-BC (6, 12, 24, 16), growth 32. Each dense layer returns
+  ``cat([x, new_features])``: the "naive" concatenating DenseNet, the same memory behaviour as
+  torchvision's default (``memory_efficient=False``) and as neuron's full join;
+* ``inception_v4``: timm's layout, 299x299, BN eps 1e-3, dropout 0.2 before the classifier, 3x3
+  average pools counting the padding (as neuron's AvgPool2d).
+
+Every builder returns an ``nn.Sequential`` whose children are the natural units (stem layers,
+residual/dense/inception blocks, head), which is what ``checkpoint_sequential`` splits into
+sqrt(n) segments for the "PyTorch + checkpointing" columns.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# ---------------------------------------------------------------------------------------------
+# models
+# ---------------------------------------------------------------------------------------------
+
+
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (v1.5): 1x1 -> 3x3 (stride) -> 1x1 (4x), projection if needed."""
+
+    def __init__(self, cin, planes, stride=1):
+        super().__init__()
+        cout = planes * 4
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock with an option-B projection when the shape changes."""
+
+    def __init__(self, cin, planes, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or cin != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, planes, 1, stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
+def bottleneck_resnet(blocks, num_classes=1000) -> nn.Sequential:
+    """ImageNet bottleneck ResNet with any block counts [n1, n2, n3, n4]."""
+    mods = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for i, (n, planes) in enumerate(zip(blocks, (64, 128, 256, 512))):
+        for j in range(n):
+            mods.append(Bottleneck(cin, planes, 2 if (j == 0 and i > 0) else 1))
+            cin = planes * 4
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    return nn.Sequential(*mods)
+
+
+def table4_blocks(depth: int) -> list[int]:
+    """SuperNeurons Table 4: depth = 3*(6 + 32 + n3 + 6) + 2, n3 >= 1."""
+    n3, rem = divmod(depth - 2 - 3 * 44, 3)
+    if rem or n3 < 1:
+        raise ValueError(f"depth {depth} is not in the Table-4 family 3*(44+n3)+2, n3 >= 1")
+    return [6, 32, n3, 6]
+
+
+def cifar_resnet(depth: int, num_classes=10) -> nn.Sequential:
+    n, rem = divmod(depth - 2, 6)
+    if rem or n < 1:
+        raise ValueError(f"resnet_cifar: depth must be 6n+2, got {depth}")
+    mods = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True)]
+    cin = 16
+    for i, planes in enumerate((16, 32, 64)):
+        for j in range(n):
+            mods.append(BasicBlock(cin, planes, 2 if (j == 0 and i > 0) else 1))
+            cin = planes
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
+    return nn.Sequential(*mods)
+
+
+def alexnet(num_classes=1000) -> nn.Sequential:
+    """The SuperNeurons AlexNet (Fig. 1): conv-relu-lrn-pool x2, conv x3, pool, fc x3."""
+    lrn = lambda: nn.LocalResponseNorm(5, alpha=5e-4, beta=0.75, k=2.0)  # noqa: E731
+    return nn.Sequential(
+        nn.Conv2d(3, 96, 11, 4), nn.ReLU(inplace=True), lrn(), nn.MaxPool2d(3, 2),
+        nn.Conv2d(96, 256, 5, padding=2), nn.ReLU(inplace=True), lrn(), nn.MaxPool2d(3, 2),
+        nn.Conv2d(256, 384, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 384, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+        nn.Flatten(), nn.Linear(256 * 6 * 6, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+        nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+        nn.Linear(4096, num_classes))
+
+
+def vgg16(num_classes=1000) -> nn.Sequential:
+    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+           512, 512, 512, "M"]
+    mods, cin = [], 3
+    for v in cfg:
+        if v == "M":
+            mods.append(nn.MaxPool2d(2, 2))
+        else:
+            mods += [nn.Conv2d(cin, v, 3, padding=1), nn.ReLU(inplace=True)]
+            cin = v
+    mods += [nn.Flatten(), nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+             nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+             nn.Linear(4096, num_classes)]
+    return nn.Sequential(*mods)
+
+
+class DenseLayer(nn.Module):
+    """BN-ReLU-Conv1x1(4k)-BN-ReLU-Conv3x3(k); returns the input with the k new channels
+    appended (so a dense block is a plain sequence of these)."""
+
+    def __init__(self, cin, growth=32, bn_size=4):
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth)
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, 1, 1, bias=False)
+
+    def forward(self, x):
+        h = self.conv1(F.relu(self.norm1(x)))
+        h = self.conv2(F.relu(self.norm2(h)))
+        return torch.cat([x, h], 1)
+
+
+def densenet121(num_classes=1000, growth=32, blocks=(6, 12, 24, 16)) -> nn.Sequential:
+    mods = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1)]
+    c = 64
+    for i, n in enumerate(blocks):
+        for _ in range(n):
+            mods.append(DenseLayer(c, growth))
+            c += growth
+        if i != len(blocks) - 1:
+            mods.append(nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(inplace=True),
+                                      nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2, 2)))
+            c //= 2
+    mods += [nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+             nn.Linear(c, num_classes)]
+    return nn.Sequential(*mods)
+
+
+# ---- Inception-v4 (timm's structure) ---------------------------------------------------------
+class ConvBN(nn.Module):
+    def __init__(self, cin, cout, k, stride=1, padding=0):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, stride, padding, bias=False)
+        self.bn = nn.BatchNorm2d(cout, eps=1e-3)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.bn(self.conv(x)))
+
+
+class _Branches(nn.Module):
+    """Runs each branch on the input and concatenates the results along channels."""
+
+    def __init__(self, *branches):
+        super().__init__()
+        self.branches = nn.ModuleList(branches)
+
+    def forward(self, x):
+        return torch.cat([b(x) for b in self.branches], 1)
+
+
+class _Split(nn.Module):
+    """stem -> two heads, concatenated (Inception-C's 1x3 / 3x1 pairs)."""
+
+    def __init__(self, stem, a, b):
+        super().__init__()
+        self.stem, self.a, self.b = stem, a, b
+
+    def forward(self, x):
+        h = self.stem(x)
+        return torch.cat([self.a(h), self.b(h)], 1)
+
+
+def _avg():
+    return nn.AvgPool2d(3, 1, 1, count_include_pad=True)
+
+
+def _seq(*m):
+    return nn.Sequential(*m)
+
+
+def inception_a():
+    return _Branches(ConvBN(384, 96, 1),
+                     _seq(ConvBN(384, 64, 1), ConvBN(64, 96, 3, padding=1)),
+                     _seq(ConvBN(384, 64, 1), ConvBN(64, 96, 3, padding=1),
+                          ConvBN(96, 96, 3, padding=1)),
+                     _seq(_avg(), ConvBN(384, 96, 1)))
+
+
+def reduction_a():
+    return _Branches(ConvBN(384, 384, 3, 2),
+                     _seq(ConvBN(384, 192, 1), ConvBN(192, 224, 3, padding=1),
+                          ConvBN(224, 256, 3, 2)),
+                     nn.MaxPool2d(3, 2))
+
+
+def inception_b():
+    return _Branches(ConvBN(1024, 384, 1),
+                     _seq(ConvBN(1024, 192, 1), ConvBN(192, 224, (1, 7), padding=(0, 3)),
+                          ConvBN(224, 256, (7, 1), padding=(3, 0))),
+                     _seq(ConvBN(1024, 192, 1), ConvBN(192, 192, (7, 1), padding=(3, 0)),
+                          ConvBN(192, 224, (1, 7), padding=(0, 3)),
+                          ConvBN(224, 224, (7, 1), padding=(3, 0)),
+                          ConvBN(224, 256, (1, 7), padding=(0, 3))),
+                     _seq(_avg(), ConvBN(1024, 128, 1)))
+
+
+def reduction_b():
+    return _Branches(_seq(ConvBN(1024, 192, 1), ConvBN(192, 192, 3, 2)),
+                     _seq(ConvBN(1024, 256, 1), ConvBN(256, 256, (1, 7), padding=(0, 3)),
+                          ConvBN(256, 320, (7, 1), padding=(3, 0)), ConvBN(320, 320, 3, 2)),
+                     nn.MaxPool2d(3, 2))
+
+
+def inception_c():
+    return _Branches(ConvBN(1536, 256, 1),
+                     _Split(ConvBN(1536, 384, 1), ConvBN(384, 256, (1, 3), padding=(0, 1)),
+                            ConvBN(384, 256, (3, 1), padding=(1, 0))),
+                     _Split(_seq(ConvBN(1536, 384, 1), ConvBN(384, 448, (3, 1), padding=(1, 0)),
+                                 ConvBN(448, 512, (1, 3), padding=(0, 1))),
+                            ConvBN(512, 256, (1, 3), padding=(0, 1)),
+                            ConvBN(512, 256, (3, 1), padding=(1, 0))),
+                     _seq(_avg(), ConvBN(1536, 256, 1)))
+
+
+def inception_v4(num_classes=1000) -> nn.Sequential:
+    mods = [ConvBN(3, 32, 3, 2), ConvBN(32, 32, 3), ConvBN(32, 64, 3, padding=1),
+            _Branches(nn.MaxPool2d(3, 2), ConvBN(64, 96, 3, 2)),                     # Mixed3a
+            _Branches(_seq(ConvBN(160, 64, 1), ConvBN(64, 96, 3)),                    # Mixed4a
+                      _seq(ConvBN(160, 64, 1), ConvBN(64, 64, (1, 7), padding=(0, 3)),
+                           ConvBN(64, 64, (7, 1), padding=(3, 0)), ConvBN(64, 96, 3))),
+            _Branches(ConvBN(192, 192, 3, 2), nn.MaxPool2d(3, 2))]                    # Mixed5a
+    mods += [inception_a() for _ in range(4)] + [reduction_a()]
+    mods += [inception_b() for _ in range(7)] + [reduction_b()]
+    mods += [inception_c() for _ in range(3)]
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1536, num_classes)]
+    return nn.Sequential(*mods)
+
+
+#: name -> (builder(depth) -> nn.Sequential, per-sample input shape, classes)
+MODELS = {
+    "resnet": (lambda d: bottleneck_resnet(table4_blocks(d)), (3, 224, 224), 1000),
+    "resnet50": (lambda d: bottleneck_resnet([3, 4, 6, 3]), (3, 224, 224), 1000),
+    "resnet101": (lambda d: bottleneck_resnet([3, 4, 23, 3]), (3, 224, 224), 1000),
+    "resnet152": (lambda d: bottleneck_resnet([3, 8, 36, 3]), (3, 224, 224), 1000),
+    "resnet_cifar": (lambda d: cifar_resnet(d), (3, 32, 32), 10),
+    "alexnet": (lambda d: alexnet(), (3, 227, 227), 1000),
+    "vgg16": (lambda d: vgg16(), (3, 224, 224), 1000),
+    "densenet121": (lambda d: densenet121(), (3, 224, 224), 1000),
+    "inception_v4": (lambda d: inception_v4(), (3, 299, 299), 1000),
+}
+
+
+def build(name: str, depth: int | None = None) -> tuple[nn.Sequential, tuple, int]:
+    """(model, per-sample input shape, number of classes) for a neuron model name."""
+    if name not in MODELS:
+        raise KeyError(f"no PyTorch counterpart for {name!r}; have {', '.join(MODELS)}")
+    fn, shape, classes = MODELS[name]
+    return fn(depth), shape, classes
+
+
+def segments_for(model: nn.Sequential) -> int:
+    """checkpoint_sequential's segment count: sqrt(n) of the Sequential's children."""
+    return max(1, round(math.sqrt(len(model))))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def require_cuda(script: str) -> str:
+    """Exit with a clear message unless both PyTorch and CuPy see a CUDA device. Returns the
+    device name."""
+    why = []
+    if not torch.cuda.is_available():
+        why.append("torch.cuda.is_available() is False")
+    try:
+        import cupy as cp
+        if not cp.cuda.is_available():
+            why.append("cupy.cuda.is_available() is False")
+    except Exception as e:             # ImportError, or a CUDA driver error at import
+        why.append(f"CuPy is not usable ({type(e).__name__}: {e})")
+    if why:
+        sys.exit(f"{script}: the GPU path needs a CUDA GPU with PyTorch and CuPy "
+                 f"({'; '.join(why)}). Run it with --plan-only to get the planning columns "
+                 "without a GPU.")
+    return torch.cuda.get_device_name(0)
+
+
+def host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def gpu_total_bytes() -> int:
+    return torch.cuda.get_device_properties(0).total_memory
+
+
+def cap_torch(budget: int) -> float:
+    """Cap PyTorch's caching allocator at ``budget`` bytes of this GPU (the same cap as
+    neuron's arena). Returns the fraction set."""
+    frac = budget / gpu_total_bytes()
+    if frac > 1:
+        raise ValueError(f"budget {budget} is larger than the GPU ({gpu_total_bytes()} bytes)")
+    torch.cuda.set_per_process_memory_fraction(frac, 0)
+    return frac
+
+
+def free_gpu() -> None:
+    """Give cached blocks back (PyTorch's and CuPy's) so the next run starts clean."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        import cupy as cp
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+    except Exception:
+        pass
+
+
+_OOM_MARKERS = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
+                "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error", "CUDA error: an illegal memory")
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in _OOM_MARKERS)
+
+
+def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "eager",
+              iters: int = 0, warmup: int = 2, seed: int = 0) -> dict:
+    """Train ``name`` for ``warmup`` + ``iters`` iterations under the cap already set.
+
+    mode "eager": plain autograd; "checkpoint": torch.utils.checkpoint.checkpoint_sequential
+    with sqrt(n) segments (use_reentrant=False). SGD with momentum 0.9 (neuron's default
+    optimizer state), float32, TF32 off, cudnn.benchmark on. The batch is copied from pinned host
+    memory every iteration, as neuron's train_step copies its NumPy batch into the arena.
+    Two warm-up iterations at least: the second is the first with momentum buffers, i.e. the
+    steady state. Returns {"fits", "seconds_per_iter", "img_per_s", "peak_allocated_bytes", ...}
+    or {"fits": False, "oom": bool, "error": str}.
+    """
+    from torch.utils.checkpoint import checkpoint_sequential
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(seed)
+    out: dict = {"mode": mode, "batch": batch, "depth": depth}
+    err = None
+    try:
+        model, shape, classes = build(name, depth)
+        model = model.cuda().train()
+        segments = segments_for(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x_host = torch.randn(batch, *shape).pin_memory()
+        y_host = torch.randint(0, classes, (batch,)).pin_memory()
+
+        def step():
+            x = x_host.cuda(non_blocking=True)
+            y = y_host.cuda(non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            if mode == "checkpoint":
+                logits = checkpoint_sequential(model, segments, x, use_reentrant=False)
+            else:
+                logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            loss.backward()
+            opt.step()
+            return loss.item()              # one host sync per step, as neuron's train_step
+
+        for _ in range(max(2, warmup)):
+            step()
+        torch.cuda.synchronize()
+        if iters:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                step()
+            torch.cuda.synchronize()
+            dt = (time.perf_counter() - t0) / iters
+            out.update(seconds_per_iter=dt, img_per_s=batch / dt)
+        out.update(fits=True, segments=segments if mode == "checkpoint" else None,
+                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
+                   peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+                   params=sum(p.numel() for p in model.parameters()))
+    except Exception as e:                   # noqa: BLE001 (classified below)
+        err = e
+        out.update(fits=False, oom=_is_oom(e), error=f"{type(e).__name__}: {str(e)[:300]}")
+    finally:
+        model = opt = x_host = y_host = step = None    # noqa: F841 (drop references)
+        err_type = type(err) if err is not None else None
+        err = None
+        free_gpu()
+    if err_type is not None and not out["oom"]:
+        out["note"] = "not an out-of-memory error"
+    return out
+
+
+def torch_search(name: str, *, batch: int | None = None, depth_of=None, mode: str,
+                 limit: int, log=print) -> dict:
+    """Largest batch (``depth_of`` None) or depth index k (``depth_of(k)`` -> depth) that trains
+    under the cap, by real iterations: exponential growth then bisection (neuron.plan.search_max).
+    A probe that fails with anything but out-of-memory stops the search and is reported."""
+    from neuron.plan import search_max
+    failures = []
+
+    def ok(k):
+        d = depth_of(k) if depth_of else None
+        b = batch if depth_of else k
+        r = torch_run(name, b, depth=d, mode=mode)
+        log(f"  torch {mode} {name} depth {d} batch {b}: "
+            f"{'fits' if r['fits'] else 'fails: ' + r['error'][:120]}")
+        if not r["fits"]:
+            failures.append(r)
+            if not r["oom"]:
+                raise RuntimeError(f"PyTorch {mode} {name}: {r['error']}")
+        return r["fits"]
+
+    t0 = time.perf_counter()
+    try:
+        k, probes = search_max(ok, 1, limit=limit)
+        error = None
+    except RuntimeError as e:
+        k, probes, error = None, [], str(e)
+    return {"k": k, "capped": k is not None and k >= limit, "error": error,
+            "probes": [{"k": p.value, "fits": p.fits, "seconds": round(p.seconds, 2)}
+                       for p in probes],
+            "last_failure": failures[-1]["error"] if failures else None,
+            "search_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
+               offload_params: bool = False, host_budget: int | None = None,
+               recompute_strategy: str = "cost", tensor_cache: bool = True,
+               iters: int = 3, warmup: int = 1, trace: bool = False, seed: int = 0) -> dict:
+    """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
+    ``budget`` bytes (None: the planned peak). TF32 off, convolution algorithms by measurement
+    (as bench/throughput.py). Returns times, the pool's measured peak next to the planned one,
+    bytes moved, and optionally the per-step trace; {"fits": False, "error"} on failure."""
+    import numpy as np
+
+    import neuron as nn_
+    from neuron.executor import Executor
+    from neuron.kernels import cuda as K
+    K.allow_tf32 = False
+    K.deterministic = False
+    K.conv_algo_search = "find"
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
+    y = rng.integers(0, graph.outputs[0].shape[0], batch).astype(np.int64)
+    out: dict = {"batch": batch, "policy": policy, "offload_params": offload_params,
+                 "budget_bytes": budget}
+    ex = None
+    try:
+        t0 = time.perf_counter()
+        ex = Executor(graph, batch, device="cuda", policy=policy, budget=budget,
+                      offload_params=offload_params, host_budget=host_budget,
+                      recompute_strategy=recompute_strategy, tensor_cache=tensor_cache,
+                      optimizer=nn_.SGD(lr=0.01, momentum=0.9), seed=seed)
+        out["setup_seconds"] = round(time.perf_counter() - t0, 2)
+        for _ in range(max(1, warmup)):
+            ex.train_step(x, y)
+        ex.device.synchronize()
+        before = ex.pool.counters()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            loss = ex.train_step(x, y)
+        ex.device.synchronize()
+        dt = (time.perf_counter() - t0) / max(iters, 1)
+        after = ex.pool.counters()
+        moved = {k: (after[k] - before[k]) / max(iters, 1)
+                 for k in ("offload_bytes", "prefetch_bytes") if k in after}
+        out.update(fits=True, seconds_per_iter=dt if iters else None,
+                   img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
+                   else None, peak_bytes=ex.pool.high_water,
+                   planned_peak_bytes=(ex.planned or {}).get("peak_bytes"),
+                   moved_per_iter=moved, device_memory=ex.device.memory_info())
+        if trace:
+            out["trace"] = [r.as_dict() for r in ex.last_trace]
+    except Exception as e:                   # noqa: BLE001 (a row's failure is its result)
+        out.update(fits=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+    finally:
+        if ex is not None and hasattr(ex, "device") and hasattr(ex.device, "close"):
+            try:
+                ex.device.close()
+            except Exception:                # noqa: BLE001
+                pass
+        ex = None
+        free_gpu()
+    return out
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+    v = {"torch": torch.__version__, "cuda": torch.version.cuda,
+         "cudnn": torch.backends.cudnn.version()}
+    for pkg in ("cupy-cuda13x", "nvidia-cudnn-cu13", "numpy"):
+        try:
+            v[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# self-check (CPU): parameter counts against neuron's models, and one forward per model
+# ---------------------------------------------------------------------------------------------
+def _check():
+    from neuron.models import build_model
+    cases = [("alexnet", None), ("vgg16", None), ("resnet50", None), ("resnet101", None),
+             ("resnet152", None), ("resnet", 137), ("resnet_cifar", 56), ("densenet121", None),
+             ("inception_v4", None)]
+    bad = 0
+    for name, depth in cases:
+        m, shape, classes = build(name, depth)
+        tp = sum(p.numel() for p in m.parameters())
+        npar = build_model(name, depth=depth).num_params()
+        with torch.no_grad():
+            y = m.eval()(torch.zeros(1, *shape))
+        ok = tp == npar and tuple(y.shape) == (1, classes)
+        bad += not ok
+        print(f"{name:14} depth {depth}: torch {tp:,} params, neuron {npar:,}, "
+              f"{len(m)} units -> {segments_for(m)} segments, out {tuple(y.shape)} "
+              f"{'OK' if ok else 'MISMATCH'}", flush=True)
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(1 if _check() else 0)
