@@ -378,8 +378,10 @@ def free_gpu() -> None:
         pass
 
 
+#: failures that mean "does not fit": the allocator's OOM, cuDNN/cuBLAS failing to allocate, and
+#: cuDNN refusing a tensor too large for its 32-bit indexing (very large batches)
 _OOM_MARKERS = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
-                "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error", "CUDA error: an illegal memory")
+                "CUDNN_STATUS_NOT_SUPPORTED")
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -455,16 +457,17 @@ def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "e
     return out
 
 
-def torch_search(name: str, *, batch: int | None = None, depth_of=None, mode: str,
-                 limit: int, log=print) -> dict:
-    """Largest batch (``depth_of`` None) or depth index k (``depth_of(k)`` -> depth) that trains
-    under the cap, by real iterations: exponential growth then bisection (neuron.plan.search_max).
-    A probe that fails with anything but out-of-memory stops the search and is reported."""
+def torch_search(name: str, *, mode: str, limit: int, batch: int | None = None,
+                 depth: int | None = None, depth_of=None, log=print) -> dict:
+    """With ``depth_of`` (k -> depth): the largest depth index k that trains at ``batch``;
+    without: the largest batch k at ``depth``. Real iterations under the cap already set,
+    exponential growth then bisection (neuron.plan.search_max), the cache emptied between
+    probes. A probe failing with anything but out-of-memory stops the search and is reported."""
     from neuron.plan import search_max
     failures = []
 
     def ok(k):
-        d = depth_of(k) if depth_of else None
+        d = depth_of(k) if depth_of else depth
         b = batch if depth_of else k
         r = torch_run(name, b, depth=d, mode=mode)
         log(f"  torch {mode} {name} depth {d} batch {b}: "
