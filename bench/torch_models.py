@@ -584,7 +584,21 @@ def _check():
         print(f"{name:14} depth {depth}: torch {tp:,} params, neuron {npar:,}, "
               f"{len(m)} units -> {segments_for(m)} segments, out {tuple(y.shape)} "
               f"{'OK' if ok else 'MISMATCH'}", flush=True)
-    return bad
+    # one training step with checkpoint_sequential on the CPU: same loss and gradients as eager
+    from torch.utils.checkpoint import checkpoint_sequential
+    m, shape, classes = build("resnet_cifar", 20)
+    m = m.double().train()
+    x, y = torch.randn(4, *shape, dtype=torch.float64), torch.randint(0, classes, (4,))
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    F.cross_entropy(m(x), y).backward()
+    g_eager = [p.grad.clone() for p in m.parameters()]
+    m.load_state_dict(state)
+    m.zero_grad()
+    F.cross_entropy(checkpoint_sequential(m, segments_for(m), x, use_reentrant=False),
+                    y).backward()
+    same = all(torch.allclose(a, p.grad) for a, p in zip(g_eager, m.parameters()))
+    print(f"checkpoint_sequential gradients equal eager's (resnet_cifar 20, float64): {same}")
+    return bad + (not same)
 
 
 if __name__ == "__main__":
