@@ -46,7 +46,7 @@ def graph(name):
 KEYS = {"model", "batch", "policy", "budget_bytes", "peak_bytes", "min_budget_bytes",
         "lower_bound_bytes", "fits", "extra_forward_steps", "offload_bytes", "prefetch_bytes",
         "bytes_by_kind", "steps"}
-STEP_KEYS = {"step", "layer", "phase", "bytes_in_use", "live_tensors"}
+STEP_KEYS = {"step", "layer", "phase", "bytes_in_use", "live_tensors", "workspace_bytes"}
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))

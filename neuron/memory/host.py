@@ -28,7 +28,8 @@ class HostPool:
 
     def get(self, nbytes: int):
         """A buffer of at least nbytes (uint8); reuse a released one of the same class."""
-        c = self.size_class(nbytes)
+        g = self.granularity
+        c = -(-nbytes // g) * g or g
         if self.limit is not None and self.in_use_bytes + c > self.limit:
             from ..errors import MemoryBudgetError
             raise MemoryBudgetError(
@@ -41,7 +42,8 @@ class HostPool:
             buf = self._allocate(c)
             self.reserved_bytes += c
         self.in_use_bytes += c
-        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
+        if self.in_use_bytes > self.peak_bytes:
+            self.peak_bytes = self.in_use_bytes
         return buf
 
     def put(self, buf) -> None:

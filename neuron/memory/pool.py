@@ -54,6 +54,7 @@ class Pool:
         self.max_extent = 0                     # highest byte ever handed out
         self.by_kind = [0] * len(Kind)          # bytes on device by kind index, now
         self._peak_kinds = list(self.by_kind)
+        self._peak_used = 0
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
         self.hits = self.misses = 0
@@ -67,11 +68,15 @@ class Pool:
         """An arena offset for nbytes, evicting LRU unlocked tensors if allowed."""
         h = self._h
         off = h.try_alloc(nbytes)
-        while off < 0 and self.evict_enabled and self._evict_one():
-            off = h.try_alloc(nbytes)
         if off < 0:
-            raise self.budget_error(what, step, nbytes)
-        end = off + self._rounded(nbytes)
+            while self.evict_enabled and self._evict_one():
+                off = h.try_alloc(nbytes)
+                if off >= 0:
+                    break
+            else:
+                raise self.budget_error(what, step, nbytes)
+        b = self._block
+        end = off - (-nbytes // b) * b
         if end > self.max_extent:
             self.max_extent = end
         return off
@@ -81,16 +86,22 @@ class Pool:
         return -(-nbytes // b) * b
 
     def _account(self, kind_index: int, nbytes: int) -> None:
-        self.by_kind[kind_index] += nbytes
-        if nbytes > 0 and self._h.used_bytes >= self._h.high_water:
-            self._peak_kinds = list(self.by_kind)
+        bk = self.by_kind
+        bk[kind_index] += nbytes
+        if nbytes > 0:
+            u = self._h.used_bytes
+            if u >= self._peak_used:        # a new high-water mark: remember its make-up
+                self._peak_used = u
+                self._peak_kinds = list(bk)
 
     def _account_tensor(self, t: TensorInfo, sign: int) -> None:
-        n = self._rounded(t.nbytes or 1)
+        b = self._block
+        n = -(-(t.nbytes or 1) // b) * b
         if t.parts:                     # a parameter block: split by its members' kinds
-            for k, b in t.parts:
-                self.by_kind[k] += sign * b
-                n -= b
+            bk = self.by_kind
+            for k, pb in t.parts:
+                bk[k] += sign * pb
+                n -= pb
         self._account(t.kind_index, sign * n)
 
     @property
@@ -268,7 +279,7 @@ class Pool:
 
     def prefetch(self, t: TensorInfo) -> bool:
         """Bring t back ahead of use if that needs no eviction."""
-        if t.id not in self.host or not self._h.can_alloc(max(t.nbytes, 1)):
+        if t.id not in self.host or not self._h.can_alloc(t.nbytes or 1):
             return False
         saved, self.evict_enabled = self.evict_enabled, False
         try:
