@@ -408,10 +408,10 @@ def _offload_points(steps) -> dict[int, list]:
     for i, s in enumerate(steps):
         for t in s.reads + s.writes:
             if t.kind in _ACTIVATIONS:
-                if s.phase == "B":
-                    used_in_bwd.add(t.id)
-                else:
+                if s.phase == "F":
                     last_fwd[t.id] = (i, t)
+                else:               # backward, or a recompute for backward
+                    used_in_bwd.add(t.id)
     out: dict[int, list] = {}
     for tid, (i, t) in last_fwd.items():
         if tid in used_in_bwd:
