@@ -390,17 +390,26 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(m in str(e) for m in _OOM_MARKERS)
 
 
+#: learning rate of the timed runs (both sides): tiny, so that networks of thousands of layers
+#: stay finite over a few iterations (a 137-layer Table-4 ResNet at batch 1 reaches loss 0 / a
+#: gradient norm of ~8e3 after one step at lr 0.01, in PyTorch and neuron alike); speed and
+#: memory do not depend on it, and neuron refuses a non-finite loss
+BENCH_LR = 1e-6
+
+
 def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "eager",
-              iters: int = 0, warmup: int = 2, seed: int = 0) -> dict:
+              iters: int = 0, warmup: int = 2, seed: int = 0, device: str = "cuda") -> dict:
     """Train ``name`` for ``warmup`` + ``iters`` iterations under the cap already set.
 
     mode "eager": plain autograd; "checkpoint": torch.utils.checkpoint.checkpoint_sequential
     with sqrt(n) segments (use_reentrant=False). SGD with momentum 0.9 (neuron's default
-    optimizer state), float32, TF32 off, cudnn.benchmark on. The batch is copied from pinned host
-    memory every iteration, as neuron's train_step copies its NumPy batch into the arena.
+    optimizer state) at BENCH_LR, float32, TF32 off, cudnn.benchmark on. The batch is copied
+    from pinned host memory every iteration, as neuron's train_step copies its NumPy batch
+    into the arena.
     Two warm-up iterations at least: the second is the first with momentum buffers, i.e. the
     steady state. Returns {"fits", "seconds_per_iter", "img_per_s", "peak_allocated_bytes", ...}
-    or {"fits": False, "oom": bool, "error": str}.
+    or {"fits": False, "oom": bool, "error": str}. device="cpu" runs the same code on the CPU
+    (to test the scripts' logic without a GPU; no memory statistics there).
     """
     from torch.utils.checkpoint import checkpoint_sequential
     torch.backends.cudnn.benchmark = True
@@ -409,17 +418,21 @@ def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "e
     torch.manual_seed(seed)
     out: dict = {"mode": mode, "batch": batch, "depth": depth}
     err = None
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         model, shape, classes = build(name, depth)
-        model = model.cuda().train()
+        model = model.to(device).train()
         segments = segments_for(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x_host = torch.randn(batch, *shape).pin_memory()
-        y_host = torch.randint(0, classes, (batch,)).pin_memory()
+        opt = torch.optim.SGD(model.parameters(), lr=BENCH_LR, momentum=0.9)
+        x_host = torch.randn(batch, *shape)
+        y_host = torch.randint(0, classes, (batch,))
+        if cuda:
+            x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
 
         def step():
-            x = x_host.cuda(non_blocking=True)
-            y = y_host.cuda(non_blocking=True)
+            x = x_host.to(device, non_blocking=True)
+            y = y_host.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             if mode == "checkpoint":
                 logits = checkpoint_sequential(model, segments, x, use_reentrant=False)
@@ -430,19 +443,22 @@ def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "e
             opt.step()
             return loss.item()              # one host sync per step, as neuron's train_step
 
+        loss = None
+
         for _ in range(max(2, warmup)):
-            step()
-        torch.cuda.synchronize()
+            loss = step()
+        sync()
         if iters:
             t0 = time.perf_counter()
             for _ in range(iters):
-                step()
-            torch.cuda.synchronize()
+                loss = step()
+            sync()
             dt = (time.perf_counter() - t0) / iters
             out.update(seconds_per_iter=dt, img_per_s=batch / dt)
         out.update(fits=True, segments=segments if mode == "checkpoint" else None,
-                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
-                   peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+                   final_loss=loss,
+                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()) if cuda else None,
+                   peak_reserved_bytes=int(torch.cuda.max_memory_reserved()) if cuda else None,
                    params=sum(p.numel() for p in model.parameters()))
     except Exception as e:                   # noqa: BLE001 (classified below)
         err = e
@@ -458,7 +474,8 @@ def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "e
 
 
 def torch_search(name: str, *, mode: str, limit: int, batch: int | None = None,
-                 depth: int | None = None, depth_of=None, log=print) -> dict:
+                 depth: int | None = None, depth_of=None, log=print,
+                 device: str = "cuda") -> dict:
     """With ``depth_of`` (k -> depth): the largest depth index k that trains at ``batch``;
     without: the largest batch k at ``depth``. Real iterations under the cap already set,
     exponential growth then bisection (neuron.plan.search_max), the cache emptied between
@@ -469,7 +486,7 @@ def torch_search(name: str, *, mode: str, limit: int, batch: int | None = None,
     def ok(k):
         d = depth_of(k) if depth_of else depth
         b = batch if depth_of else k
-        r = torch_run(name, b, depth=d, mode=mode)
+        r = torch_run(name, b, depth=d, mode=mode, device=device)
         log(f"  torch {mode} {name} depth {d} batch {b}: "
             f"{'fits' if r['fits'] else 'fails: ' + r['error'][:120]}")
         if not r["fits"]:
@@ -494,19 +511,23 @@ def torch_search(name: str, *, mode: str, limit: int, batch: int | None = None,
 def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                offload_params: bool = False, host_budget: int | None = None,
                recompute_strategy: str = "cost", tensor_cache: bool = True,
-               iters: int = 3, warmup: int = 1, trace: bool = False, seed: int = 0) -> dict:
+               iters: int = 3, warmup: int = 1, trace: bool = False, seed: int = 0,
+               device: str = "cuda") -> dict:
     """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
-    ``budget`` bytes (None: the planned peak). TF32 off, convolution algorithms by measurement
+    ``budget`` bytes (None: the planned peak). SGD momentum 0.9 at BENCH_LR. TF32 off,
+    convolution algorithms by measurement
     (as bench/throughput.py). Returns times, the pool's measured peak next to the planned one,
-    bytes moved, and optionally the per-step trace; {"fits": False, "error"} on failure."""
+    bytes moved, and optionally the per-step trace; {"fits": False, "error"} on failure.
+    device="cpu" runs the same code on the CPU (to test this script's logic without a GPU)."""
     import numpy as np
 
     import neuron as nn_
     from neuron.executor import Executor
-    from neuron.kernels import cuda as K
-    K.allow_tf32 = False
-    K.deterministic = False
-    K.conv_algo_search = "find"
+    if device == "cuda":
+        from neuron.kernels import cuda as K
+        K.allow_tf32 = False
+        K.deterministic = False
+        K.conv_algo_search = "find"
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
     y = rng.integers(0, graph.outputs[0].shape[0], batch).astype(np.int64)
@@ -515,19 +536,19 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
     ex = None
     try:
         t0 = time.perf_counter()
-        ex = Executor(graph, batch, device="cuda", policy=policy, budget=budget,
+        ex = Executor(graph, batch, device=device, policy=policy, budget=budget,
                       offload_params=offload_params, host_budget=host_budget,
                       recompute_strategy=recompute_strategy, tensor_cache=tensor_cache,
-                      optimizer=nn_.SGD(lr=0.01, momentum=0.9), seed=seed)
+                      optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed)
         out["setup_seconds"] = round(time.perf_counter() - t0, 2)
         for _ in range(max(1, warmup)):
             ex.train_step(x, y)
-        ex.device.synchronize()
+        _sync(ex.device)
         before = ex.pool.counters()
         t0 = time.perf_counter()
         for _ in range(iters):
             loss = ex.train_step(x, y)
-        ex.device.synchronize()
+        _sync(ex.device)
         dt = (time.perf_counter() - t0) / max(iters, 1)
         after = ex.pool.counters()
         moved = {k: (after[k] - before[k]) / max(iters, 1)
@@ -536,7 +557,9 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                    img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
                    else None, peak_bytes=ex.pool.high_water,
                    planned_peak_bytes=(ex.planned or {}).get("peak_bytes"),
-                   moved_per_iter=moved, device_memory=ex.device.memory_info())
+                   moved_per_iter=moved,
+                   device_memory=(ex.device.memory_info()
+                                  if hasattr(ex.device, "memory_info") else None))
         if trace:
             out["trace"] = [r.as_dict() for r in ex.last_trace]
     except Exception as e:                   # noqa: BLE001 (a row's failure is its result)
@@ -550,6 +573,11 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
         ex = None
         free_gpu()
     return out
+
+
+def _sync(dev) -> None:
+    if hasattr(dev, "synchronize"):
+        dev.synchronize()
 
 
 def versions() -> dict:

@@ -1,0 +1,301 @@
+"""Going wider (SuperNeurons Table 5): the largest batch that trains under a memory budget.
+
+AlexNet (227x227), VGG16, Inception-v4 (299x299), ResNet-50/101/152, DenseNet-121 (224x224),
+float32, SGD with momentum, under --budget (default 12 GiB, the paper's K40): every neuron policy
+(with and without --offload-params) against PyTorch eager and PyTorch + checkpoint_sequential
+(sqrt(n) segments).
+
+neuron's answers come from planning (neuron.plan.widest: exponential then bisection search,
+each probe the executor's own scheduling on a virtual device); --plan-only stops there (no GPU;
+img/s columns "not yet measured"). Without it (GPU): real neuron iterations (device="cuda") at
+each answer, and PyTorch's largest batches by real iterations under
+torch.cuda.set_per_process_memory_fraction(budget/total), img/s at each answer, same process.
+
+    python bench/widest.py --plan-only                      # CPU, about a minute
+    python bench/widest.py --models resnet50,resnet101      # GPU
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import provenance, write  # noqa: E402
+from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
+
+GiB = 1 << 30
+MODELS = ["alexnet", "vgg16", "inception_v4", "resnet50", "resnet101", "resnet152",
+          "densenet121"]
+POLICIES = ["liveness", "offload", "recompute", "superneurons"]
+#: SuperNeurons Table 5 (12 GB K40): SuperNeurons and the best other framework (TensorFlow)
+PAPER = {"alexnet": (1792, 1408), "vgg16": (224, 80), "inception_v4": (240, 64),
+         "resnet50": (384, 128), "resnet101": (256, 80), "resnet152": (176, 48),
+         "densenet121": (None, None)}
+NYM = "not yet measured"
+TORCH_MODES = [("eager", "PyTorch eager"), ("checkpoint", "PyTorch ckpt (sqrt n)")]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan-only", action="store_true",
+                    help="planning columns only (no GPU); img/s columns 'not yet measured'")
+    ap.add_argument("--budget", default="12GiB", help="arena / PyTorch cap (default 12GiB)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--offload-params", choices=["both", "no", "yes"], default="both",
+                    help="neuron columns without / with parameter offload (default both)")
+    ap.add_argument("--host-budget", default=None,
+                    help="host memory for offloaded tensors (default 128GiB with --plan-only, "
+                    "as `neuron widest`; on a GPU 80%% of this machine's memory)")
+    ap.add_argument("--iters", type=int, default=5, help="timed GPU iterations (default 5)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed GPU iterations (default 2)")
+    ap.add_argument("--skip-torch", action="store_true", help="GPU: no PyTorch columns")
+    ap.add_argument("--out", default="widest", help="result name under bench/results/")
+    return ap.parse_args(argv)
+
+
+def limited_by(msg):
+    if msg is None:
+        return "-"
+    if "host memory budget" in msg:
+        return "host budget"
+    if "parameters and optimizer state do not fit" in msg:
+        return "parameters"
+    return "arena"
+
+
+def plan_widest(model, budget, policy, op, host_budget, log=print) -> dict:
+    from neuron.executor import Executor, no_gc
+    from neuron.models import build_model
+    from neuron.plan import plan, widest
+    t0 = time.perf_counter()
+    kw = dict(policy=policy, offload_params=op, host_budget=host_budget)
+    r = widest(model, budget, **kw)
+    b = r["widest"]
+    out = {"model": model, "policy": policy, "offload_params": op, "widest": b,
+           "probes": r["probes"]}
+    g = build_model(model)
+    with no_gc():                           # why b + 1 fails, and the plan at b
+        try:
+            ex = Executor(g, (b or 0) + 1, device="virtual", **kw)
+            s = ex.simulate(budget, trace=False)
+            out["next_error"] = None if s["fits"] else str(s["error"])
+        except Exception as e:              # noqa: BLE001 (parameters not fitting at all)
+            out["next_error"] = str(e)
+        if b:
+            p = plan(g, b, budget=budget, search_min=False, trace=False, model=model, **kw)
+            out.update(peak_bytes=p["peak_bytes"],
+                       moved_bytes=(p["offload_bytes"] or 0) + (p["prefetch_bytes"] or 0),
+                       extra_forward_steps=p["extra_forward_steps"],
+                       host_peak_bytes=p["host_peak_bytes"])
+    out["limited_by"] = limited_by(out["next_error"])
+    # the search assumes "fits" is monotonic in the batch; with eviction it need not be (pool
+    # fragmentation), so probe a few larger batches and report any that fit too
+    out["larger_also_fit"] = []
+    if b:
+        from neuron.plan import fits
+        for f in (1.01, 1.02, 1.05, 1.1, 1.25):
+            c = int(b * f)
+            if c > b + 1 and fits(g, c, budget, **kw):
+                out["larger_also_fit"].append(c)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    log(f"{model} {policy}{' +params' if op else ''}: widest {b} ({out['limited_by']}), "
+        f"{out['seconds']} s")
+    return out
+
+
+def cross_check(rows, budget, host_budget):
+    """Probe each answer's policy at the larger answers other policies found for the same model
+    (non-monotonic fitting shows up as e.g. +offload-params answering less than without)."""
+    from neuron.models import build_model
+    from neuron.plan import fits
+    for r in rows:
+        if not r["widest"]:
+            continue
+        others = sorted({o["widest"] for o in rows if o["model"] == r["model"] and o["widest"]
+                         and o["widest"] > r["widest"] + 1} - set(r["larger_also_fit"]))
+        if not others:
+            continue
+        g = build_model(r["model"])
+        kw = dict(policy=r["policy"], offload_params=r["offload_params"],
+                  host_budget=host_budget)
+        r["larger_also_fit"] = sorted(r["larger_also_fit"]
+                                      + [c for c in others if fits(g, c, budget, **kw)])
+
+
+def _label(policy, op):
+    return policy + ("+op" if op else "")
+
+
+def markdown(res, args, prov, gpu) -> str:
+    budget = parse_bytes(args.budget)
+    rows = res["neuron"]
+    models = args.models.split(",")
+    variants = [(p, op) for p in args.policies.split(",") for op in res["op_variants"]]
+    tt = {(t["model"], t["mode"]): t for t in res.get("torch", [])}
+    get = {(r["model"], r["policy"], r["offload_params"]): r for r in rows}
+    where = (f"`{prov['command']}` on {prov['device']}, {prov['date']}, commit {prov['commit']}"
+             + (" (library files modified since that commit)" if res["dirty"] else ""))
+    L = [f"# Going wider: largest batch under a {fmt_bytes(budget)} budget "
+         "(SuperNeurons Table 5)\n",
+         f"Produced by {where}. float32, SGD with momentum (its state counts). neuron's "
+         + ("batches are planned, then run on the GPU; " if gpu else "batches are planned on "
+            "a virtual device (the executor scheduling every step, no kernels); ") +
+         f"host memory for offloaded tensors {res['host_budget'] / GiB:.0f} GiB. "
+         "`+op` = with --offload-params (parameters and momentum on the host between uses). "
+         "Paper columns: 12 GB K40, the best other framework is TensorFlow in every row. "
+         + ("" if gpu else "Workspaces: the CPU kernels' chunked im2col (<= 32 MiB); on the GPU "
+            "cuDNN algorithms are chosen under the free bytes, so GPU answers can differ.") + "\n",
+         "| model | paper SuperNeurons | paper TensorFlow | "
+         + " | ".join(f"neuron {_label(*v)}" for v in variants)
+         + " | " + " | ".join(lbl for _, lbl in TORCH_MODES) + " |",
+         "|---|" + "---:|" * (2 + len(variants) + len(TORCH_MODES))]
+
+    def tb(m, mode):
+        if not gpu:
+            return NYM
+        t = tt.get((m, mode))
+        if t is None:
+            return "skipped"
+        if t.get("error"):
+            return f"error: {t['error'][:50]}"
+        return "none" if t["k"] is None else str(t["k"])
+
+    for m in models:
+        sn, tf = PAPER.get(m, (None, None))
+        cells = []
+        for p, op in variants:
+            r = get.get((m, p, op))
+            cells.append("-" if r is None else ("none" if r["widest"] is None
+                                                else str(r["widest"])
+                                                + (" *" if r.get("larger_also_fit") else "")))
+        L.append(f"| {m} | {sn or 'n/a'} | {tf or 'n/a'} | " + " | ".join(cells) + " | "
+                 + " | ".join(tb(m, mode) for mode, _ in TORCH_MODES) + " |")
+    L += ["", "\\* a larger batch fits too (see *larger that also fit* below): under the "
+          "policies that evict, whether a batch fits is not monotonic in the batch (first-fit "
+          "fragmentation of the arena), so the search's answer (exponential then bisection, "
+          "which assumes monotonicity) is a batch verified to fit, not necessarily the largest. "
+          "Probed above each answer: +1, 2, 5, 10 and 25%, and the larger answers of the other "
+          "neuron columns for the same model.",
+          "", "## What limits each answer, and the plan at it\n",
+          "| model | neuron | largest batch | next batch fails on | peak GiB | moved GiB/iter | "
+          "extra fwd steps | host peak GiB | larger that also fit | search s |",
+          "|---|---|---:|---|---:|---:|---:|---:|---|---:|"]
+    for m in models:
+        for p, op in variants:
+            r = get.get((m, p, op))
+            if r is None:
+                continue
+
+            def g(k):
+                return "-" if r.get(k) is None else f"{r[k] / GiB:.2f}"
+            L.append(f"| {m} | {_label(p, op)} | {r['widest']} | {r['limited_by']} | "
+                     f"{g('peak_bytes')} | {g('moved_bytes')} | "
+                     f"{r.get('extra_forward_steps', '-')} | {g('host_peak_bytes')} | "
+                     f"{', '.join(map(str, r.get('larger_also_fit') or [])) or '-'} | "
+                     f"{r['seconds']} |")
+    L += ["", "## Training speed at each answer (img/s)\n",
+          "| model | " + " | ".join(f"neuron {_label(*v)}" for v in variants) + " | "
+          + " | ".join(lbl for _, lbl in TORCH_MODES) + " |",
+          "|---|" + "---:|" * (len(variants) + len(TORCH_MODES))]
+    for m in models:
+        cells = []
+        for p, op in variants:
+            r = get.get((m, p, op))
+            if not gpu:
+                cells.append(NYM)
+            elif r is None or not r.get("gpu"):
+                cells.append("-")
+            elif r["gpu"].get("img_per_s"):
+                cells.append(f"{r['gpu']['img_per_s']:.1f}")
+            else:
+                cells.append(f"failed: {r['gpu'].get('error', '')[:50]}")
+        for mode, _ in TORCH_MODES:
+            t = tt.get((m, mode))
+            if not gpu:
+                cells.append(NYM)
+            elif t is None or not (t.get("timed") or {}).get("img_per_s"):
+                cells.append("-")
+            else:
+                cells.append(f"{t['timed']['img_per_s']:.1f}")
+        L.append(f"| {m} | " + " | ".join(cells) + " |")
+    L += ["", "Paper comparison (neuron superneurons vs the paper's SuperNeurons): "
+          + "; ".join(f"{m} {get[(m, 'superneurons', False)]['widest']} vs {PAPER[m][0]} "
+                      f"({get[(m, 'superneurons', False)]['widest'] / PAPER[m][0]:.2f}x)"
+                      for m in models if PAPER.get(m, (None,))[0]
+                      and (m, "superneurons", False) in get
+                      and get[(m, "superneurons", False)]["widest"]) + ".", ""]
+    return "\n".join(L) + "\n"
+
+
+def _dirty() -> bool:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return bool(subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
+                                   capture_output=True, text=True, cwd=root).stdout.strip())
+    except OSError:
+        return False
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    gpu = not args.plan_only
+    TM = device = None
+    if gpu:
+        try:
+            from bench import torch_models as TM
+        except ImportError as e:
+            sys.exit(f"bench/widest.py: the GPU path needs PyTorch ({e}); use --plan-only "
+                     "without a GPU")
+        device = TM.require_cuda("bench/widest.py")
+    budget = parse_bytes(args.budget)
+    # provenance first: others may commit while this runs; this is the code it imports
+    prov = provenance(f"{device} (arena / PyTorch cap {args.budget})" if gpu else None)
+    dirty = _dirty()
+    if args.host_budget:
+        host_budget = parse_bytes(args.host_budget)
+    elif gpu:
+        host_budget = int(0.8 * TM.host_memory_bytes()) // GiB * GiB or 128 * GiB
+    else:
+        host_budget = 128 * GiB
+    ops = {"both": [False, True], "no": [False], "yes": [True]}[args.offload_params]
+    t0 = time.perf_counter()
+    rows = [plan_widest(m, budget, p, op, host_budget)
+            for m in args.models.split(",") for p in args.policies.split(",") for op in ops]
+    cross_check(rows, budget, host_budget)
+    res = {"neuron": rows, "host_budget": host_budget, "op_variants": ops, "dirty": dirty,
+           "plan_seconds": round(time.perf_counter() - t0, 1),
+           "settings": vars(args) | {"budget_bytes": budget}}
+    if gpu:
+        from neuron.models import build_model
+        for r in rows:
+            if r["widest"]:
+                print(f"neuron {r['model']} {_label(r['policy'], r['offload_params'])} batch "
+                      f"{r['widest']} on the GPU ...", flush=True)
+                r["gpu"] = TM.neuron_run(build_model(r["model"]), r["widest"], budget=budget,
+                                         policy=r["policy"], offload_params=r["offload_params"],
+                                         host_budget=host_budget, iters=args.iters,
+                                         warmup=args.warmup)
+        if not args.skip_torch:
+            TM.cap_torch(budget)
+            res["torch"] = []
+            for m in args.models.split(","):
+                for mode, _ in TORCH_MODES:
+                    s = TM.torch_search(m, mode=mode, limit=1 << 16)
+                    t = {"model": m, "mode": mode, **s}
+                    if s["k"]:
+                        t["timed"] = TM.torch_run(m, s["k"], mode=mode, iters=args.iters,
+                                                  warmup=args.warmup)
+                    res["torch"].append(t)
+        res["versions"] = TM.versions()
+    write(args.out, {"provenance": prov, **res}, markdown(res, args, prov, gpu))
+    print(f"planning took {res['plan_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
