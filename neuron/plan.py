@@ -52,7 +52,8 @@ def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     if not ex.policy.offload:
         return extent
     block = ex.block
-    with _Prober(ex) as fits_all:
+    with _ParallelMap(lambda a: ex.simulate(a, trace=False)["fits"],
+                      parallel=len(ex.steps) >= PARALLEL_MIN_STEPS) as fits_all:
         lo, hi, step = lb, None, max(block, lb // 32)
         cands = [lb, lb + step]
         while hi is None:                       # exponential phase
@@ -83,38 +84,38 @@ def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     return hi
 
 
-_PROBE_EX = None        # the executor a forked prober simulates (inherited, not pickled)
+_FORK_FN = None          # what forked workers call (inherited, not pickled)
 
 
-def _probe(arena: int) -> bool:
-    return _PROBE_EX.simulate(arena, trace=False)["fits"]
+def _call_forked(arg):
+    return _FORK_FN(arg)
 
 
-class _Prober:
-    """fits(list of arena sizes) -> list of bools; two at a time in forked workers when the
-    plan is large and two cores are there, else one by one."""
-    PARALLEL_MIN_STEPS = 20_000
+class _ParallelMap:
+    """fn over a list of arguments: two at a time in forked workers when asked to and two cores
+    are there, else one by one in order (stopping at the first true result: the searches here
+    look for the first fit and ignore what comes after it)."""
 
-    def __init__(self, ex: Executor):
-        self.ex, self.pool, self.width = ex, None, 1
-        if len(ex.steps) >= self.PARALLEL_MIN_STEPS and (os.cpu_count() or 1) >= 2:
+    def __init__(self, fn, parallel: bool):
+        self.fn, self.pool, self.width = fn, None, 1
+        if parallel and (os.cpu_count() or 1) >= 2:
             try:
                 import multiprocessing as mp
-                global _PROBE_EX
-                _PROBE_EX = ex
+                global _FORK_FN
+                _FORK_FN = fn
                 self.pool = mp.get_context("fork").Pool(2)
                 self.width = 2
             except (OSError, ValueError):
                 self.pool = None
 
-    def __call__(self, arenas: list[int]) -> list[bool]:
-        if self.pool is not None and len(arenas) > 1:
-            return self.pool.map(_probe, arenas)
+    def __call__(self, args: list) -> list:
+        if self.pool is not None and len(args) > 1:
+            return self.pool.map(_call_forked, args)
         out = []
-        for a in arenas:                # serial: stop at the first fit, later ones are moot
-            out.append(self.ex.simulate(a, trace=False)["fits"])
+        for a in args:
+            out.append(bool(self.fn(a)))
             if out[-1]:
-                out += [True] * (len(arenas) - len(out))
+                out += [True] * (len(args) - len(out))
                 break
         return out
 
@@ -122,12 +123,16 @@ class _Prober:
         return self
 
     def __exit__(self, *exc):
-        global _PROBE_EX
+        global _FORK_FN
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
-        _PROBE_EX = None
+        _FORK_FN = None
         return False
+
+
+#: plans this long (in steps) search with two processes
+PARALLEL_MIN_STEPS = 20_000
 
 
 def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int | None = None,
@@ -189,37 +194,46 @@ class Probe:
     seconds: float
 
 
-def search_max(ok, start: int = 1, limit: int = 1 << 20, progress=None) -> tuple[int | None, list]:
-    """Largest k >= start with ok(k) true, assuming monotonicity: exponential, then bisection."""
+def search_max(ok, start: int = 1, limit: int = 1 << 20, progress=None,
+               parallel: bool = False) -> tuple[int | None, list]:
+    """Largest k >= start with ok(k) true, assuming monotonicity: exponential, then bisection.
+
+    With ``parallel`` (and two cores), two candidates are tested per round in forked workers:
+    k*2 and k*4 while growing, the thirds of the bracket while narrowing."""
     probes: list[Probe] = []
+    with _ParallelMap(ok, parallel) as run:
 
-    def test(k):
-        t = time.perf_counter()
-        r = ok(k)
-        probes.append(Probe(k, r, time.perf_counter() - t))
-        if progress:
-            progress(k, r)
-        return r
+        def test(cands: list[int]) -> list[bool]:
+            t = time.perf_counter()
+            res = run(cands)
+            dt = (time.perf_counter() - t) / len(cands)
+            for c, r in zip(cands, res):
+                probes.append(Probe(c, r, dt))
+                if progress:
+                    progress(c, r)
+            return res
 
-    if not test(start):
-        return None, probes
-    lo, hi = start, None
-    k = start
-    while hi is None:
-        k = min(k * 2, limit)
-        if test(k):
-            lo = k
-            if k >= limit:
-                return lo, probes
-        else:
-            hi = k
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if test(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, probes
+        if not test([start])[0]:
+            return None, probes
+        lo, hi = start, None
+        while hi is None:
+            cands = sorted({min(lo * 2, limit), min(lo * 4, limit)} - {lo})[:run.width]
+            if not cands:
+                return lo, probes           # lo is the limit
+            for c, r in zip(cands, test(cands)):
+                if not r:
+                    hi = c
+                    break
+                lo = c
+        while hi - lo > 1:
+            k = run.width
+            cands = sorted({lo + (hi - lo) * (i + 1) // (k + 1) for i in range(k)} - {lo, hi})
+            for c, r in zip(cands, test(cands)):
+                if not r:
+                    hi = c
+                    break
+                lo = c
+        return lo, probes
 
 
 # depth families: index k -> depth
@@ -241,7 +255,8 @@ def deepest(model: str, batch: int, budget: int, *, progress=None, **kw) -> dict
         with no_gc():
             return fits(build_model(model, depth=to_depth(k)), batch, budget, **kw)
 
-    k, probes = search_max(ok, 1, limit=1 << 16,
+    # every probe builds and plans a network of up to 10^5 layers: two at a time
+    k, probes = search_max(ok, 1, limit=1 << 16, parallel=True,
                            progress=(lambda k, r: progress(to_depth(k), r)) if progress else None)
     return {"model": model, "batch": batch, "budget_bytes": budget,
             "deepest": to_depth(k) if k else None,

@@ -332,3 +332,10 @@ def test_python_m_neuron_plan_subprocess():
                         "--policy", "nope"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "unknown policy 'nope'" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("t", [1, 2, 37, 1000])
+def test_search_max_in_parallel_finds_the_threshold(t):
+    k, probes = search_max(lambda k: k <= t, start=1, limit=1 << 20, parallel=True)
+    assert k == t
+    assert all(p.fits == (p.value <= t) for p in probes)
