@@ -30,7 +30,8 @@ def main():
         p = subprocess.run([sys.executable, "-m", "neuron", *cmd], capture_output=True, text=True)
         secs = time.perf_counter() - t
         last = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode in (0, 1) else {}
-        answer = last.get("deepest", last.get("peak_bytes"))
+        answer = (f"deepest {last['deepest']}" if "deepest" in last else
+                  f"min budget {last.get('min_budget_bytes')} B, fits {last.get('fits')}")
         rows.append({"command": "neuron " + " ".join(cmd), "seconds": round(secs, 1),
                      "target_seconds": TARGETS[cmd[0]], "returncode": p.returncode,
                      "answer": answer, "min_budget_bytes": last.get("min_budget_bytes")})
