@@ -38,3 +38,27 @@ def write(name: str, payload: dict, markdown: str) -> None:
     with open(os.path.join(RESULTS, name + ".md"), "w") as f:
         f.write(markdown)
     print(markdown)
+
+
+def library_dirty() -> bool:
+    """Whether the library code a result came from has uncommitted changes."""
+    root = os.path.dirname(RESULTS)
+    try:
+        return bool(subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
+                                   capture_output=True, text=True, cwd=root).stdout.strip())
+    except OSError:
+        return False
+
+
+def gpu_setup(script: str, plan_only: bool):
+    """(torch_models module, device description) for a GPU run, (None, None) with --plan-only;
+    exits with a clear message when PyTorch or CUDA is missing."""
+    if plan_only:
+        return None, None
+    try:
+        from bench import torch_models as TM
+    except ImportError as e:
+        sys.exit(f"{script}: the GPU path needs PyTorch and CuPy ({e}); use --plan-only without "
+                 "a GPU")
+    return TM, TM.require_cuda(script)
+

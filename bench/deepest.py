@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import provenance, write  # noqa: E402
+from bench._common import gpu_setup, library_dirty, provenance, write  # noqa: E402
 from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
 
 GiB = 1 << 30
@@ -518,32 +517,16 @@ def goals(res, args, gpu) -> list[str]:
     return L + [""]
 
 
-def _dirty() -> bool:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
-                             capture_output=True, text=True, cwd=root).stdout
-        return bool(out.strip())
-    except OSError:
-        return False
-
-
 def main(argv=None):
     args = parse_args(argv)
     gpu = not args.plan_only
     TM = None
     device = None
-    if gpu:
-        try:
-            from bench import torch_models as TM
-        except ImportError as e:
-            sys.exit(f"bench/deepest.py: the GPU path needs PyTorch ({e}); use --plan-only "
-                     "without a GPU")
-        device = TM.require_cuda("bench/deepest.py")
+    TM, device = gpu_setup("bench/deepest.py", args.plan_only)
     budget = parse_bytes(args.budget)
     # provenance first: others may commit while this runs; this is the code it imports
     prov = provenance(f"{device} (arena / PyTorch cap {args.budget})" if gpu else None)
-    dirty = _dirty()
+    dirty = library_dirty()
     # load the planner before forking the workers, so every worker runs that commit's code
     import neuron.executor
     import neuron.models

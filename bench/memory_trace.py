@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import RESULTS, provenance, write  # noqa: E402
+from bench._common import RESULTS, gpu_setup, library_dirty, provenance, write  # noqa: E402,E501
 from neuron.units import parse_bytes  # noqa: E402
 
 MiB = 1 << 20
@@ -135,28 +134,12 @@ def markdown(res, args, prov, gpu, png):
     return "\n".join(L) + "\n"
 
 
-def _dirty() -> bool:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        return bool(subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
-                                   capture_output=True, text=True, cwd=root).stdout.strip())
-    except OSError:
-        return False
-
-
 def main(argv=None):
     args = parse_args(argv)
     gpu = not args.plan_only
-    TM = device = None
-    if gpu:
-        try:
-            from bench import torch_models as TM
-        except ImportError as e:
-            sys.exit(f"bench/memory_trace.py: the GPU path needs PyTorch and CuPy ({e}); use "
-                     "--plan-only without a GPU")
-        device = TM.require_cuda("bench/memory_trace.py")
+    TM, device = gpu_setup("bench/memory_trace.py", args.plan_only)
     # provenance first: others may commit while this runs; this is the code it imports
-    prov, dirty = provenance(device), _dirty()
+    prov, dirty = provenance(device), library_dirty()
     from neuron.models import build_model
     from neuron.plan import plan
     from neuron.report import plot_trace

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import provenance, write  # noqa: E402
+from bench._common import gpu_setup, library_dirty, provenance, write  # noqa: E402
 
 MiB = 1 << 20
 MODELS = ["alexnet", "resnet50", "resnet101"]
@@ -151,28 +150,12 @@ def markdown(res, args, prov, gpu):
     return "\n".join(L) + "\n"
 
 
-def _dirty() -> bool:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        return bool(subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
-                                   capture_output=True, text=True, cwd=root).stdout.strip())
-    except OSError:
-        return False
-
-
 def main(argv=None):
     args = parse_args(argv)
     gpu = not args.plan_only
-    TM = device = None
-    if gpu:
-        try:
-            from bench import torch_models as TM
-        except ImportError as e:
-            sys.exit(f"bench/recompute_table.py: the GPU path needs PyTorch and CuPy ({e}); use "
-                     "--plan-only without a GPU")
-        device = TM.require_cuda("bench/recompute_table.py")
+    TM, device = gpu_setup("bench/recompute_table.py", args.plan_only)
     # provenance first: others may commit while this runs; this is the code it imports
-    prov, dirty = provenance(device), _dirty()
+    prov, dirty = provenance(device), library_dirty()
     rows, liveness = [], {}
     for m in args.models.split(","):
         liveness[m] = liveness_row(m, args.batch)

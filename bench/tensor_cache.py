@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import provenance, write  # noqa: E402
+from bench._common import gpu_setup, library_dirty, provenance, write  # noqa: E402
 from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
 
 GiB, GB, MiB = 1 << 30, 10 ** 9, 1 << 20
@@ -115,30 +114,14 @@ def markdown(res, args, prov, gpu):
     return "\n".join(L) + "\n"
 
 
-def _dirty() -> bool:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        return bool(subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
-                                   capture_output=True, text=True, cwd=root).stdout.strip())
-    except OSError:
-        return False
-
-
 def main(argv=None):
     args = parse_args(argv)
     gpu = not args.plan_only
-    TM = device = None
-    if gpu:
-        try:
-            from bench import torch_models as TM
-        except ImportError as e:
-            sys.exit(f"bench/tensor_cache.py: the GPU path needs PyTorch and CuPy ({e}); use "
-                     "--plan-only without a GPU")
-        device = TM.require_cuda("bench/tensor_cache.py")
+    TM, device = gpu_setup("bench/tensor_cache.py", args.plan_only)
     budget, host_budget = parse_bytes(args.budget), parse_bytes(args.host_budget)
     # provenance first: others may commit while this runs; this is the code it imports
     prov = provenance(f"{device} (arena {args.budget})" if gpu else None)
-    dirty = _dirty()
+    dirty = library_dirty()
     rows = []
     for pol in args.policies.split(","):
         for b in map(int, args.batches.split(",")):

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import provenance, write  # noqa: E402
+from bench._common import gpu_setup, library_dirty, provenance, write  # noqa: E402
 from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
 
 GiB = 1 << 30
@@ -233,30 +232,14 @@ def markdown(res, args, prov, gpu) -> str:
     return "\n".join(L) + "\n"
 
 
-def _dirty() -> bool:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        return bool(subprocess.run(["git", "status", "--porcelain", "--", "neuron", "setup.py"],
-                                   capture_output=True, text=True, cwd=root).stdout.strip())
-    except OSError:
-        return False
-
-
 def main(argv=None):
     args = parse_args(argv)
     gpu = not args.plan_only
-    TM = device = None
-    if gpu:
-        try:
-            from bench import torch_models as TM
-        except ImportError as e:
-            sys.exit(f"bench/widest.py: the GPU path needs PyTorch ({e}); use --plan-only "
-                     "without a GPU")
-        device = TM.require_cuda("bench/widest.py")
+    TM, device = gpu_setup("bench/widest.py", args.plan_only)
     budget = parse_bytes(args.budget)
     # provenance first: others may commit while this runs; this is the code it imports
     prov = provenance(f"{device} (arena / PyTorch cap {args.budget})" if gpu else None)
-    dirty = _dirty()
+    dirty = library_dirty()
     if args.host_budget:
         host_budget = parse_bytes(args.host_budget)
     elif gpu:
