@@ -1,6 +1,7 @@
 """Shared bits of the benchmark scripts: where a number came from, and writing results."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -61,4 +62,11 @@ def gpu_setup(script: str, plan_only: bool):
         sys.exit(f"{script}: the GPU path needs PyTorch and CuPy ({e}); use --plan-only without "
                  "a GPU")
     return TM, TM.require_cuda(script)
+
+
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose help is the script's docstring (first paragraph, then the rest)."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   epilog="\n\n".join(doc.split("\n\n")[1:]),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 

@@ -13,12 +13,11 @@ drawn to memory_trace_gpu.png and their peaks next to the planned ones.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import RESULTS, gpu_setup, library_dirty, provenance, write  # noqa: E402,E501
+from bench._common import arg_parser, RESULTS, gpu_setup, library_dirty, provenance, write  # noqa: E402,E501
 from neuron.units import parse_bytes  # noqa: E402
 
 MiB = 1 << 20
@@ -30,9 +29,7 @@ NYM = "not yet measured"
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("--plan-only", action="store_true",
                     help="planned traces only (no GPU); measured columns 'not yet measured'")
     ap.add_argument("--model", default="alexnet")

@@ -18,13 +18,12 @@ minimum budget for superneurons).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import gpu_setup, library_dirty, provenance, write  # noqa: E402
+from bench._common import arg_parser, gpu_setup, library_dirty, provenance, write  # noqa: E402
 
 MiB = 1 << 20
 MODELS = ["alexnet", "resnet50", "resnet101"]
@@ -37,9 +36,7 @@ NYM = "not yet measured"
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("--plan-only", action="store_true",
                     help="planning columns only (no GPU); time columns 'not yet measured'")
     ap.add_argument("--batch", type=int, default=32)

@@ -16,13 +16,12 @@ torch.cuda.set_per_process_memory_fraction(budget/total), img/s at each answer, 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import gpu_setup, library_dirty, provenance, write  # noqa: E402
+from bench._common import arg_parser, gpu_setup, library_dirty, provenance, write  # noqa: E402
 from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
 
 GiB = 1 << 30
@@ -38,9 +37,7 @@ TORCH_MODES = [("eager", "PyTorch eager"), ("checkpoint", "PyTorch ckpt (sqrt n)
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("--plan-only", action="store_true",
                     help="planning columns only (no GPU); img/s columns 'not yet measured'")
     ap.add_argument("--budget", default="12GiB", help="arena / PyTorch cap (default 12GiB)")
