@@ -99,8 +99,8 @@ class Executor:
         self.offload_params = bool(offload_params)
         self.recompute_strategy = recompute_strategy
         self.host_budget = host_budget
-        # without the LRU tensor cache (vDNN-style, Table 3's baseline), every activation a
-        # later step needs is offloaded right after the forward step that wrote it
+        # without the LRU tensor cache (vDNN-style, Table 3's baseline), every activation that
+        # backward needs is offloaded right after its last forward use
         self.tensor_cache = bool(tensor_cache)
         self.block, self.strategy = block, strategy
         if _plan_from is not None:          # share the (immutable) plan of another executor
