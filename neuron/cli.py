@@ -26,6 +26,9 @@ def _policy_args(p, default: str, budget_required: bool = False):
     p.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
     p.add_argument("--recompute-strategy", choices=["speed", "memory", "cost"], default="cost")
+    p.add_argument("--no-compact", action="store_true",
+                   help="never slide tensors together when free bytes are scattered (the "
+                   "paper's pool); fragmentation can then fail a plan that has the bytes")
     p.add_argument("--no-tensor-cache", action="store_true",
                    help="offload every activation backward needs right after its last forward "
                    "use (vDNN-style) instead of only when the arena is short")
@@ -181,6 +184,7 @@ def _policy_kw(args, host_default=None) -> dict:
     return dict(policy=args.policy, offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
+                compact=False if args.no_compact else None,
                 host_budget=parse_bytes(hb) if hb else None)
 
 

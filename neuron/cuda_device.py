@@ -405,6 +405,23 @@ class CudaDevice(Device):
         self.layout.pointer(offset, nbytes, align=dtype.itemsize)
         return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self.arena, int(offset)))
 
+    def move(self, src: int, dst: int, nbytes: int) -> None:
+        """Arena bytes [src, src+n) -> [dst, dst+n) on the compute stream (compaction). Ranges
+        may overlap: with dst < src, chunks no longer than the shift, copied from low to high
+        addresses, never overwrite bytes not yet copied."""
+        cp = self._cp
+        if nbytes <= 0 or src == dst:
+            return
+        base = self.arena.ptr
+        step = abs(src - dst) if abs(src - dst) < nbytes else nbytes
+        order = range(0, nbytes, step) if dst < src else \
+            reversed(range(0, nbytes, step))
+        for o in order:
+            n = min(step, nbytes - o)
+            cp.cuda.runtime.memcpyAsync(base + dst + o, base + src + o, n,
+                                        cp.cuda.runtime.memcpyDeviceToDevice,
+                                        self.compute_stream.ptr)
+
     def to_numpy(self, a) -> np.ndarray:
         if isinstance(a, np.ndarray):
             return np.array(a, copy=True)

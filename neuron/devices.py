@@ -42,6 +42,10 @@ class Device:
     def copy_to_device(self, buf, view, nbytes: int) -> None:
         view.reshape(-1).view(np.uint8)[...] = buf[:nbytes]
 
+    def move(self, src: int, dst: int, nbytes: int) -> None:
+        """Arena bytes [src, src+n) to [dst, dst+n); the ranges may overlap (compaction)."""
+        raise NotImplementedError
+
 
 class CpuDevice(Device):
     name = "cpu"
@@ -60,6 +64,10 @@ class CpuDevice(Device):
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return self.buffer[offset:offset + n].view(dtype).reshape(shape)
+
+    def move(self, src: int, dst: int, nbytes: int) -> None:
+        # NumPy detects the overlap and copies through a temporary
+        self.buffer[dst:dst + nbytes] = self.buffer[src:src + nbytes]
 
 
 class VirtualDevice(Device):
@@ -80,6 +88,9 @@ class VirtualDevice(Device):
         pass
 
     def copy_to_device(self, buf, view, nbytes):
+        pass
+
+    def move(self, src, dst, nbytes):
         pass
 
 

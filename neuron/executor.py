@@ -89,6 +89,7 @@ class Executor:
                  dtype=np.float32, seed: int = 0, budget: int | None = None,
                  offload_params: bool = False, recompute_strategy: str = "cost",
                  host_budget: int | None = None, tensor_cache: bool = True,
+                 compact: bool | None = None,
                  block: int = 1024, strategy: str = "first_fit", _plan_from=None):
         if batch <= 0:
             raise ValueError(f"batch must be positive, got {batch}")
@@ -102,6 +103,8 @@ class Executor:
         # without the LRU tensor cache (vDNN-style, Table 3's baseline), every activation that
         # backward needs is offloaded right after its last forward use
         self.tensor_cache = bool(tensor_cache)
+        # compaction defaults to the policy's (on for all but baseline)
+        self.compact = self.policy.compact if compact is None else bool(compact)
         self.block, self.strategy = block, strategy
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
@@ -149,7 +152,8 @@ class Executor:
 
     def _new_pool(self):
         self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
-                         evict=self.policy.offload, host_budget=self.host_budget)
+                         evict=self.policy.offload, host_budget=self.host_budget,
+                         compact=self.compact)
         self._alloc_persistent()
 
     # ---- planning ---------------------------------------------------------------------
@@ -166,6 +170,7 @@ class Executor:
                          offload_params=self.offload_params,
                          recompute_strategy=self.recompute_strategy,
                          host_budget=self.host_budget, tensor_cache=self.tensor_cache,
+                         compact=self.compact,
                          block=self.block,
                          strategy=self.strategy, _plan_from=self)
             v.record_trace = trace

@@ -38,6 +38,8 @@ def lower_bound(ex: Executor) -> tuple[int, int]:
 def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     """Smallest arena the search finds in which the policy completes an iteration.
 
+    With compaction (the default but for baseline) and no eviction it is the peak, exactly.
+
     Under LRU eviction, fitting is not monotone in the arena size (a smaller arena evicts
     differently and can fragment less), so a still smaller arena may happen to work: the
     answer is a tight, verified budget, not a proof that nothing smaller fits.
@@ -50,6 +52,12 @@ def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     10^4-layer network; the simulations are independent)."""
     extent = unbounded["arena_bytes"]
     if not ex.policy.offload:
+        if ex.compact:
+            # compaction makes the free space one block whenever it is short, and without
+            # eviction the bytes in use do not depend on the arena: the peak is exact
+            peak = unbounded["peak_bytes"]
+            if ex.simulate(peak, trace=False)["fits"]:
+                return peak
         return extent
     block = ex.block
     with _ParallelMap(lambda a: ex.simulate(a, trace=False)["fits"],
@@ -137,13 +145,14 @@ PARALLEL_MIN_STEPS = 20_000
 
 def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int | None = None,
          offload_params: bool = False, recompute_strategy: str = "cost",
-         host_budget: int | None = None, tensor_cache: bool = True, dtype=np.float32,
+         host_budget: int | None = None, tensor_cache: bool = True,
+         compact: bool | None = None, dtype=np.float32,
          search_min: bool = True,
          model: str | None = None, trace: bool = True) -> dict:
     t0 = time.perf_counter()
     ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
                   recompute_strategy=recompute_strategy, host_budget=host_budget,
-                  tensor_cache=tensor_cache, dtype=dtype)
+                  tensor_cache=tensor_cache, compact=compact, dtype=dtype)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
@@ -166,6 +175,8 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         "extra_forward_steps": rep.extra_forward_steps if rep else 0,
         "offload_bytes": run.get("offload_bytes", 0) if fits else None,
         "prefetch_bytes": run.get("prefetch_bytes", 0) if fits else None,
+        "compactions": run.get("compactions") if fits else None,
+        "compacted_bytes": run.get("compacted_bytes") if fits else None,
         "cache_hits": run.get("cache_hits") if fits else None,
         "cache_misses": run.get("cache_misses") if fits else None,
         "host_peak_bytes": run.get("host_peak_bytes") if fits else None,

@@ -10,11 +10,12 @@ class Policy:
     free_dead: bool             # liveness: free a tensor after its last use
     offload: bool = False       # unified tensor pool: LRU eviction to host when short
     recompute: bool = False     # cost-aware recomputation of cheap segments
+    compact: bool = True        # slide tensors together when free bytes are scattered
     description: str = ""
 
 
 POLICIES = {
-    "baseline": Policy("baseline", free_dead=False,
+    "baseline": Policy("baseline", free_dead=False, compact=False,
                        description="a buffer per tensor, nothing freed during the iteration"),
     "liveness": Policy("liveness", free_dead=True,
                        description="free every tensor right after its last use"),

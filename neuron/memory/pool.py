@@ -37,12 +37,16 @@ class Residency(enum.Enum):
 
 class Pool:
     def __init__(self, device, block: int = 1024, strategy: str = "first_fit",
-                 evict: bool = False, host_budget: int | None = None):
+                 evict: bool = False, host_budget: int | None = None, compact: bool = False):
         self.device = device
         self.heap = Heap(device.arena_bytes, block=block, strategy=strategy)
         self._h = self.heap._impl               # unchecked calls on the hot path
         self._block = self.heap.block
         self.evict_enabled = evict
+        # compaction: when the free bytes suffice but no single hole does, slide every tensor
+        # down (first-fit refills from the bottom) so the free space becomes one block
+        self.compact_enabled = compact
+        self.compactions = self.moved_bytes = 0
         self.offset: dict[int, int] = {}        # on device: tensor id -> arena offset
         self.live: dict[int, TensorInfo] = {}   # on device
         self.host: dict[int, tuple] = {}        # on host: tensor id -> (tensor, buffer)
@@ -65,21 +69,61 @@ class Pool:
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
-        """An arena offset for nbytes, evicting LRU unlocked tensors if allowed."""
+        """An arena offset for nbytes: evicting LRU unlocked tensors if allowed (until the free
+        bytes suffice), compacting if allowed (when they suffice but are scattered)."""
         h = self._h
         off = h.try_alloc(nbytes)
         if off < 0:
-            while self.evict_enabled and self._evict_one():
-                off = h.try_alloc(nbytes)
-                if off >= 0:
-                    break
-            else:
+            off = self._make_room(nbytes)
+            if off < 0:
                 raise self.budget_error(what, step, nbytes)
         b = self._block
         end = off - (-nbytes // b) * b
         if end > self.max_extent:
             self.max_extent = end
         return off
+
+    def _make_room(self, nbytes: int) -> int:
+        h = self._h
+        if not self.compact_enabled:
+            off = -1
+            while off < 0 and self.evict_enabled and self._evict_one():
+                off = h.try_alloc(nbytes)
+            return off
+        need = -(-nbytes // self._block) * self._block
+        while h.free_bytes < need and self.evict_enabled and self._evict_one():
+            pass
+        while True:
+            if h.free_bytes >= need:
+                off = h.try_alloc(nbytes)
+                if off >= 0:
+                    return off
+                self.compact()
+                off = h.try_alloc(nbytes)
+                if off >= 0:
+                    return off
+            if not (self.evict_enabled and self._evict_one()):
+                return -1
+
+    def compact(self) -> None:
+        """Slide every arena tensor to the lowest hole that takes it, in address order.
+
+        Legal between kernels: the executor makes a step's views only after all of the step's
+        allocations, so nothing holds an address across a move. First-fit puts each tensor at
+        or below where it was, so the sweep leaves the free space in one block at the top
+        (raw regions such as a baseline's held workspaces stay where they are)."""
+        h, dev = self._h, self.device
+        self.compactions += 1
+        for tid, off in sorted(self.offset.items(), key=lambda kv: kv[1]):
+            t = self.live[tid]
+            h.free(off)
+            new = h.try_alloc(t.nbytes or 1)
+            if new != off:
+                if self.inflight:
+                    self._settle(t)
+                dev.move(off, new, t.nbytes)
+                self.offset[tid] = new
+                self.moved_bytes += t.nbytes
 
     def _rounded(self, nbytes: int) -> int:
         b = self._block
@@ -344,4 +388,5 @@ class Pool:
         return {"offload_bytes": self.offload_bytes, "prefetch_bytes": self.prefetch_bytes,
                 "offloads": self.offload_count, "prefetches": self.prefetch_count,
                 "cache_hits": self.hits, "cache_misses": self.misses,
+                "compactions": self.compactions, "compacted_bytes": self.moved_bytes,
                 "host_peak_bytes": self.host_pool.peak_bytes}
