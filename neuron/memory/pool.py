@@ -84,26 +84,18 @@ class Pool:
         return off
 
     def _make_room(self, nbytes: int) -> int:
+        """Evict LRU unlocked tensors until a hole fits (the paper's cache); when nothing is
+        left to evict and the free bytes suffice but are scattered, compact. Compaction is the
+        last resort: it walks every resident tensor."""
         h = self._h
-        if not self.compact_enabled:
-            off = -1
-            while off < 0 and self.evict_enabled and self._evict_one():
-                off = h.try_alloc(nbytes)
-            return off
-        need = -(-nbytes // self._block) * self._block
-        while h.free_bytes < need and self.evict_enabled and self._evict_one():
-            pass
-        while True:
-            if h.free_bytes >= need:
-                off = h.try_alloc(nbytes)
-                if off >= 0:
-                    return off
-                self.compact()
-                off = h.try_alloc(nbytes)
-                if off >= 0:
-                    return off
-            if not (self.evict_enabled and self._evict_one()):
-                return -1
+        off = -1
+        while off < 0 and self.evict_enabled and self._evict_one():
+            off = h.try_alloc(nbytes)
+        if off < 0 and self.compact_enabled and \
+                h.free_bytes >= -(-nbytes // self._block) * self._block:
+            self.compact()
+            off = h.try_alloc(nbytes)
+        return off
 
     def compact(self) -> None:
         """Slide every arena tensor to the lowest hole that takes it, in address order.
