@@ -70,3 +70,15 @@ def arg_parser(doc: str) -> argparse.ArgumentParser:
                                    epilog="\n\n".join(doc.split("\n\n")[1:]),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
+
+def host_budget_for(arg: str | None, TM=None) -> int:
+    """Host bytes offloaded tensors may use: --host-budget if given; on a GPU machine 80% of
+    its memory (pinned buffers live there); else 128 GiB, the GPU machine's size."""
+    from neuron.units import parse_bytes
+    gib = 1 << 30
+    if arg:
+        return parse_bytes(arg)
+    if TM is not None:
+        return int(0.8 * TM.host_memory_bytes()) // gib * gib or 128 * gib
+    return 128 * gib
+

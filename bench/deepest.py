@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import arg_parser, gpu_setup, library_dirty, provenance, write  # noqa: E402
+from bench._common import arg_parser, host_budget_for, gpu_setup, library_dirty, provenance, write  # noqa: E402
 from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
 
 GiB = 1 << 30
@@ -529,12 +529,7 @@ def main(argv=None):
     import neuron.models
     import neuron.plan
     del neuron
-    if args.host_budget:
-        host_budget = parse_bytes(args.host_budget)
-    elif gpu:
-        host_budget = int(0.8 * TM.host_memory_bytes()) // GiB * GiB or 128 * GiB
-    else:
-        host_budget = 128 * GiB
+    host_budget = host_budget_for(args.host_budget, TM if gpu else None)
     families = [f for f in args.families.split(",") if f]
     for f in families:
         if f not in ("resnet", "resnet_cifar"):

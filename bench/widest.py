@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import arg_parser, gpu_setup, library_dirty, provenance, write  # noqa: E402
+from bench._common import arg_parser, host_budget_for, gpu_setup, library_dirty, provenance, write  # noqa: E402
 from neuron.units import fmt_bytes, parse_bytes  # noqa: E402
 
 GiB = 1 << 30
@@ -237,12 +237,7 @@ def main(argv=None):
     # provenance first: others may commit while this runs; this is the code it imports
     prov = provenance(f"{device} (arena / PyTorch cap {args.budget})" if gpu else None)
     dirty = library_dirty()
-    if args.host_budget:
-        host_budget = parse_bytes(args.host_budget)
-    elif gpu:
-        host_budget = int(0.8 * TM.host_memory_bytes()) // GiB * GiB or 128 * GiB
-    else:
-        host_budget = 128 * GiB
+    host_budget = host_budget_for(args.host_budget, TM if gpu else None)
     ops = {"both": [False, True], "no": [False], "yes": [True]}[args.offload_params]
     t0 = time.perf_counter()
     rows = [plan_widest(m, budget, p, op, host_budget)
