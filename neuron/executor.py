@@ -112,6 +112,7 @@ class Executor:
             with no_gc():
                 self._make_plan(graph)
         self.iteration = 0
+        self.dp = None      # a distributed.DataParallel: gradient hook + sync-BN kernels
         self.record_trace = True
         self.last_trace: list[TraceRow] = []
         self.last_logits = None
@@ -380,7 +381,7 @@ class Executor:
 
     def _compute(self, step, ctx, ws):
         layer, view = step.layer, self.pool.view
-        k = self.device.kernels
+        k = self.device.kernels if self.dp is None else self.dp.kernels(self.device.kernels)
         opt = lambda t: view(t) if t is not None else None  # noqa: E731
         params = {n: view(t) for n, t in step.params.items()}
         aux = {n: view(t) for n, t in step.aux.items()}
@@ -399,6 +400,8 @@ class Executor:
         for i, g, tmp in step.grad_targets:
             if tmp is not None:
                 k.add_inplace(view(g), view(tmp))
+        if self.dp is not None:     # average this layer's gradients over the ranks
+            self.dp.reduce_gradients(step, dparams)
         for pname, p, g, states in step.updates:
             self.optimizer.update(k, params[pname], dparams[pname], [view(x) for x in states])
 

@@ -1,0 +1,176 @@
+"""Communicators: the collectives data-parallel training needs, on existing engines.
+
+- MpiComm: MPI through mpi4py (CPU processes; `mpirun -n K`). Every collective is started
+  non-blocking and polled against a deadline, so a rank that stalls or dies makes the others
+  stop with a CollectiveTimeoutError naming the collective, instead of hanging; a process-failure
+  signal from the launcher (MPICH sends SIGUSR1 under `mpirun -disable-auto-cleanup`) stops them
+  at once with a RankFailureError.
+- NcclComm (neuron.distributed.nccl, loaded lazily): the same interface on CuPy arrays.
+- LocalComm: world size 1, no MPI needed (plain training through the same code path).
+
+mpi4py is imported only when an MpiComm is made: the CPU path without --data-parallel never
+needs it.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+
+from ..errors import NeuronError
+
+#: seconds a collective may wait for the other ranks before the job is declared broken
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class DistributedError(NeuronError, RuntimeError):
+    """Data-parallel training cannot continue (a rank died, stalled or diverged)."""
+
+
+class CollectiveTimeoutError(DistributedError):
+    pass
+
+
+class RankFailureError(DistributedError):
+    pass
+
+
+class ParameterDivergenceError(DistributedError):
+    pass
+
+
+class Communicator:
+    """rank, world_size; allreduce_mean/sum in place on arrays of the device; allgather of small
+    host values; broadcast of a host object; barrier."""
+    rank = 0
+    world_size = 1
+    engine = "none"
+
+    def allreduce_sum(self, arrays: list, what: str) -> None:
+        raise NotImplementedError
+
+    def allreduce_mean(self, arrays: list, what: str) -> None:
+        self.allreduce_sum(arrays, what)
+        if self.world_size > 1:
+            for a in arrays:
+                a *= a.dtype.type(1.0 / self.world_size)
+
+    def allgather(self, value, what: str) -> list:
+        raise NotImplementedError
+
+    def flush(self, what: str) -> None:
+        """Wait (bounded by the timeout) for collectives still in flight on a device stream."""
+
+    def barrier(self, what: str = "barrier") -> None:
+        self.allgather(0, what)
+
+    def abort(self, code: int = 1) -> None:
+        pass
+
+
+class LocalComm(Communicator):
+    """A world of one: every collective is the identity."""
+    engine = "local"
+
+    def allreduce_sum(self, arrays, what):
+        pass
+
+    def allgather(self, value, what):
+        return [value]
+
+
+class MpiComm(Communicator):
+    engine = "mpi"
+
+    def __init__(self, comm=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise DistributedError("--data-parallel on CPU needs mpi4py and an MPI library: "
+                                   "pip install 'neuron[mpi]' (mpi4py + mpich wheels), then "
+                                   "launch with `mpirun -n K python -m neuron train ...`"
+                                   ) from e
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        if timeout_s <= 0:
+            raise ValueError(f"collective timeout must be positive, got {timeout_s} s")
+        self.timeout_s = float(timeout_s)
+        self._failed = None
+        self._install_failure_signal()
+
+    def _install_failure_signal(self):
+        """MPICH's launcher signals the surviving ranks with SIGUSR1 when one dies (with
+        -disable-auto-cleanup; without it the launcher kills them itself). Python runs the
+        handler between the polls of _wait, where it turns into a RankFailureError."""
+        def on_failure(signum, frame):
+            self._failed = signum
+        try:
+            signal.signal(signal.SIGUSR1, on_failure)
+        except ValueError:          # not the main thread: rely on the timeout alone
+            pass
+
+    def _wait(self, req, what: str):
+        """Poll a request until done; sleep a little between polls so that the peers (which
+        share the cores here) get to run."""
+        deadline = time.monotonic() + self.timeout_s
+        spins = 0
+        while not req.Test():
+            if self._failed is not None:
+                raise RankFailureError(
+                    f"rank {self.rank}/{self.world_size}: another rank of the data-parallel job "
+                    f"died (the MPI launcher signalled a process failure) during {what}; "
+                    "stopping")
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(
+                    f"rank {self.rank}/{self.world_size}: {what} did not complete within "
+                    f"{self.timeout_s:g} s: another rank died or stalled; stopping "
+                    "(--dp-timeout sets the limit)")
+            spins += 1
+            if spins > 64:
+                time.sleep(2e-5 if spins < 4096 else 1e-3)
+
+    def allreduce_sum(self, arrays, what):
+        if self.world_size == 1 or not arrays:
+            return
+        # one call per list: pack several small arrays into one contiguous buffer
+        if len(arrays) == 1 and arrays[0].flags.c_contiguous:
+            buf, packed = arrays[0].reshape(-1), False
+        else:
+            buf, packed = np.concatenate([a.reshape(-1) for a in arrays]), True
+        self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), what)
+        if packed:
+            o = 0
+            for a in arrays:
+                a[...] = buf[o:o + a.size].reshape(a.shape)
+                o += a.size
+
+    def allgather(self, value, what):
+        if self.world_size == 1:
+            return [value]
+        send = np.atleast_1d(np.asarray(value))
+        recv = np.empty((self.world_size, *send.shape), send.dtype)
+        self._wait(self.comm.Iallgather(send, recv), what)
+        return [r if np.ndim(value) else r[0] for r in recv]
+
+    def bcast_object(self, obj, root: int = 0):
+        return self.comm.bcast(obj, root=root)
+
+    def abort(self, code: int = 1) -> None:
+        if self.world_size > 1:
+            self.comm.Abort(code)
+
+
+def make_comm(engine: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):
+    """mpi | nccl | local | auto (nccl on a CUDA device, else mpi)."""
+    if engine == "auto":
+        engine = "nccl" if device == "cuda" else "mpi"
+    if engine == "local":
+        return LocalComm()
+    if engine == "mpi":
+        return MpiComm(timeout_s=timeout_s)
+    if engine == "nccl":
+        from .nccl import NcclComm
+        return NcclComm(timeout_s=timeout_s)
+    raise ValueError(f"unknown communication engine {engine!r}; expected mpi, nccl or local")

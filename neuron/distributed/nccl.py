@@ -1,0 +1,119 @@
+"""NCCL communicator for one process per GPU (GPU-UNVERIFIED: written against CuPy's
+``cupy.cuda.nccl`` binding, never run on a GPU in this repository yet).
+
+Bootstrapped through MPI (mpi4py): rank 0 makes the NCCL unique id and broadcasts it. Each rank
+should see only its own GPU: call ``select_local_gpu()`` before CuPy is first imported (it sets
+CUDA_VISIBLE_DEVICES from the launcher's local rank), so device 0 of every process is its GPU and
+the executor's arena lands there.
+
+All-reduces run on the device's compute stream, in order with the kernels (the gradient the hook
+reduces was written there; the update that follows reads the result there). An NCCL group
+batches a layer's gradients into one launch. The timeout polls an event recorded after the
+collective; on expiry the communicator is aborted (ncclCommAbort) so no kernel stays stuck.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .comm import (DEFAULT_TIMEOUT_S, CollectiveTimeoutError, Communicator, DistributedError,
+                   MpiComm)
+
+_LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
+                    "SLURM_LOCALID", "LOCAL_RANK")
+
+
+def local_rank() -> int:
+    for v in _LOCAL_RANK_VARS:
+        if v in os.environ:
+            return int(os.environ[v])
+    return 0
+
+
+def select_local_gpu() -> int:
+    """Restrict this process to the GPU of its local rank (before CuPy initializes CUDA)."""
+    lr = local_rank()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [s for s in visible.split(",") if s] if visible else None
+    if ids is not None:
+        if lr >= len(ids):
+            raise DistributedError(f"local rank {lr} has no GPU: CUDA_VISIBLE_DEVICES={visible}")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[lr]
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(lr)
+    return lr
+
+
+class NcclComm(Communicator):
+    engine = "nccl"
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, stream=None):
+        import cupy as cp
+        from cupy.cuda import nccl
+        self._cp, self._nccl = cp, nccl
+        self.host = MpiComm(timeout_s=timeout_s)        # bootstrap + host-side collectives
+        self.rank, self.world_size = self.host.rank, self.host.world_size
+        self.timeout_s = float(timeout_s)
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = self.host.bcast_object(uid, root=0)
+        self.comm = nccl.NcclCommunicator(self.world_size, uid, self.rank)
+        self._pending = None
+        self.stream = stream            # None: CuPy's current stream (the device's compute)
+        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32,
+                       np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                       np.dtype(np.float16): nccl.NCCL_FLOAT16}
+
+    def _stream(self):
+        return self.stream if self.stream is not None else self._cp.cuda.get_current_stream()
+
+    def allreduce_sum(self, arrays, what):
+        if not arrays:
+            return
+        nccl, stream = self._nccl, self._stream()
+        nccl.groupStart()
+        try:
+            for a in arrays:
+                if not a.flags.c_contiguous:
+                    raise DistributedError(f"{what}: NCCL needs contiguous arrays, got strides "
+                                           f"{a.strides} for shape {a.shape}")
+                dt = self._types.get(np.dtype(a.dtype))
+                if dt is None:
+                    raise DistributedError(f"{what}: no NCCL type for dtype {a.dtype}")
+                self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, dt, nccl.NCCL_SUM,
+                                    stream.ptr)
+        finally:
+            nccl.groupEnd()
+        # no host wait here: the update that reads the result is queued behind it on the same
+        # stream, so backward goes on; flush() bounds the wait once per iteration
+        self._pending = (stream.record(), what)
+
+    def flush(self, what):
+        if getattr(self, "_pending", None) is not None:
+            event, last = self._pending
+            self._pending = None
+            self._wait(event, f"{what} (last: {last})")
+
+    def _wait(self, event, what):
+        deadline = time.monotonic() + self.timeout_s
+        while not event.done:
+            self.comm.check_async_error()
+            if time.monotonic() > deadline:
+                self.comm.abort()
+                raise CollectiveTimeoutError(
+                    f"rank {self.rank}/{self.world_size}: {what} (NCCL) did not complete within "
+                    f"{self.timeout_s:g} s: another rank died or stalled; communicator aborted")
+            time.sleep(1e-5)
+
+    def allgather(self, value, what):
+        return self.host.allgather(value, what)
+
+    def bcast_object(self, obj, root: int = 0):
+        return self.host.bcast_object(obj, root)
+
+    def abort(self, code: int = 1) -> None:
+        try:
+            self.comm.abort()
+        finally:
+            self.host.abort(code)

@@ -1,0 +1,40 @@
+"""Run under `mpirun -n K python tests/distributed/_worker.py OUT MODE`: trains a small network
+data-parallel for 3 steps and saves each rank's parameters to OUT/rank{r}.npz.
+
+MODE: plain (no BN) | syncbn (BN, --sync-bn) | die (rank 1 kills itself at iteration 2) |
+stall (rank 1 stops taking part at iteration 2; short collective timeout)."""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from nets import STEPS, global_batches, make_executor  # noqa: E402
+
+from neuron.distributed import DataParallel, DistributedError, MpiComm  # noqa: E402
+
+
+def main(out, mode, batch):
+    comm = MpiComm(timeout_s=3.0 if mode == "stall" else 60.0)
+    ex = make_executor(batch, bn=mode == "syncbn")
+    dp = DataParallel(ex, comm, sync_bn=mode == "syncbn", check_every=1)
+    losses = []
+    try:
+        for it, (xg, yg) in enumerate(global_batches(batch * comm.world_size)):
+            if it == 2 and comm.rank == 1 and mode == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if it == 2 and comm.rank == 1 and mode == "stall":
+                time.sleep(60)
+            losses.append(dp.train_step(*dp.shard(xg, yg)))
+    except DistributedError as e:
+        print(f"neuron: error: {e}", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        comm.abort(3)
+    np.savez(os.path.join(out, f"rank{comm.rank}.npz"), losses=np.array(losses),
+             **{k.replace(":", "__"): v for k, v in ex.state_dict().items()})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4)
