@@ -13,7 +13,9 @@ needs it.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -106,6 +108,10 @@ class MpiComm(Communicator):
         handler between the polls of _wait, where it turns into a RankFailureError."""
         def on_failure(signum, frame):
             self._failed = signum
+            # say it now: MPI may end this process before the error reaches the caller
+            os.write(2, f"neuron: rank {self.rank}/{self.world_size}: another rank of the "
+                     "data-parallel job died (the MPI launcher signalled a process failure); "
+                     "stopping\n".encode())
         try:
             signal.signal(signal.SIGUSR1, on_failure)
         except ValueError:          # not the main thread: rely on the timeout alone
@@ -116,12 +122,17 @@ class MpiComm(Communicator):
         share the cores here) get to run."""
         deadline = time.monotonic() + self.timeout_s
         spins = 0
-        while not req.Test():
-            if self._failed is not None:
+        status = self.MPI.Status()
+        while True:
+            done = req.Test(status)
+            # a collective with a dead peer can "complete" with garbage: never trust it
+            if self._failed is not None or (done and status.Get_error() != self.MPI.SUCCESS):
                 raise RankFailureError(
                     f"rank {self.rank}/{self.world_size}: another rank of the data-parallel job "
                     f"died (the MPI launcher signalled a process failure) during {what}; "
                     "stopping")
+            if done:
+                return
             if time.monotonic() > deadline:
                 raise CollectiveTimeoutError(
                     f"rank {self.rank}/{self.world_size}: {what} did not complete within "
@@ -159,7 +170,9 @@ class MpiComm(Communicator):
 
     def abort(self, code: int = 1) -> None:
         if self.world_size > 1:
+            sys.stderr.flush()
             self.comm.Abort(code)
+            os._exit(code)          # MPI_Abort may return before the launcher ends us
 
 
 def make_comm(engine: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):

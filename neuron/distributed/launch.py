@@ -1,0 +1,78 @@
+"""The command line's side of data parallelism: options, communicator set-up before the device
+exists (a GPU rank must pick its GPU first), and stopping every rank when one fails."""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from .comm import DEFAULT_TIMEOUT_S
+
+
+def add_train_arguments(p) -> None:
+    p.add_argument("--data-parallel", action="store_true",
+                   help="one replica per process, launched by `mpirun -n K` (CPU: MPI; GPU: "
+                   "NCCL, one process per GPU); --batch is per rank")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="with --data-parallel: BatchNorm statistics of the global batch "
+                   "(default: per replica, as PyTorch DDP)")
+    p.add_argument("--dp-engine", choices=["auto", "mpi", "nccl"], default="auto",
+                   help="collectives: nccl on cuda, mpi on cpu (auto)")
+    p.add_argument("--dp-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds a collective waits for the other ranks before stopping "
+                   f"(default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--dp-check-every", type=int, default=100,
+                   help="check that all ranks hold identical parameters every N iterations "
+                   "(0: never; default 100)")
+
+
+def add_plan_arguments(p) -> None:
+    p.add_argument("--data-parallel", type=int, default=None, metavar="K",
+                   help="add the ring all-reduce time of K data-parallel ranks per iteration")
+    p.add_argument("--link-gbps", type=float, default=100.0,
+                   help="per-link bandwidth for --data-parallel in Gbit/s (default 100)")
+
+
+def make_train_comm(args):
+    """The communicator for `neuron train --data-parallel` (None without it). On cuda the
+    process is first restricted to its local rank's GPU, before CuPy touches CUDA."""
+    if not args.data_parallel:
+        if args.sync_bn:
+            raise ValueError("--sync-bn needs --data-parallel")
+        return None
+    from ..devices import cuda_available
+    if args.dp_engine == "nccl" or args.device in ("cuda", "auto"):
+        from .nccl import select_local_gpu
+        select_local_gpu()      # before CUDA initializes: this rank sees only its GPU
+    engine = args.dp_engine
+    if engine == "auto":
+        gpu = args.device == "cuda" or (args.device == "auto" and cuda_available())
+        engine = "nccl" if gpu else "mpi"
+    from .comm import make_comm
+    return make_comm(engine, timeout_s=args.dp_timeout)
+
+
+@contextlib.contextmanager
+def stop_all_ranks_on_error(comm, command: str):
+    """A rank that fails must not leave the others blocked in a collective: print the error
+    here (only this rank knows it) and abort the whole job."""
+    try:
+        yield
+    except BaseException as e:
+        if comm is not None and comm.world_size > 1:
+            print(f"neuron {command}: error on rank {comm.rank}: {e}", file=sys.stderr,
+                  flush=True)
+            comm.abort(2)
+        raise
+
+
+def plan_allreduce(args, graph, result: dict) -> None:
+    """Add the all-reduce time model of `plan --data-parallel K` to a plan's result."""
+    if args.data_parallel is None:
+        return
+    if args.data_parallel < 1:
+        raise ValueError(f"--data-parallel must be >= 1 ranks, got {args.data_parallel}")
+    import numpy as np
+    from .cost import allreduce_plan
+    dp = allreduce_plan(graph, np.float32, args.data_parallel, args.link_gbps)
+    result["data_parallel"] = dp
+    result["allreduce_time_s"] = dp["allreduce_time_s"]

@@ -1,0 +1,97 @@
+"""Data-parallel training under `mpirun -n 2` (CPU, MPI from the mpich + mpi4py wheels):
+equivalence with one process at twice the batch, bitwise-identical replicas, failures that stop
+the job instead of hanging. Each MPI case is one short job (a few seconds)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from nets import global_batches, make_executor
+
+pytest.importorskip("mpi4py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the launcher that came with the MPI next to this interpreter (the mpich wheel), else PATH's
+MPIEXEC = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+           or shutil.which("mpiexec"))
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'neuron[mpi]')")
+JOB_LIMIT_S = 120
+
+
+def mpirun(*args, n=2, timeout=JOB_LIMIT_S):
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # -disable-auto-cleanup: the launcher signals the survivors of a dead rank instead of
+    # killing them, so they get to say what happened
+    cmd = [MPIEXEC, "-disable-auto-cleanup", "-n", str(n), sys.executable, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=env)
+
+
+def worker(tmp_path, mode, batch=4):
+    t0 = time.monotonic()
+    r = mpirun(os.path.join(HERE, "_worker.py"), str(tmp_path), mode, str(batch))
+    return r, time.monotonic() - t0
+
+
+def load(path):
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("bn", [False, True], ids=["no_bn", "sync_bn"])
+def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, bn):
+    b = 4
+    r, _ = worker(tmp_path, "syncbn" if bn else "plain", b)
+    assert r.returncode == 0, r.stderr
+    ranks = [load(tmp_path / f"rank{i}.npz") for i in range(2)]
+    single = make_executor(2 * b, bn)
+    losses = [single.train_step(x, y) for x, y in global_batches(2 * b)]
+    # the reported loss is the global batch's mean
+    np.testing.assert_allclose(ranks[0]["losses"], losses, rtol=1e-5)
+    state = single.state_dict()
+    assert len(state) == len(ranks[0]) - 1
+    for name, want in state.items():
+        key = name.replace(":", "__")
+        # the replicas: bitwise identical
+        assert ranks[0][key].tobytes() == ranks[1][key].tobytes(), name
+        # against one process at 2b: float32 rounding of a differently ordered sum
+        np.testing.assert_allclose(ranks[0][key], want, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_killed_rank_stops_the_other_with_a_clear_error(tmp_path):
+    r, seconds = worker(tmp_path, "die")
+    assert r.returncode != 0
+    # rank 0 says so as soon as the launcher signals it; MPI sometimes ends rank 0 before
+    # it can, and then the launcher's own line names the dead rank's signal
+    assert ("rank 0/2: another rank of the data-parallel job died" in r.stderr
+            or "Killed (signal 9)" in r.stdout), (r.stdout, r.stderr)
+    assert not (tmp_path / "rank0.npz").exists()
+    assert seconds < 60
+
+
+def test_a_stalled_rank_times_out_naming_the_collective(tmp_path):
+    r, seconds = worker(tmp_path, "stall")
+    assert r.returncode != 0
+    assert "all-reduce of fc2's gradients (iteration 2) did not complete within 3 s" in r.stderr
+    assert seconds < 60         # the stalled rank sleeps 60 s: the abort ended it
+
+
+def test_cli_train_data_parallel_reports_global_batch_and_checkpoints_once(tmp_path):
+    ck = tmp_path / "ck.npz"
+    r = mpirun("-m", "neuron", "train", "resnet_cifar", "--depth", "8", "--batch", "4",
+               "--iters", "2", "--data-parallel", "--sync-bn", "--no-progress", "--device",
+               "cpu", "--dp-check-every", "1", "--checkpoint", str(ck), "--json")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(s) for s in r.stdout.splitlines() if s.startswith("{")]
+    assert len(lines) == 1                  # rank 0 reports for the job
+    res = lines[0]
+    assert res["world_size"] == 2 and res["global_batch"] == 8 and res["sync_bn"]
+    assert res["engine"] == "mpi" and res["allreduce_calls"] > 0
+    assert ck.exists()
+    # only rank 0 wrote: no second temp file was left behind or renamed over it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]

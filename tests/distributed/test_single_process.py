@@ -1,0 +1,102 @@
+"""Data parallelism without MPI: a world of one through the same code path, the replica check,
+the all-reduce time model, and the plan/CLI wiring."""
+import json
+
+import numpy as np
+import pytest
+
+from nets import global_batches, make_executor
+
+from neuron.cli import main
+from neuron.distributed import (DataParallel, LocalComm, ParameterDivergenceError,
+                                ring_allreduce_seconds)
+from neuron.distributed.comm import make_comm
+from neuron.distributed.cost import allreduce_plan
+from neuron.models import build_model
+
+
+def test_world_of_one_is_plain_training_bitwise():
+    plain, wrapped = make_executor(4, True), make_executor(4, True)
+    dp = DataParallel(wrapped, LocalComm(), sync_bn=True, check_every=1)
+    for x, y in global_batches(4):
+        assert plain.train_step(x, y) == dp.train_step(*dp.shard(x, y))
+    a, b = plain.state_dict(), wrapped.state_dict()
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+class FakeTwoRanks(LocalComm):
+    """Rank 0 of two, where rank 1's copy of one tensor differs."""
+    world_size = 2
+
+    def __init__(self, corrupt_index):
+        self.corrupt_index = corrupt_index
+
+    def allgather(self, value, what):
+        other = np.array(value, copy=True)
+        if np.ndim(other) and self.corrupt_index is not None:
+            other[self.corrupt_index] += 1
+        return [value, other]
+
+
+def test_diverged_replicas_name_the_first_differing_tensor():
+    ex = make_executor(4, False)
+    dp = DataParallel(ex, FakeTwoRanks(None), check_every=0)     # agree at start
+    names = [t.name for t in ex.state_tensors]
+    dp.comm.corrupt_index = 3
+    with pytest.raises(ParameterDivergenceError, match=rf"tensor {names[3]} differs on "
+                       r"rank\(s\) \[1\]"):
+        dp.check_parameters()
+
+
+def test_shard_checks_the_global_batch():
+    dp = DataParallel(make_executor(4, False), FakeTwoRanks(None), check_every=0)
+    x, y = next(global_batches(8))
+    xs, ys = dp.shard(x, y)
+    assert np.array_equal(xs, x[:4]) and np.array_equal(ys, y[:4])
+    with pytest.raises(ValueError, match="2 ranks x batch 4 need 8"):
+        dp.shard(x[:6], y[:6])
+
+
+def test_ring_allreduce_model():
+    gb = 1e9
+    # 2 ranks: each sends half of the bytes twice -> n / bandwidth
+    assert ring_allreduce_seconds(gb, 2, 8.0, latency_s=0) == pytest.approx(1.0)
+    # many ranks: approaches 2 n / bandwidth; latency is paid 2(K-1) times per call
+    assert ring_allreduce_seconds(gb, 1000, 8.0, latency_s=0) == pytest.approx(1.998)
+    assert ring_allreduce_seconds(0, 4, 8.0) == 0.0
+    assert ring_allreduce_seconds(gb, 1, 8.0) == 0.0
+    assert (ring_allreduce_seconds(gb, 4, 8.0, latency_s=1e-3, calls=10)
+            - ring_allreduce_seconds(gb, 4, 8.0, latency_s=0)) == pytest.approx(10 * 6 * 1e-3)
+    for bad in [dict(nbytes=-1, world_size=2, link_gbps=1), dict(nbytes=1, world_size=0,
+                link_gbps=1), dict(nbytes=1, world_size=2, link_gbps=0)]:
+        with pytest.raises(ValueError):
+            ring_allreduce_seconds(**bad)
+
+
+def test_allreduce_plan_counts_trainable_gradients_per_layer():
+    g = build_model("resnet_cifar", depth=8)
+    d = allreduce_plan(g, np.float32, 4, 100)
+    trainable = sum(int(np.prod(s.shape)) for _, _, _, s in g.params() if s.trainable)
+    running_stats = sum(int(np.prod(s.shape)) for _, _, _, s in g.params() if not s.trainable)
+    assert running_stats > 0 and d["allreduce_bytes"] == 4 * trainable      # not BN's buffers
+    assert d["allreduce_calls"] == len({l.name for _, l, _, s in g.params() if s.trainable})
+
+
+def test_plan_json_has_allreduce_time(capsys):
+    rc = main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget",
+               "--data-parallel", "4", "--link-gbps", "10", "--json"])
+    out = capsys.readouterr().out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and "all-reduce (ring, 4 ranks, 10 Gbit/s)" in out
+    assert r["allreduce_time_s"] == pytest.approx(ring_allreduce_seconds(
+        r["data_parallel"]["allreduce_bytes"], 4, 10, calls=r["data_parallel"]["allreduce_calls"]))
+
+
+def test_sync_bn_needs_data_parallel(capsys):
+    assert main(["train", "resnet_cifar", "--depth", "8", "--iters", "1", "--sync-bn"]) == 2
+    assert "--sync-bn needs --data-parallel" in capsys.readouterr().err
+
+
+def test_unknown_engine():
+    with pytest.raises(ValueError, match="unknown communication engine 'tcp'"):
+        make_comm("tcp")
