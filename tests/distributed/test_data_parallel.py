@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from nets import global_batches, make_executor
+from dp_nets import global_batches, make_executor
 
 pytest.importorskip("mpi4py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
