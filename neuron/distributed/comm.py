@@ -13,6 +13,7 @@ needs it.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -115,7 +116,10 @@ class MpiComm(Communicator):
         try:
             signal.signal(signal.SIGUSR1, on_failure)
         except ValueError:          # not the main thread: rely on the timeout alone
-            pass
+            return
+        # a rank that finishes first also makes the launcher signal the others (in their
+        # MPI_Finalize): from a normal exit on, the signal means nothing
+        atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
 
     def _wait(self, req, what: str):
         """Poll a request until done; sleep a little between polls so that the peers (which
@@ -143,19 +147,17 @@ class MpiComm(Communicator):
                 time.sleep(2e-5 if spins < 4096 else 1e-3)
 
     def allreduce_sum(self, arrays, what):
+        """In place, one non-blocking collective per array, all in flight together: no
+        staging buffer outside the arena (the arrays are the plan's own gradient tensors)."""
         if self.world_size == 1 or not arrays:
             return
-        # one call per list: pack several small arrays into one contiguous buffer
-        if len(arrays) == 1 and arrays[0].flags.c_contiguous:
-            buf, packed = arrays[0].reshape(-1), False
-        else:
-            buf, packed = np.concatenate([a.reshape(-1) for a in arrays]), True
-        self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), what)
-        if packed:
-            o = 0
-            for a in arrays:
-                a[...] = buf[o:o + a.size].reshape(a.shape)
-                o += a.size
+        for a in arrays:
+            if not a.flags.c_contiguous:
+                raise DistributedError(f"{what}: MPI all-reduce needs contiguous arrays, got "
+                                       f"strides {a.strides} for shape {a.shape}")
+        reqs = [self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM) for a in arrays]
+        for r in reqs:
+            self._wait(r, what)
 
     def allgather(self, value, what):
         if self.world_size == 1:
@@ -171,6 +173,7 @@ class MpiComm(Communicator):
     def abort(self, code: int = 1) -> None:
         if self.world_size > 1:
             sys.stderr.flush()
+            time.sleep(0.5)         # let the launcher forward the error line before the kill
             self.comm.Abort(code)
             os._exit(code)          # MPI_Abort may return before the launcher ends us
 

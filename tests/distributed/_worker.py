@@ -1,7 +1,8 @@
 """Run under `mpirun -n K python tests/distributed/_worker.py OUT MODE`: trains a small network
 data-parallel for 3 steps and saves each rank's parameters to OUT/rank{r}.npz.
 
-MODE: plain (no BN) | syncbn (BN, --sync-bn) | die (rank 1 kills itself at iteration 2) |
+MODE: plain (no BN) | syncbn (BN, --sync-bn) | offload (no BN; superneurons policy with
+parameters offloaded to the host under a tight budget) | die (rank 1 kills itself at iteration 2) |
 stall (rank 1 stops taking part at iteration 2; short collective timeout)."""
 import os
 import signal
@@ -18,7 +19,10 @@ from neuron.distributed import DataParallel, DistributedError, MpiComm  # noqa: 
 
 def main(out, mode, batch):
     comm = MpiComm(timeout_s=3.0 if mode == "stall" else 60.0)
-    ex = make_executor(batch, bn=mode == "syncbn")
+    kw = {}
+    if mode == "offload":       # the arena holds one layer's parameters at a time
+        kw = dict(policy="superneurons", offload_params=True, budget=40 * 1024)
+    ex = make_executor(batch, bn=mode == "syncbn", **kw)
     dp = DataParallel(ex, comm, sync_bn=mode == "syncbn", check_every=1)
     losses = []
     try:

@@ -43,10 +43,12 @@ def load(path):
         return {k: z[k] for k in z.files}
 
 
-@pytest.mark.parametrize("bn", [False, True], ids=["no_bn", "sync_bn"])
-def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, bn):
-    b = 4
-    r, _ = worker(tmp_path, "syncbn" if bn else "plain", b)
+@pytest.mark.parametrize("mode", ["plain", "syncbn", "offload"])
+def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, mode):
+    """plain: no BN; syncbn: BN with --sync-bn; offload: no BN, each rank under a tight budget
+    with parameters offloaded (the all-reduce runs on gradients the pool placed)."""
+    b, bn = 4, mode == "syncbn"
+    r, _ = worker(tmp_path, mode, b)
     assert r.returncode == 0, r.stderr
     ranks = [load(tmp_path / f"rank{i}.npz") for i in range(2)]
     single = make_executor(2 * b, bn)
