@@ -18,7 +18,6 @@ import zlib
 
 import numpy as np
 
-from ..memory.tensors import Kind
 from .comm import Communicator, ParameterDivergenceError
 from .sync_bn import SyncBatchNormKernels
 
@@ -44,7 +43,9 @@ class DataParallel:
         executor.dp = self
         self.allreduce_calls = 0
         self.allreduce_bytes = 0
-        self.broadcast_parameters()
+        # every rank initialized from the same seed: instead of sending the weights, check that
+        # they agree (cheap, and it catches a rank that built a different network)
+        self.check_parameters(when="at start")
 
     # ---- executor hooks ------------------------------------------------------------
     def kernels(self, base):
@@ -92,11 +93,6 @@ class DataParallel:
     def _state(self):
         return [(t.name, t) for t in self.ex.state_tensors]
 
-    def broadcast_parameters(self) -> None:
-        """Start identical: every rank initializes from the same seed, so instead of sending
-        the weights this checks that they agree (cheap, and catches a rank built differently)."""
-        self.check_parameters(when="at start")
-
     def check_parameters(self, when: str | None = None) -> None:
         """Compare a CRC of every parameter, buffer and optimizer-state tensor with rank 0's;
         raise naming the first tensor (in route order) that differs on any rank."""
@@ -121,7 +117,3 @@ class DataParallel:
                 raise ParameterDivergenceError(
                     f"rank {self.rank}: replicas diverged {when}: tensor {name} differs on "
                     f"rank(s) {bad} from rank 0 (first diverging of {len(names)} state tensors)")
-
-    def grad_bytes(self) -> int:
-        return sum(t.nbytes for t in self.ex.schedule.param_grads.values()
-                   if t.kind is Kind.PARAM_GRAD)
