@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dp_nets import STEPS, global_batches, make_executor  # noqa: E402
+from dp_nets import global_batches, make_executor  # noqa: E402
 
 from neuron.distributed import DataParallel, DistributedError, MpiComm  # noqa: E402
 

@@ -1,6 +1,9 @@
 """Data parallelism without MPI: a world of one through the same code path, the replica check,
 the all-reduce time model, and the plan/CLI wiring."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -117,3 +120,20 @@ def test_fit_data_parallel_resumes_identically(tmp_path):
     run(stop_at=3, checkpoint=str(tmp_path / "ck.npz"))
     resumed = run(resume=str(tmp_path / "ck.npz"))
     assert all(straight[k].tobytes() == resumed[k].tobytes() for k in straight)
+
+
+def test_cpu_data_parallel_never_imports_cupy():
+    """MPI world of one (singleton), sync-BN on: the CPU path must not touch CuPy."""
+    pytest.importorskip("mpi4py")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    code = (f"import sys; sys.path[:0] = [{root!r}, {here!r}]\n"
+            "from dp_nets import global_batches, make_executor\n"
+            "from neuron.distributed import DataParallel, make_comm\n"
+            "dp = DataParallel(make_executor(4, True), make_comm('auto', device='cpu'), "
+            "sync_bn=True)\n"
+            "x, y = next(global_batches(4)); dp.train_step(x, y)\n"
+            "assert 'cupy' not in sys.modules, 'cupy imported'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
