@@ -105,7 +105,7 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
               "seconds": elapsed, "peak_bytes": ex.pool.high_water,
               "planned_peak_bytes": ex.planned["peak_bytes"] if ex.planned else None,
               "arena_bytes": ex.device.arena_bytes}
-    if test is not None:
+    if test is not None and (dp is None or dp.rank == 0):     # replicas are identical
         tl, acc = evaluate(ex, test)
         result.update(test_loss=tl, test_accuracy=acc)
     return result
