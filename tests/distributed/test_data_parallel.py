@@ -79,7 +79,7 @@ def test_a_killed_rank_stops_the_other_with_a_clear_error(tmp_path):
 def test_a_stalled_rank_times_out_naming_the_collective(tmp_path):
     r, seconds = worker(tmp_path, "stall")
     assert r.returncode != 0
-    assert "all-reduce of fc2's gradients (iteration 2) did not complete within 3 s" in r.stderr
+    assert "all-reduce of fc2's gradients (iteration 2) did not complete within 5 s" in r.stderr
     assert seconds < 60         # the stalled rank sleeps 60 s: the abort ended it
 
 
