@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The GPU contact kit: verify and measure neuron's whole GPU path in stages.
+#
+#   bash bench/gpu_contact.sh OUTDIR STAGE...
+#
+# Stages: env install tests models throughput pressure pool confirm (or "all"). Each stage runs
+# under its own `timeout`, writes <stage>.log and <stage>.json, never stops the stages after it,
+# and prints a one-line verdict. OUTDIR receives just two files, rewritten after every stage (so a
+# command killed at its limit still leaves what finished): contact-<stages>.tar.gz (every log,
+# JSON and junit file) and summary-<stages>.json (the verdicts). A device machine returns at most
+# 8 files from $OUT; two per command leaves room for the three commands' outputs side by side.
+#
+# Planned use on a fresh GPU machine (10 minutes per command):
+#   bash bench/gpu_contact.sh $OUT env install tests
+#   bash bench/gpu_contact.sh $OUT models throughput pool
+#   bash bench/gpu_contact.sh $OUT pressure confirm
+# then, here: python bench/import_gpu_results.py <the fetched folders or tarballs>
+#
+# Environment: PYTHON (default python3), NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
+# the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does), and
+# TIMEOUT_<STAGE> (seconds) overrides a stage's limit.
+set -u
+cd "$(dirname "$0")/.."
+
+if [ $# -lt 2 ]; then
+    echo "usage: bash bench/gpu_contact.sh OUTDIR STAGE... (env install tests models throughput" \
+         "pressure pool confirm, or all)" >&2
+    exit 2
+fi
+OUTDIR=$1; shift
+STAGES=("$@")
+if [ "${STAGES[0]}" = "all" ]; then
+    STAGES=(env install tests models throughput pressure pool confirm)
+fi
+PY=${PYTHON:-python3}
+command -v "$PY" >/dev/null 2>&1 || PY=python
+DEV=${NEURON_CONTACT_DEVICE:-cuda}
+SMOKE=()
+[ -n "${NEURON_CONTACT_SMOKE:-}" ] && SMOKE=(--smoke)
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUTDIR"
+RAW=$(mktemp -d "${TMPDIR:-/tmp}/neuron_contact.XXXXXX")
+LABEL=$(IFS=-; echo "${STAGES[*]}")
+SUMMARY_LINES=()
+
+# default limits (seconds): each planned command's stages sum to at most 550 of its 600
+declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=200 [throughput]=290 [pool]=60
+                  [pressure]=250 [confirm]=300)
+
+pack() {
+    # the summary first (the tarball holds it too), each written then moved: never half a file
+    "$PY" - "$RAW" "$OUTDIR/summary-$LABEL.json" <<'EOF'
+import json, os, sys
+raw, dst = sys.argv[1], sys.argv[2]
+rows = [json.loads(l) for l in open(os.path.join(raw, "stages.jsonl"))] \
+    if os.path.exists(os.path.join(raw, "stages.jsonl")) else []
+with open(dst + ".tmp", "w") as f:
+    json.dump({"kit": "gpu_contact", "stages": rows}, f, indent=1)
+os.replace(dst + ".tmp", dst)
+EOF
+    cp "$OUTDIR/summary-$LABEL.json" "$RAW/summary-$LABEL.json"
+    tar -czf "$OUTDIR/.contact.tmp" -C "$RAW" . && mv "$OUTDIR/.contact.tmp" "$OUTDIR/contact-$LABEL.tar.gz"
+}
+
+ensure_built() {
+    # a later command on a fresh machine: the extension of the install stage is gone
+    "$PY" -c "import neuron.memory._heap" 2>/dev/null && return 0
+    echo "[kit] building the heap extension first"
+    "$PY" -m pip install --no-build-isolation --no-deps -e . \
+        || "$PY" setup.py build_ext --inplace
+}
+
+stage_cmd() {
+    local s=$1
+    case $s in
+        env)        "$PY" bench/gpu_env.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        install)    "$PY" bench/gpu_install.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        tests)      ensure_built && "$PY" bench/gpu_tests.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        models)     ensure_built && "$PY" bench/gpu_models.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        throughput) ensure_built && "$PY" bench/throughput.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        pressure)   ensure_built && "$PY" bench/gpu_pressure.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        pool)       ensure_built && "$PY" bench/pool_vs_malloc.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        confirm)    ensure_built && "$PY" bench/gpu_confirm.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        *)          echo "unknown stage $s"; return 2 ;;
+    esac
+}
+
+for s in "${STAGES[@]}"; do
+    var="TIMEOUT_${s^^}"
+    lim=${!var:-${LIMIT[$s]:-300}}
+    t0=$(date +%s)
+    echo "=== stage $s (limit ${lim}s) ==="
+    # export -f lets `timeout` run the shell function in a child bash
+    export -f stage_cmd ensure_built
+    export PY DEV RAW
+    export SMOKE_FLAG="${SMOKE[*]}"
+    timeout --kill-after=10 "$lim" bash -c 'SMOKE=($SMOKE_FLAG); stage_cmd "$0"' "$s" \
+        >"$RAW/$s.log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    verdict=$("$PY" - "$RAW/$s.json" "$rc" "$s" <<'EOF'
+import json, os, sys
+path, rc, stage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if rc in (124, 137):
+    why = "TIMEOUT"
+elif rc != 0:
+    why = f"CRASH (exit {rc})"
+else:
+    why = None
+if os.path.exists(path):
+    d = json.load(open(path))
+    v = d.get("verdict", "?")
+    print(f"{why}; last verdict: {v}" if why else v)
+else:
+    print(f"{why or 'NO RESULT'}: no {stage}.json (see {stage}.log)")
+EOF
+)
+    ok=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('ok', False))" \
+         "$RAW/$s.json" 2>/dev/null || echo False)
+    [ "$rc" -ne 0 ] && ok=False
+    "$PY" -c "import json,sys; print(json.dumps({'stage': sys.argv[1], 'rc': int(sys.argv[2]), 'seconds': int(sys.argv[3]), 'limit': int(sys.argv[4]), 'ok': sys.argv[5] == 'True', 'verdict': sys.argv[6]}))" \
+        "$s" "$rc" "$secs" "$lim" "$ok" "$verdict" >>"$RAW/stages.jsonl"
+    line="[$s] ${secs}s: $verdict"
+    SUMMARY_LINES+=("$line")
+    echo "$line"
+    [ "$ok" = "True" ] || tail -n 25 "$RAW/$s.log" | sed "s/^/    $s| /"
+    pack
+done
+
+echo
+echo "=== gpu_contact summary ($LABEL) -> $OUTDIR/contact-$LABEL.tar.gz ==="
+for l in "${SUMMARY_LINES[@]}"; do echo "$l"; done
+rm -rf "$RAW"
+exit 0
