@@ -10,12 +10,11 @@ three allocators:
   pays; cudaFree also synchronizes the device);
 * ``cupy-pool``: CuPy's default MemoryPool (a caching allocator, like PyTorch's).
 
-Optionally (``--train``), images/s of a real training iteration with the arena versus the same
-executor with one cudaMalloc per tensor.
+Then (unless ``--no-train``) images/s of real training iterations with the arena versus the
+same executor with one allocation per tensor (``MallocPool``).
 
-Prints a markdown table and writes the raw numbers with device, date and git commit to
-bench/results/pool_vs_malloc-<date>.json.  ``python bench/pool_vs_malloc.py --help`` works
-without a GPU.
+Stage `pool` of the GPU contact kit: writes <out>/pool.json. ``--device cpu --smoke`` runs the
+same code on the CPU (NumPy buffers stand in for cudaMalloc) so CI checks it.
 """
 from __future__ import annotations
 
@@ -36,19 +35,17 @@ MODELS = [("alexnet", 128), ("vgg16", 16), ("inception_v4", 16), ("resnet50", 16
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="*", default=[m for m, _ in MODELS],
-                   help="networks to replay (default: %(default)s)")
+    from gpu_kit import stage_parser
+    p = stage_parser(__doc__)
+    p.add_argument("--models", nargs="*", default=None,
+                   help="networks to replay (default: the SuperNeurons set)")
     p.add_argument("--batch", type=int, default=None,
                    help="override every model's batch (default: 128 AlexNet, 16 the others)")
     p.add_argument("--repeats", type=int, default=3, help="timed replays per allocator")
-    p.add_argument("--train", action="store_true",
-                   help="also time a training iteration: arena vs per-tensor cudaMalloc")
-    p.add_argument("--train-model", default="resnet50", help="network for --train")
+    p.add_argument("--no-train", action="store_true",
+                   help="skip timing training iterations (arena vs one allocation per tensor)")
+    p.add_argument("--train-model", default="resnet50", help="network for the training figure")
     p.add_argument("--train-iters", type=int, default=5)
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"),
-                   help="directory for the raw JSON")
     return p.parse_args(argv)
 
 
@@ -113,17 +110,18 @@ def replay_heap(ops, arena_bytes):
     return time.perf_counter() - t0, heap.high_water
 
 
-def replay_cudamalloc(cp, ops):
-    rt = cp.cuda.runtime
+def replay_malloc(memory: "DeviceMemory", ops, sync=lambda: None):
+    """One allocation per tensor, released at its last use (cudaMalloc/cudaFree on the GPU:
+    what a framework without a pool pays; cudaFree also synchronizes the device)."""
     where = {}
-    cp.cuda.Device().synchronize()
+    sync()
     t0 = time.perf_counter()
     for op, key, n in ops:
         if op == "a":
-            where[key] = rt.malloc(n)
+            where[key] = memory.malloc(n)
         else:
-            rt.free(where.pop(key))
-    cp.cuda.Device().synchronize()
+            del where[key]          # the last reference: CuPy's Memory calls cudaFree
+    sync()
     return time.perf_counter() - t0
 
 
@@ -146,35 +144,72 @@ def replay_cupy_pool(cp, ops):
     return dt
 
 
-def train_images_per_second(cp, name, batch, iters):
-    """Arena vs one cudaMalloc per tensor, same executor and kernels."""
-    import numpy as np
-    import neuron as nn
-    from neuron.executor import Executor
+class DeviceMemory:
+    """One allocation per call, the way a framework without a pool gets memory: cudaMalloc /
+    cudaFree through CuPy on the GPU, a fresh NumPy buffer on the CPU (tests of this script)."""
+
+    def __init__(self, device: str, cp=None):
+        self.device, self.cp = device, cp
+
+    def malloc(self, nbytes: int):
+        if self.device == "cuda":
+            return self.cp.cuda.Memory(max(int(nbytes), 1))      # one cudaMalloc
+        import numpy as np
+        return np.empty(max(int(nbytes), 1), np.uint8)
+
+    def view(self, mem, offset: int, shape, dtype):
+        import numpy as np
+        dtype = np.dtype(dtype)
+        if self.device == "cuda":
+            cp = self.cp
+            return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(mem, int(offset)))
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return mem[offset:offset + n].view(dtype).reshape(shape)
+
+
+def make_malloc_pool(memory: DeviceMemory):
+    """A Pool whose every tensor is its own allocation, freed at its last use (no arena). The
+    executor drives it through the same calls as the real pool: alloc (with ``pin`` for the
+    persistent blocks), free and free_all (the hot path), views of block members through their
+    parent, and raw workspace regions."""
     from neuron.memory.pool import Pool
 
     class MallocPool(Pool):
-        """Every tensor its own cudaMalloc, freed (cudaFree) at its last use."""
-
         def __init__(self, device, **kw):
             super().__init__(device, **kw)
             self.mem = {}
+            self.allocations = 0
 
-        def alloc(self, t, step=None):
-            self.mem[t.id] = cp.cuda.Memory(max(t.nbytes, 1))
+        def alloc(self, t, step=None, pin: bool = False):
+            if t.id in self.mem:
+                raise RuntimeError(f"{t.name} allocated twice")
+            self.mem[t.id] = memory.malloc(t.nbytes)
+            self.allocations += 1
             self.live[t.id] = t
             self.offset[t.id] = 0
+            if pin:
+                self.pinned.add(t.id)
             return self.view(t)
 
         def view(self, t):
-            return cp.ndarray(t.shape, t.dtype, memptr=cp.cuda.MemoryPointer(self.mem[t.id], 0))
+            if t.parent is not None:        # a member of a parameter block: inside its parent
+                return memory.view(self.mem[t.parent.id], t.byte_offset, t.shape, t.dtype)
+            return memory.view(self.mem[t.id], 0, t.shape, t.dtype)
 
         def free(self, t):
-            del self.mem[t.id], self.live[t.id], self.offset[t.id]
+            if t.id in self.mem:
+                del self.mem[t.id], self.live[t.id], self.offset[t.id]
+            self.pinned.discard(t.id)
+            self.locked.discard(t.id)
 
-        def alloc_bytes(self, nbytes, what, step=None):
-            key = ("raw", len(self.mem), what)
-            self.mem[key] = cp.cuda.Memory(nbytes)
+        def free_all(self, tensors):
+            for t in tensors:               # Pool.free_all would free heap offsets directly
+                self.free(t)
+
+        def alloc_bytes(self, nbytes, what=None, step=None):
+            key = ("raw", self.allocations, what)
+            self.mem[key] = memory.malloc(nbytes)
+            self.allocations += 1
             return key
 
         def free_bytes(self, key):
@@ -182,9 +217,19 @@ def train_images_per_second(cp, name, batch, iters):
 
         def raw_view(self, key, shape, dtype):
             """Stands in for device.view: the executor views workspaces by their 'offset'."""
-            return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self.mem[key], 0))
+            return memory.view(self.mem[key], 0, shape, dtype)
 
-    graph = build_model(name)
+    return MallocPool
+
+
+def train_images_per_second(name, batch, iters, device="cuda", cp=None, graph=None):
+    """Arena vs one allocation per tensor, same executor and kernels. A failure of one mode is
+    recorded as that mode's error; the other mode's figure is kept."""
+    import numpy as np
+    import neuron as nn
+    from neuron.executor import Executor
+
+    graph = graph if graph is not None else build_model(name)
     if graph is None:
         return {"error": f"neuron.models has no {name}"}
     shape = graph.inputs[0].shape
@@ -192,90 +237,115 @@ def train_images_per_second(cp, name, batch, iters):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *shape)).astype(np.float32)
     y = rng.integers(0, classes, batch)
+    memory = DeviceMemory(device, cp)
     out = {}
-    for mode in ("arena", "cudaMalloc"):
-        ex = Executor(graph, batch, device="cuda", optimizer=nn.SGD(lr=0.01, momentum=0.9))
-        if mode == "cudaMalloc":
-            # the same executor on a pool without an arena (private API: a benchmark only)
-            ex.pool = MallocPool(ex.device)
-            ex._alloc_persistent()
-            ex.device.view = ex.pool.raw_view
-        ex.train_step(x, y)                     # warm-up: algorithm search, kernel compilation
-        ex.device.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            ex.train_step(x, y)
-        ex.device.synchronize()
-        out[mode] = batch * iters / (time.perf_counter() - t0)
-        ex.device.close()
-        del ex
+    for mode in ("arena", "malloc"):
+        ex = None
+        try:
+            ex = Executor(graph, batch, device=device, optimizer=nn.SGD(lr=1e-6, momentum=0.9))
+            if mode == "malloc":
+                # the same executor on a pool without an arena (private API: a benchmark only)
+                ex.pool = make_malloc_pool(memory)(ex.device)
+                ex._alloc_persistent()
+                ex.device.view = ex.pool.raw_view
+            ex.train_step(x, y)                 # warm-up: algorithm search, kernel compilation
+            ex.device.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                ex.train_step(x, y)
+            ex.device.synchronize()
+            out[mode] = batch * iters / (time.perf_counter() - t0)
+            if mode == "malloc":
+                out["malloc_allocations"] = ex.pool.allocations
+        except Exception as e:                  # keep the figure of the mode that worked
+            out[mode + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            if ex is not None and hasattr(ex.device, "close"):
+                ex.device.close()
+            ex = None
+    if "arena" in out and "malloc" in out:
+        out["arena_over_malloc"] = out["arena"] / out["malloc"]
     return out
+
+
+SMOKE_MODELS = [("resnet_cifar", 2)]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import cupy as cp
-    if not cp.cuda.is_available():
-        sys.exit("pool_vs_malloc needs a CUDA GPU (cupy.cuda.is_available() is False)")
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    device = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    batches = dict(MODELS)
+    from gpu_kit import device_name, write_stage
+    cp = None
+    if args.device == "cuda":
+        import cupy as cp
+        if not cp.cuda.is_available():
+            sys.exit("pool_vs_malloc needs a CUDA GPU (cupy.cuda.is_available() is False); "
+                     "--device cpu runs its logic on the CPU")
+    memory = DeviceMemory(args.device, cp)
+    sync = cp.cuda.Device().synchronize if cp is not None else (lambda: None)
+    batches = dict(SMOKE_MODELS if args.smoke else MODELS)
+    names = args.models or list(batches)
     rows = []
-    for name in args.models:
+    for name in names:
         batch = args.batch or batches.get(name, 16)
-        graph = build_model(name)
+        graph = _smoke_graph(name) if args.smoke else build_model(name)
         if graph is None:
-            print(f"skipping {name}: not available in neuron.models", file=sys.stderr)
             rows.append({"model": name, "batch": batch, "error": "model not available"})
             continue
         persistent, ops = alloc_trace(graph, batch)
         arena = sum(n for _, n in persistent) + 2 * sum(n for op, _, n in ops if op == "a")
         res = {"model": name, "batch": batch, "ops": len(ops),
                "allocs": sum(op == "a" for op, _, _ in ops)}
-        for alloc, fn in (("neuron-heap", lambda: replay_heap(ops, arena)[0]),
-                          ("cudaMalloc", lambda: replay_cudamalloc(cp, ops)),
-                          ("cupy-pool", lambda: replay_cupy_pool(cp, ops))):
+        timers = [("neuron-heap", lambda: replay_heap(ops, arena)[0]),
+                  ("malloc", lambda: replay_malloc(memory, ops, sync))]
+        if cp is not None:
+            timers.append(("cupy-pool", lambda: replay_cupy_pool(cp, ops)))
+        for alloc, fn in timers:
             times = [fn() for _ in range(args.repeats)]
             res[alloc + "_ms"] = 1e3 * min(times)
             res[alloc + "_us_per_op"] = 1e6 * min(times) / max(len(ops), 1)
         res["heap_peak_bytes"] = replay_heap(ops, arena)[1]
+        res["malloc_over_heap"] = res["malloc_ms"] / max(res["neuron-heap_ms"], 1e-9)
         rows.append(res)
     train = None
-    if args.train:
-        try:
-            train = train_images_per_second(cp, args.train_model,
-                                            args.batch or batches.get(args.train_model, 16),
-                                            args.train_iters)
-        except Exception as e:                  # report, do not lose the replay numbers
-            train = {"error": f"{type(e).__name__}: {e}"}
+    if not args.no_train:
+        tname = "resnet_cifar" if args.smoke else args.train_model
+        train = train_images_per_second(
+            tname, args.batch or batches.get(tname, 16), 1 if args.smoke else args.train_iters,
+            device=args.device, cp=cp, graph=_smoke_graph(tname) if args.smoke else None)
 
-    print(f"\nAllocation cost per training iteration on {device} (min of {args.repeats})\n")
-    print("| model | batch | alloc+free ops | neuron heap ms | cudaMalloc ms | CuPy pool ms "
-          "| heap µs/op | cudaMalloc µs/op | CuPy µs/op |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    what = "cudaMalloc/cudaFree" if cp is not None else "np.empty per tensor (CPU stand-in)"
+    print(f"\nAllocation cost per training iteration (min of {args.repeats}); malloc = {what}\n")
+    print("| model | batch | alloc+free ops | neuron heap ms | malloc ms | CuPy pool ms "
+          "| malloc / heap |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['batch']} | {r['error']} | | | | | | |")
+            print(f"| {r['model']} | {r['batch']} | {r['error']} | | | | |")
             continue
+        pool_ms = r.get("cupy-pool_ms")
         print(f"| {r['model']} | {r['batch']} | {r['ops']} | {r['neuron-heap_ms']:.2f} | "
-              f"{r['cudaMalloc_ms']:.2f} | {r['cupy-pool_ms']:.2f} | "
-              f"{r['neuron-heap_us_per_op']:.2f} | {r['cudaMalloc_us_per_op']:.2f} | "
-              f"{r['cupy-pool_us_per_op']:.2f} |")
+              f"{r['malloc_ms']:.2f} | {f'{pool_ms:.2f}' if pool_ms else '-'} | "
+              f"{r['malloc_over_heap']:.1f} |")
     if train is not None:
-        print(f"\nTraining {args.train_model}: {json.dumps(train)}")
-        if "arena" in train:
-            print("\n| allocator | img/s |\n|---|---:|")
-            for k, v in train.items():
-                print(f"| {k} | {v:.1f} |")
+        print(f"\nTraining: {json.dumps(train)}")
+    ratios = [r["malloc_over_heap"] for r in rows if "malloc_over_heap" in r]
+    ok = bool(ratios) and len(ratios) == len(rows) and (train is None or "arena" in train)
+    verdict = (f"{'OK' if ok else 'FAIL'}: heap vs {what.split(' ')[0]} per iteration "
+               f"{min(ratios) if ratios else float('nan'):.1f}x to "
+               f"{max(ratios) if ratios else float('nan'):.1f}x faster "
+               f"({sum(x >= 10 for x in ratios)}/{len(rows)} at >= 10x)")
+    if train is not None:
+        verdict += (f"; training arena {train.get('arena', float('nan')):.1f} img/s vs malloc "
+                    f"{train.get('malloc', float('nan')):.1f}")
+    write_stage(args.out, "pool", ok, verdict, device=device_name(args.device),
+                smoke=args.smoke, malloc=what, rows=rows, train=train,
+                cupy=getattr(cp, "__version__", None))
 
-    now = _dt.datetime.now(_dt.timezone.utc)
-    result = {"bench": "pool_vs_malloc", "device": device, "date": now.isoformat(),
-              "git_commit": git_commit(), "cupy": cp.__version__, "rows": rows, "train": train}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"pool_vs_malloc-{now.strftime('%Y%m%dT%H%M%SZ')}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\nraw results: {path}")
+
+def _smoke_graph(name):
+    from neuron.models import build_model as registry
+    return registry(name, depth=8, in_shape=(3, 16, 16)) if name == "resnet_cifar" \
+        else build_model(name)
 
 
 if __name__ == "__main__":

@@ -1,203 +1,225 @@
-"""Training throughput, neuron vs PyTorch eager, same process, same GPU (GPU only).
+"""Stage `throughput` of the GPU contact kit: training img/s, neuron vs PyTorch eager, same GPU,
+same job, same model and batch, NCHW, convolution algorithms by measurement on both sides
+(cudnn.benchmark; cudnnFind*AlgorithmEx).
 
-ResNet-50 at batch 64 and ResNet-152 at batch 32, float32, SGD with momentum, synthetic ImageNet
-batches (3x224x224, 1000 classes). Both sides use the same TF32 setting (``--tf32``, off by
-default: exact float32 convolutions and GEMMs) and pick convolution algorithms by measurement
-(torch: ``cudnn.benchmark = True``; neuron: cudnnFind*AlgorithmEx). neuron runs first and gives
-its arena back before PyTorch starts, so neither side inherits the other's cached memory.
+Configurations: ResNet-50 at batch 64 and 128, VGG16 at batch 64, each in strict float32 and in
+TF32. Equal footing:
 
-Prints a markdown table (img/s and the neuron/torch ratio) and writes the raw numbers with device,
-date and git commit to bench/results/throughput-<date>.json. ``python bench/throughput.py --help``
-works without a GPU.
+* the same memory: neuron's arena is ``--memory`` bytes (default 60% of the GPU) and PyTorch's
+  caching allocator is capped at the same bytes (``set_per_process_memory_fraction``); each
+  side's cuDNN workspaces come out of that memory;
+* the same input path: the batch is a pageable NumPy array; every iteration copies it into a
+  pinned staging buffer and from there to the GPU asynchronously (neuron's ``train_step`` does
+  this inside; PyTorch does ``pinned.copy_(from_numpy(x)); x.to(cuda, non_blocking=True)``), and
+  both read the loss back once per iteration;
+* median over ``--runs`` (>= 5) timed runs of ``--iters`` (>= 10) iterations after ``--warmup``.
+
+The two precisions run in separate child processes: CuPy reads CUPY_TF32 once, when it sets up
+cuBLAS. Writes <out>/throughput.json with one ``neuron_over_pytorch`` per configuration.
+``--device cpu --smoke`` runs the same code with a tiny network on the CPU (both sides).
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import os
+import subprocess
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-sys.path.insert(0, ROOT)
-from bench._common import git_commit  # noqa: E402
+from gpu_kit import device_name, median, stage_parser, write_stage  # noqa: E402
 
-CASES = [("resnet50", 64), ("resnet152", 32)]
-BLOCKS = {"resnet50": [3, 4, 6, 3], "resnet101": [3, 4, 23, 3], "resnet152": [3, 8, 36, 3]}
+CONFIGS = [("resnet50", 64), ("resnet50", 128), ("vgg16", 64)]
+SMOKE_CONFIGS = [("resnet_cifar", 4)]
+SMOKE_DEPTH = 8
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", nargs="*", default=[f"{m}:{b}" for m, b in CASES],
-                   help="model:batch pairs (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed iterations")
-    p.add_argument("--iters", type=int, default=10, help="timed iterations")
-    p.add_argument("--tf32", action="store_true",
-                   help="allow TF32 on both sides (convolutions and matmuls)")
-    p.add_argument("--policy", default="liveness", help="neuron memory policy")
-    p.add_argument("--skip-torch", action="store_true")
-    p.add_argument("--skip-neuron", action="store_true")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    p = stage_parser(__doc__)
+    p.add_argument("--precision", choices=["fp32", "tf32", "both"], default="both")
+    p.add_argument("--memory", default=None,
+                   help="bytes for each side (e.g. 40GiB); default 60%% of the GPU")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--child", action="store_true", help=argparse_hidden())
     return p.parse_args(argv)
 
 
-def _time(step, warmup, iters, sync) -> float:
+def argparse_hidden():
+    import argparse
+    return argparse.SUPPRESS
+
+
+def _timed_runs(step, sync, warmup, runs, iters, batch) -> dict:
     for _ in range(warmup):
         step()
     sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    sync()
-    return time.perf_counter() - t0
+    rates = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        sync()
+        rates.append(batch * iters / (time.perf_counter() - t0))
+    return {"img_per_s": median(rates), "runs_img_per_s": rates, "iters_per_run": iters}
 
 
-def run_neuron(name, batch, args, x, y):
+def _data(name, batch, smoke):
+    import numpy as np
+    from neuron.models import build_model
+    graph = build_model(name, depth=SMOKE_DEPTH if smoke else None)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
+    y = rng.integers(0, graph.outputs[0].shape[0], batch).astype(np.int64)
+    return graph, x, y
+
+
+def run_neuron(name, batch, args, memory, tf32) -> dict:
     import neuron as nn
     from neuron.executor import Executor
-    from neuron.kernels import cuda as K
-    from neuron.models import build_model
-    K.allow_tf32 = args.tf32
-    K.deterministic = False
-    K.conv_algo_search = "find"
-    graph = build_model(name)
-    ex = Executor(graph, batch, device="cuda", policy=args.policy,
-                  optimizer=nn.SGD(lr=0.01, momentum=0.9))
+    graph, x, y = _data(name, batch, args.smoke)
+    if args.device == "cuda":
+        from neuron.kernels import cuda as K
+        K.allow_tf32, K.deterministic, K.conv_algo_search = tf32, False, "find"
+    ex = Executor(graph, batch, device=args.device, policy="liveness", budget=memory,
+                  optimizer=nn.SGD(lr=1e-6, momentum=0.9))
     try:
-        dt = _time(lambda: ex.train_step(x, y), args.warmup, args.iters, ex.device.synchronize)
-        info = ex.device.memory_info()
+        res = _timed_runs(lambda: ex.train_step(x, y), ex.device.synchronize, args.warmup,
+                          args.runs, args.iters, batch)
+        res["arena_bytes"] = ex.device.arena_bytes
+        res["pool_peak_bytes"] = ex.pool.high_water
     finally:
-        ex.device.close()
-    return {"img_per_s": batch * args.iters / dt, "arena_bytes": info["arena_bytes"]}
+        if hasattr(ex.device, "close"):
+            ex.device.close()
+        del ex
+    return res
 
 
-def torch_resnet(name, num_classes=1000):
-    """torchvision's ResNet when installed, else the same architecture written out here
-    (Bottleneck v1.5: stride on the 3x3, as torchvision)."""
-    import torch.nn as tnn
-    try:
-        import torchvision
-        return getattr(torchvision.models, name)(num_classes=num_classes)
-    except (ImportError, AttributeError):
-        pass
-
-    class Bottleneck(tnn.Module):
-        def __init__(self, cin, width, stride):
-            super().__init__()
-            cout = width * 4
-            self.body = tnn.Sequential(
-                tnn.Conv2d(cin, width, 1, bias=False), tnn.BatchNorm2d(width), tnn.ReLU(True),
-                tnn.Conv2d(width, width, 3, stride, 1, bias=False), tnn.BatchNorm2d(width),
-                tnn.ReLU(True), tnn.Conv2d(width, cout, 1, bias=False), tnn.BatchNorm2d(cout))
-            self.short = None
-            if stride != 1 or cin != cout:
-                self.short = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False),
-                                            tnn.BatchNorm2d(cout))
-            self.relu = tnn.ReLU(True)
-
-        def forward(self, x):
-            s = x if self.short is None else self.short(x)
-            return self.relu(self.body(x) + s)
-
-    layers = [tnn.Conv2d(3, 64, 7, 2, 3, bias=False), tnn.BatchNorm2d(64), tnn.ReLU(True),
-              tnn.MaxPool2d(3, 2, 1)]
-    cin = 64
-    for i, (n, width) in enumerate(zip(BLOCKS[name], (64, 128, 256, 512))):
-        for j in range(n):
-            layers.append(Bottleneck(cin, width, 2 if (j == 0 and i > 0) else 1))
-            cin = width * 4
-    layers += [tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(cin, num_classes)]
-    return tnn.Sequential(*layers)
-
-
-def run_torch(name, batch, args, x, y):
+def run_torch(name, batch, args, memory, tf32) -> dict:
     import torch
+    import torch.nn.functional as F
+    from bench import torch_models as TM
+    cuda = args.device == "cuda"
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = args.tf32
-    torch.backends.cuda.matmul.allow_tf32 = args.tf32
-    model = torch_resnet(name).cuda().train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    xt = torch.from_numpy(x).cuda()
-    yt = torch.from_numpy(y).cuda()
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    if cuda:
+        TM.cap_torch(memory)
+    _, x, y = _data(name, batch, args.smoke)
+    model, _, _ = TM.build(name, SMOKE_DEPTH if args.smoke else None)
+    dev = torch.device(args.device)
+    model = model.to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+    x_stage, y_stage = torch.empty(x.shape), torch.empty(y.shape, dtype=torch.int64)
+    if cuda:
+        x_stage, y_stage = x_stage.pin_memory(), y_stage.pin_memory()
 
     def step():
+        x_stage.copy_(torch.from_numpy(x))      # pageable -> pinned, as neuron stages it
+        y_stage.copy_(torch.from_numpy(y))
+        xd = x_stage.to(dev, non_blocking=True)
+        yd = y_stage.to(dev, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xt), yt)
+        loss = F.cross_entropy(model(xd), yd)
         loss.backward()
         opt.step()
-        return loss.item()          # one host sync per step, as neuron's train_step has
+        return loss.item()                      # one read of the loss per iteration
 
-    dt = _time(step, args.warmup, args.iters, torch.cuda.synchronize)
-    peak = torch.cuda.max_memory_allocated()
-    return {"img_per_s": batch * args.iters / dt, "peak_allocated_bytes": int(peak)}
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    try:
+        res = _timed_runs(step, sync, args.warmup, args.runs, args.iters, batch)
+        if cuda:
+            res["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+            res["cap_bytes"] = memory
+    finally:
+        model = opt = None
+        TM.free_gpu()
+    return res
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    # CuPy reads CUPY_TF32 when it sets up cuBLAS: decide before importing it
-    os.environ["CUPY_TF32"] = "1" if args.tf32 else "0"
-    import numpy as np
+def default_memory(device) -> int | None:
+    if device != "cuda":
+        return None
     import cupy as cp
-    if not cp.cuda.is_available():
-        sys.exit("throughput needs a CUDA GPU (cupy.cuda.is_available() is False)")
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    device = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    rows = []
-    for case in args.cases:
-        name, batch = case.split(":")
-        batch = int(batch)
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
-        y = rng.integers(0, 1000, batch).astype(np.int64)
-        row = {"model": name, "batch": batch, "dtype": "float32", "tf32": args.tf32}
-        for side, fn, skip in (("neuron", run_neuron, args.skip_neuron),
-                               ("torch", run_torch, args.skip_torch)):
-            if skip:
-                continue
+    _, total = cp.cuda.runtime.memGetInfo()
+    return int(0.6 * total) // (1 << 20) * (1 << 20)
+
+
+def child(args) -> int:
+    """One precision, every configuration; prints one JSON line per configuration."""
+    tf32 = args.precision == "tf32"
+    from neuron.units import parse_bytes
+    memory = parse_bytes(args.memory) if args.memory else default_memory(args.device)
+    for name, batch in (SMOKE_CONFIGS if args.smoke else CONFIGS):
+        row = {"model": name, "batch": batch, "precision": args.precision,
+               "memory_bytes": memory}
+        for side, fn in (("neuron", run_neuron), ("pytorch", run_torch)):
             try:
-                row[side] = fn(name, batch, args, x, y)
-            except Exception as e:      # keep the other side's numbers
-                row[side] = {"error": f"{type(e).__name__}: {e}"}
-            if side == "torch":         # the model is gone with run_torch's frame
-                import torch
-                torch.cuda.empty_cache()
-        n, t = row.get("neuron", {}), row.get("torch", {})
-        if "img_per_s" in n and "img_per_s" in t:
-            row["ratio"] = n["img_per_s"] / t["img_per_s"]
-        rows.append(row)
+                row[side] = fn(name, batch, args, memory, tf32)
+            except Exception as e:          # noqa: BLE001 (keep the other side's numbers)
+                row[side] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        n, t = row["neuron"].get("img_per_s"), row["pytorch"].get("img_per_s")
+        row["neuron_over_pytorch"] = n / t if n and t else None
+        print("ROW " + json.dumps(row), flush=True)
+    return 0
 
-    print(f"\nTraining throughput on {device}, float32, TF32 {'on' if args.tf32 else 'off'}, "
-          f"{args.iters} timed iterations after {args.warmup} warm-up\n")
-    print("| model | batch | neuron img/s | PyTorch img/s | neuron / PyTorch |")
-    print("|---|---:|---:|---:|---:|")
 
-    def cell(d):
-        return f"{d['img_per_s']:.1f}" if "img_per_s" in d else d.get("error", "-")[:60]
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child(args)
+    if not args.smoke and (args.runs < 5 or args.iters < 10):
+        sys.exit("throughput: at least 5 runs of 10 iterations (the issue's protocol)")
+    precisions = ["fp32", "tf32"] if args.precision == "both" else [args.precision]
+    rows = []
+    for prec in precisions:
+        env = dict(os.environ, CUPY_TF32="1" if prec == "tf32" else "0")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--precision", prec,
+               "--out", args.out, "--device", args.device, "--runs", str(args.runs),
+               "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        if args.memory:
+            cmd += ["--memory", args.memory]
+        if args.smoke:
+            cmd.append("--smoke")
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr[-4000:])
+        got = [json.loads(l[4:]) for l in r.stdout.splitlines() if l.startswith("ROW ")]
+        if r.returncode != 0 and not got:
+            got = [{"precision": prec, "error": f"child exited {r.returncode}: "
+                    f"{r.stderr.strip()[-300:]}", "neuron_over_pytorch": None}]
+        rows += got
+        _write(args, rows, partial=prec != precisions[-1])
+    _print_table(rows)
+    return 0
 
+
+def _write(args, rows, partial):
+    ratios = [r.get("neuron_over_pytorch") for r in rows]
+    ok = bool(rows) and all(x is not None for x in ratios) and not partial
+    parts = [f"{r.get('model')}:{r.get('batch')} {r.get('precision')} "
+             f"{r['neuron_over_pytorch']:.2f}x" if r.get("neuron_over_pytorch") else
+             f"{r.get('model')}:{r.get('batch')} {r.get('precision')} failed" for r in rows]
+    met = [x for x in ratios if x is not None and x >= 1.0]
+    verdict = (f"{'OK' if ok else 'FAIL' if not partial else 'PARTIAL'}: neuron/PyTorch "
+               + ", ".join(parts) + f" ({len(met)}/{len(rows)} at >= 1.0)")
+    write_stage(args.out, "throughput", ok, verdict, device=device_name(args.device),
+                smoke=args.smoke, rows=rows,
+                protocol={"runs": args.runs, "iters": args.iters, "warmup": args.warmup,
+                          "statistic": "median img/s over runs"})
+
+
+def _print_table(rows):
+    print("\n| model | batch | precision | neuron img/s | PyTorch img/s | neuron / PyTorch |")
+    print("|---|---:|---|---:|---:|---:|")
     for r in rows:
-        ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
-        print(f"| {r['model']} | {r['batch']} | {cell(r.get('neuron', {}))} | "
-              f"{cell(r.get('torch', {}))} | {ratio} |")
-
-    import importlib.metadata as md
-    versions = {}
-    for pkg in ("cupy-cuda13x", "torch", "nvidia-cudnn-cu13"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    now = _dt.datetime.now(_dt.timezone.utc)
-    result = {"bench": "throughput", "device": device, "date": now.isoformat(),
-              "git_commit": git_commit(), "versions": versions, "rows": rows}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"throughput-{now.strftime('%Y%m%dT%H%M%SZ')}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\nraw results: {path}")
+        n = r.get("neuron", {}).get("img_per_s")
+        t = r.get("pytorch", {}).get("img_per_s")
+        q = r.get("neuron_over_pytorch")
+        print(f"| {r.get('model')} | {r.get('batch')} | {r.get('precision')} | "
+              f"{f'{n:.1f}' if n else '-'} | {f'{t:.1f}' if t else '-'} | "
+              f"{f'{q:.2f}' if q else '-'} |")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
