@@ -1,0 +1,135 @@
+"""Stage `confirm` of the GPU contact kit: the planner's answers checked by real GPU iterations.
+
+1. The widest ResNet-50 under 12 GiB (superneurons), planned on the virtual device, then trained
+   for real: measured pool peak against the planned peak, seconds per iteration.
+2. The deepest Table-4 ResNet at batch 16 under 12 GiB, replanned with this machine's host memory
+   (the pinned cap, neuron.memory.host_budget), then trained for real: the same figures.
+3. PyTorch's deepest Table-4 ResNet under the same 12 GiB cap, eager and with
+   ``checkpoint_sequential``, by bisection on depth with one iteration per probe (the PyTorch
+   column of Table 4).
+
+Each part writes the partial result at once, so a stage stopped at its time limit keeps what it
+finished; ``--deadline`` seconds skips the parts that would start after it.
+``--device cpu --smoke`` runs the same logic with small networks and budgets on the CPU.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = stage_parser(__doc__)
+    p.add_argument("--budget", default="12GiB")
+    p.add_argument("--batch", type=int, default=16, help="Table-4 batch")
+    p.add_argument("--max-torch-depth", type=int, default=20000)
+    p.add_argument("--deadline", type=float, default=280.0,
+                   help="seconds after which no new part starts")
+    return p.parse_args(argv)
+
+
+def _check(run: dict) -> dict:
+    """Measured vs planned peak of a neuron_run result."""
+    if not run.get("fits"):
+        return {"equal": False}
+    return {"equal": run["peak_bytes"] == run["planned_peak_bytes"],
+            "measured_minus_planned": run["peak_bytes"] - (run["planned_peak_bytes"] or 0)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from bench import torch_models as TM
+    from neuron import plan as P
+    from neuron.memory.host_budget import default_host_cap
+    from neuron.models import build_model
+    from neuron.units import parse_bytes
+    t_start = time.perf_counter()
+    dev = args.device
+    budget = parse_bytes(args.budget)
+    host = default_host_cap()
+    res: dict = {"budget_bytes": budget, "host_budget_bytes": host, "parts": {}}
+    kw = {"policy": "superneurons", "host_budget": host}
+
+    def save(ok=False, verdict="PARTIAL"):
+        write_stage(args.out, "confirm", ok, verdict, device=device_name(dev), smoke=args.smoke,
+                    **res)
+
+    def late(part):
+        if time.perf_counter() - t_start > args.deadline:
+            res["parts"][part] = {"skipped": f"deadline of {args.deadline:.0f}s passed"}
+            save()
+            return True
+        return False
+
+    if args.smoke:      # small stand-ins: a CIFAR ResNet, budgets of a few MiB
+        wide_model, wide_kw, deep_family = "resnet_cifar", {"depth": 8}, "resnet_cifar"
+        budget = res["budget_bytes"] = 5 << 20
+    else:
+        wide_model, wide_kw, deep_family = "resnet50", {}, "resnet"
+    # 1. widest
+    if not late("widest"):
+        t0 = time.perf_counter()
+        w = P.widest(wide_model, budget, depth=wide_kw.get("depth"), **kw)
+        plan_s = time.perf_counter() - t0
+        part = {"model": wide_model, "batch": w["widest"], "plan_seconds": round(plan_s, 1)}
+        if w["widest"]:
+            run = TM.neuron_run(build_model(wide_model, **wide_kw), w["widest"], budget=budget,
+                                iters=1, warmup=1, device=dev, **kw)
+            part.update(run=run, peak=_check(run))
+        res["parts"]["widest"] = part
+        save()
+    # 2. deepest Table-4 ResNet
+    if not late("deepest"):
+        t0 = time.perf_counter()
+        batch = 4 if args.smoke else args.batch
+        d = P.deepest(deep_family, batch, budget, **kw)
+        part = {"family": deep_family, "batch": batch, "depth": d["deepest"],
+                "plan_seconds": round(time.perf_counter() - t0, 1)}
+        if d["deepest"]:
+            run = TM.neuron_run(build_model(deep_family, depth=d["deepest"]), batch,
+                                budget=budget, iters=1, warmup=1, device=dev, **kw)
+            part.update(run=run, peak=_check(run))
+        res["parts"]["deepest"] = part
+        save()
+    # 3. PyTorch's deepest, eager and checkpointed
+    from neuron.plan import DEPTH_FAMILIES
+    to_depth, _ = DEPTH_FAMILIES[deep_family]
+    kmax = max(1, next(k for k in range(1, 1 << 20) if to_depth(k + 1) > (
+        20 if args.smoke else args.max_torch_depth)))
+    if dev == "cuda":
+        TM.cap_torch(budget)
+    for mode in ("eager", "checkpoint"):
+        if late(f"torch_{mode}"):
+            continue
+        batch = 4 if args.smoke else args.batch
+        s = TM.torch_search(deep_family, mode=mode, limit=kmax, batch=batch, depth_of=to_depth,
+                            device=dev)
+        res["parts"][f"torch_{mode}"] = {"batch": batch,
+                                         "depth": to_depth(s["k"]) if s["k"] else None, **s}
+        save()
+    parts = res["parts"]
+    runs = [parts.get(p, {}) for p in ("widest", "deepest")]
+    ok = all(r.get("run", {}).get("fits") for r in runs) and all(
+        parts.get(f"torch_{m}", {}).get("depth") for m in ("eager", "checkpoint"))
+
+    def neuron_cell(p, key):
+        r = parts.get(p, {})
+        run = r.get("run", {})
+        if not run.get("fits"):
+            return f"{p} {key} {r.get(key)}: " + (run.get("error", r.get("skipped", "not run"))
+                                                 [:100])
+        return (f"{p} {key} {r.get(key)}: peak {'=' if r['peak']['equal'] else '!='} plan, "
+                f"{run['seconds_per_iter']:.2f} s/iter")
+
+    verdict = ("OK: " if ok else "FAIL: ") + "; ".join(
+        [neuron_cell("widest", "batch"), neuron_cell("deepest", "depth")]
+        + [f"PyTorch {m} deepest {parts.get(f'torch_{m}', {}).get('depth')}"
+           for m in ("eager", "checkpoint")])
+    save(ok, verdict)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

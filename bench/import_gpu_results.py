@@ -1,0 +1,204 @@
+"""Import the outputs of bench/gpu_contact.sh into bench/results/.
+
+    python bench/import_gpu_results.py SRC... [--results DIR]
+
+Each SRC is a folder the kit wrote (or that a device run's files were fetched into) holding
+``contact-*.tar.gz`` and/or the stage files themselves, or a tarball. For every stage found (the
+latest by date when several runs have it):
+
+* the raw files (stage JSON, log, junit XML) are copied to ``bench/results/gpu_raw/<stage>.*``;
+* ``bench/results/gpu_contact.json`` is written with the readers' contract::
+
+      {"device", "date", "commit", "tests": {passed, failed, skipped, errors},
+       "models": {name: {loss_rel_err, param_max_rel_err}}, "stages": {stage: verdict...}}
+
+* ``bench/results/throughput.json`` with one ``neuron_over_pytorch`` per configuration
+  (``model:batch:precision``), and ``gpu_contact.md`` / ``throughput.md`` tables;
+* ``bench/readme_tables.py`` (the README's tables from bench/results/*.json) is run if present.
+
+Smoke runs (``--smoke`` on the CPU) are refused unless ``--allow-smoke``: they are not GPU results.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = ("env", "install", "tests", "models", "throughput", "pressure", "pool", "confirm")
+
+
+def collect(sources) -> dict[str, dict]:
+    """stage -> {"json": dict, "files": [paths]} over every source, latest date winning. Tarballs
+    are unpacked into a temporary folder that lives as long as the process."""
+    found: dict[str, dict] = {}
+    dirs = []
+    for src in sources:
+        if os.path.isfile(src) and src.endswith((".tar.gz", ".tgz")):
+            dirs.append(_untar(src))
+        elif os.path.isdir(src):
+            dirs.append(src)
+            for name in sorted(os.listdir(src)):
+                if name.endswith(".tar.gz"):
+                    dirs.append(_untar(os.path.join(src, name)))
+        else:
+            raise SystemExit(f"import_gpu_results: {src} is neither a folder nor a .tar.gz")
+    for d in dirs:
+        for stage in STAGES:
+            path = os.path.join(d, f"{stage}.json")
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                data = json.load(f)
+            files = [os.path.join(d, n) for n in sorted(os.listdir(d))
+                     if n.split(".")[0] == stage]
+            old = found.get(stage)
+            if old is None or data.get("date", "") >= old["json"].get("date", ""):
+                found[stage] = {"json": data, "files": files}
+    return found
+
+
+def _untar(path) -> str:
+    d = tempfile.mkdtemp(prefix="neuron_import_")
+    with tarfile.open(path) as t:
+        members = [m for m in t.getmembers() if m.isfile() and ".." not in m.name
+                   and not m.name.startswith("/")]
+        for m in members:
+            m.name = os.path.basename(m.name)       # the kit's tarballs are flat
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(d, members=members, filter="data")
+        else:
+            t.extractall(d, members=members)
+    return d
+
+
+def contact_summary(found: dict) -> dict:
+    """The contract of bench/results/gpu_contact.json."""
+    if not found:
+        raise SystemExit("import_gpu_results: no stage results found")
+    first = found.get("tests") or found.get("env") or next(iter(found.values()))
+    meta = first["json"]
+    out = {"device": meta.get("device"), "date": meta.get("date"), "commit": meta.get("commit"),
+           "tests": None, "models": {}, "stages": {}}
+    t = found.get("tests", {}).get("json", {}).get("tests")
+    if t:
+        out["tests"] = {k: int(t[k]) for k in ("passed", "failed", "skipped", "errors")}
+        out["test_failures"] = found["tests"]["json"].get("failures", [])
+    for name, m in found.get("models", {}).get("json", {}).get("models", {}).items():
+        out["models"][name] = {"loss_rel_err": m.get("loss_rel_err"),
+                               "param_max_rel_err": m.get("param_max_rel_err"),
+                               "update_max_rel_err": m.get("update_max_rel_err"),
+                               "ok": m.get("ok"), **({"error": m["error"]} if "error" in m
+                                                     else {})}
+    for stage, rec in found.items():
+        j = rec["json"]
+        out["stages"][stage] = {"ok": j.get("ok"), "verdict": j.get("verdict"),
+                                "date": j.get("date"), "commit": j.get("commit"),
+                                "device": j.get("device"), "command": j.get("command")}
+    return out
+
+
+def throughput_summary(found: dict) -> dict | None:
+    rec = found.get("throughput")
+    if rec is None:
+        return None
+    j = rec["json"]
+    configs = {}
+    for r in j.get("rows", []):
+        key = f"{r.get('model')}:{r.get('batch')}:{r.get('precision')}"
+        configs[key] = {"neuron_over_pytorch": r.get("neuron_over_pytorch"),
+                        "neuron_img_per_s": (r.get("neuron") or {}).get("img_per_s"),
+                        "pytorch_img_per_s": (r.get("pytorch") or {}).get("img_per_s"),
+                        "memory_bytes": r.get("memory_bytes"),
+                        "errors": {s: (r.get(s) or {}).get("error") for s in ("neuron", "pytorch")
+                                   if (r.get(s) or {}).get("error")} or None}
+    return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
+            "protocol": j.get("protocol"), "configs": configs}
+
+
+def _fmt(x, spec=".2e"):
+    return "-" if x is None else format(x, spec)
+
+
+def markdown_contact(s: dict) -> str:
+    lines = [f"# GPU contact: {s['device']}", "",
+             f"date {s['date']}, commit {s['commit']}", "", "| stage | ok | verdict |",
+             "|---|---|---|"]
+    for stage in STAGES:
+        if stage in s["stages"]:
+            v = s["stages"][stage]
+            lines.append(f"| {stage} | {'yes' if v['ok'] else 'NO'} | {v['verdict']} |")
+    if s["tests"]:
+        t = s["tests"]
+        lines += ["", f"GPU tests: {t['passed']} passed, {t['failed']} failed, "
+                      f"{t['skipped']} skipped, {t['errors']} errors"]
+    if s["models"]:
+        lines += ["", "| model | loss rel. err | param max rel. err | update max rel. err |",
+                  "|---|---:|---:|---:|"]
+        for name, m in s["models"].items():
+            lines.append(f"| {name} | {_fmt(m['loss_rel_err'])} | "
+                         f"{_fmt(m['param_max_rel_err'])} | {_fmt(m.get('update_max_rel_err'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_throughput(t: dict) -> str:
+    lines = [f"# Training throughput, neuron vs PyTorch: {t['device']}", "",
+             f"date {t['date']}, commit {t['commit']}, {t.get('protocol')}", "",
+             "| configuration | neuron img/s | PyTorch img/s | neuron / PyTorch |",
+             "|---|---:|---:|---:|"]
+    for k, c in t["configs"].items():
+        lines.append(f"| {k} | {_fmt(c['neuron_img_per_s'], '.1f')} | "
+                     f"{_fmt(c['pytorch_img_per_s'], '.1f')} | "
+                     f"{_fmt(c['neuron_over_pytorch'], '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sources", nargs="+")
+    ap.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--no-readme-tables", action="store_true",
+                    help="do not run bench/readme_tables.py (tests of this script)")
+    ap.add_argument("--allow-smoke", action="store_true",
+                    help="import CPU smoke runs too (tests of this script)")
+    args = ap.parse_args(argv)
+    found = collect(args.sources)
+    smoke = [s for s, r in found.items() if r["json"].get("smoke")]
+    if smoke and not args.allow_smoke:
+        raise SystemExit(f"import_gpu_results: stages {smoke} are CPU smoke runs, not GPU "
+                         "results (pass --allow-smoke to import them anyway)")
+    raw = os.path.join(args.results, "gpu_raw")
+    os.makedirs(raw, exist_ok=True)
+    for stage, rec in found.items():
+        for path in rec["files"]:
+            shutil.copy2(path, os.path.join(raw, os.path.basename(path)))
+    contact = contact_summary(found)
+    _dump(os.path.join(args.results, "gpu_contact.json"), contact)
+    with open(os.path.join(args.results, "gpu_contact.md"), "w") as f:
+        f.write(markdown_contact(contact))
+    tp = throughput_summary(found)
+    if tp is not None:
+        _dump(os.path.join(args.results, "throughput.json"), tp)
+        with open(os.path.join(args.results, "throughput.md"), "w") as f:
+            f.write(markdown_throughput(tp))
+    tables = os.path.join(ROOT, "bench", "readme_tables.py")
+    if os.path.exists(tables) and not args.no_readme_tables:
+        r = subprocess.run([sys.executable, tables], cwd=ROOT)
+        if r.returncode:
+            print(f"bench/readme_tables.py exited {r.returncode}", file=sys.stderr)
+    print(markdown_contact(contact))
+    return 0
+
+
+def _dump(path, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
