@@ -1,0 +1,252 @@
+"""The GPU contact kit's logic and JSON contracts, on the CPU (its --smoke mode), so the first
+GPU run does not spend scarce minutes on a crash in the kit itself."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
+BENCH = os.path.join(ROOT, "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+STAGE_KEYS = {"stage", "ok", "verdict", "device", "date", "commit", "smoke", "command"}
+
+
+def _run_stage(script, out, *extra, timeout=240):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, script), "--out", str(out),
+                        "--device", "cpu", "--smoke", *extra], cwd=ROOT, capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def _stage_json(out, stage):
+    with open(os.path.join(out, f"{stage}.json")) as f:
+        d = json.load(f)
+    assert STAGE_KEYS <= set(d), set(STAGE_KEYS) - set(d)
+    assert d["stage"] == stage and d["smoke"] is True
+    return d
+
+
+def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
+    env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
+               PYTHON=sys.executable)
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(out), "env",
+                        "nonsense", "install"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    # a verdict line per stage, the crashing one included, and the stage after it still ran
+    assert "[env]" in r.stdout and "[install]" in r.stdout
+    assert "[nonsense]" in r.stdout and "CRASH" in r.stdout
+    # two files only: the device machine returns at most 8
+    assert sorted(os.listdir(out)) == ["contact-env-nonsense-install.tar.gz",
+                                       "summary-env-nonsense-install.json"]
+    summary = json.loads((out / "summary-env-nonsense-install.json").read_text())
+    got = {s["stage"]: s for s in summary["stages"]}
+    assert got["env"]["ok"] and got["install"]["ok"] and not got["nonsense"]["ok"]
+    with tarfile.open(out / "contact-env-nonsense-install.tar.gz") as t:
+        names = {os.path.basename(n) for n in t.getnames()}
+    assert {"env.json", "env.log", "install.json", "nonsense.log", "stages.jsonl"} <= names
+
+
+def test_a_stage_over_its_time_limit_is_reported_as_such(tmp_path):
+    env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
+               PYTHON=sys.executable, TIMEOUT_ENV="1")
+    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path), "env"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "[env]" in r.stdout and "TIMEOUT" in r.stdout, r.stdout
+
+
+def test_models_stage_contract(tmp_path):
+    _run_stage("gpu_models.py", tmp_path)
+    d = _stage_json(tmp_path, "models")
+    assert d["ok"] and d["deterministic"]["ok"]
+    for name, m in d["models"].items():
+        assert m["loss_rel_err"] == 0.0 and m["param_max_rel_err"] == 0.0, name
+
+
+def test_models_comparison_catches_a_wrong_kernel(monkeypatch):
+    """The tolerance is not vacuous: a ReLU backward 2% off fails it."""
+    import gpu_models
+    from neuron.kernels import numpy_ref
+
+    good = gpu_models.reference_device
+
+    def wrong_device(arena):
+        dev = good(arena)
+        k = gpu_models.hash_dropout_kernels()
+
+        def relu_backward(y, dy, dx):
+            numpy_ref.relu_backward(y, dy, dx)
+            dx *= np.float32(1.02)
+
+        k.relu_backward = relu_backward
+        type(dev)._k = k
+        return dev
+
+    monkeypatch.setattr(gpu_models, "_device_under_test", lambda kind, g, b: wrong_device(1 << 26))
+    r = gpu_models.compare_one("resnet_cifar", 8, 2, (3, 16, 16), "cpu")
+    monkeypatch.setattr(gpu_models, "reference_device", good)
+    assert not r["ok"] and r["update_max_rel_err"] > gpu_models.UPDATE_TOL
+    assert r["loss_rel_err"] == 0.0         # forward untouched
+
+
+def test_hash_dropout_reference_matches_the_gpu_mask():
+    import gpu_models
+    from neuron.kernels.dropout_mask import dropout_mask_reference
+    k = gpu_models.hash_dropout_kernels()
+    x = np.ones((4, 50), np.float32)
+    y, mask = np.empty_like(x), np.empty(x.shape, np.uint8)
+    k.dropout_forward(x, y, mask, 0.3, 1234)
+    assert np.array_equal(mask, dropout_mask_reference(x.shape, 0.3, 1234))
+    assert np.allclose(y, mask / np.float32(0.7))
+
+
+def test_throughput_stage_contract(tmp_path):
+    _run_stage("throughput.py", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
+               "--warmup", "1")
+    d = _stage_json(tmp_path, "throughput")
+    assert d["ok"]
+    (row,) = d["rows"]
+    assert row["precision"] == "fp32" and row["neuron_over_pytorch"] > 0
+    assert len(row["neuron"]["runs_img_per_s"]) == 2 == len(row["pytorch"]["runs_img_per_s"])
+
+
+def test_throughput_refuses_a_protocol_below_the_issue(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "throughput.py"), "--out",
+                        str(tmp_path), "--runs", "3"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "at least 5 runs" in r.stderr
+
+
+def test_pool_stage_trains_with_malloc_pool(tmp_path):
+    _run_stage("pool_vs_malloc.py", tmp_path)
+    d = _stage_json(tmp_path, "pool")
+    assert d["ok"], d["verdict"]
+    assert d["train"]["arena"] > 0 and d["train"]["malloc"] > 0
+    assert d["train"]["malloc_allocations"] > 0
+    (row,) = d["rows"]
+    assert row["heap_peak_bytes"] > 0 and row["allocs"] > 0
+
+
+def test_malloc_pool_keeps_the_arena_figure_when_malloc_fails(monkeypatch):
+    import pool_vs_malloc as P
+    from neuron.models import build_model
+
+    def broken(self, nbytes):
+        raise MemoryError("no memory for you")
+
+    monkeypatch.setattr(P.DeviceMemory, "malloc", broken)
+    out = P.train_images_per_second("resnet_cifar", 2, 1, device="cpu",
+                                    graph=build_model("resnet_cifar", depth=8,
+                                                      in_shape=(3, 8, 8)))
+    assert out["arena"] > 0 and "MemoryError" in out["malloc_error"]
+
+
+def test_pressure_stage_contract(tmp_path):
+    _run_stage("gpu_pressure.py", tmp_path)
+    d = _stage_json(tmp_path, "pressure")
+    assert d["ok"], d["verdict"]
+    assert d["batch"] == 2 * d["torch_eager"]["k"]
+    nb = d["neuron_budget"]
+    assert nb["fits"] and nb["budget_bytes"] == d["budget_bytes"]
+    moved = nb["moved_per_iter"]
+    assert moved["offload_bytes"] + moved["prefetch_bytes"] >= 0
+
+
+def test_hidden_fraction():
+    import gpu_pressure as G
+    bw = {"h2d": 1e9, "d2h": 1e9}
+    assert G.hidden_fraction(1.0, 1.0, 1e9, 0, bw) == 1.0          # nothing lost: all hidden
+    assert G.hidden_fraction(2.0, 1.0, 1e9, 0, bw) == 0.0          # lost the whole copy time
+    assert G.hidden_fraction(1.25, 1.0, 5e8, 5e8, bw) == pytest.approx(0.75)
+    assert G.hidden_fraction(1.0, 1.0, 0, 0, bw) is None
+
+
+@pytest.mark.slow
+def test_confirm_stage_contract(tmp_path):
+    _run_stage("gpu_confirm.py", tmp_path, timeout=400)
+    d = _stage_json(tmp_path, "confirm")
+    assert d["ok"], d["verdict"]
+    for part in ("widest", "deepest"):
+        p = d["parts"][part]
+        assert p["run"]["fits"] and p["peak"]["equal"], p
+    assert d["parts"]["torch_eager"]["depth"] and d["parts"]["torch_checkpoint"]["depth"]
+
+
+def test_junit_counts(tmp_path):
+    from gpu_kit import junit_counts
+    xml = tmp_path / "j.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.gpu.test_a" name="t1"/>'
+        '<testcase classname="tests.gpu.test_a" name="t2"><failure message="boom"/></testcase>'
+        '<testcase classname="tests.gpu.test_a" name="t3"><skipped message="no GPU"/></testcase>'
+        '<testcase classname="tests.gpu.test_a" name="t4"><error message="setup"/></testcase>'
+        '</testsuite></testsuites>')
+    c = junit_counts(str(xml))
+    assert {k: c[k] for k in ("passed", "failed", "skipped", "errors")} == \
+        {"passed": 1, "failed": 1, "skipped": 1, "errors": 1}
+    assert c["failures"][0]["test"].endswith("t2") and c["skips"][0]["reason"] == "no GPU"
+
+
+def _fake_run(tmp_path):
+    """A kit output folder as a GPU run would leave it: tarball + summary."""
+    from gpu_kit import write_stage
+    raw = tmp_path / "raw"
+    common = dict(device="NVIDIA H100 80GB HBM3", smoke=False)
+    write_stage(str(raw), "tests", True, "OK", tests={"passed": 90, "failed": 1, "skipped": 2,
+                                                      "errors": 0}, failures=[], **common)
+    write_stage(str(raw), "models", False, "FAIL", models={
+        "resnet50": {"loss_rel_err": 1e-6, "param_max_rel_err": 2e-7,
+                     "update_max_rel_err": 1e-4, "ok": True},
+        "vgg16": {"ok": False, "error": "CudnnError: x", "loss_rel_err": None,
+                  "param_max_rel_err": None}}, **common)
+    write_stage(str(raw), "throughput", True, "OK", rows=[
+        {"model": "resnet50", "batch": 64, "precision": "fp32", "neuron_over_pytorch": 0.9,
+         "neuron": {"img_per_s": 900.0}, "pytorch": {"img_per_s": 1000.0}}], **common)
+    (raw / "tests.log").write_text("log")
+    out = tmp_path / "fetched"
+    out.mkdir()
+    with tarfile.open(out / "contact-tests-models.tar.gz", "w:gz") as t:
+        for f in raw.iterdir():
+            t.add(f, arcname="./" + f.name)
+    return out
+
+
+def test_import_writes_the_contracts(tmp_path):
+    src = _fake_run(tmp_path)
+    res = tmp_path / "results"
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"), str(src),
+                        "--results", str(res), "--no-readme-tables"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    c = json.loads((res / "gpu_contact.json").read_text())
+    assert {"device", "date", "commit", "tests", "models"} <= set(c)
+    assert c["device"] == "NVIDIA H100 80GB HBM3"
+    assert c["tests"] == {"passed": 90, "failed": 1, "skipped": 2, "errors": 0}
+    assert c["models"]["resnet50"]["loss_rel_err"] == 1e-6
+    assert c["models"]["resnet50"]["param_max_rel_err"] == 2e-7
+    assert c["models"]["vgg16"]["loss_rel_err"] is None and "error" in c["models"]["vgg16"]
+    t = json.loads((res / "throughput.json").read_text())
+    assert t["configs"]["resnet50:64:fp32"]["neuron_over_pytorch"] == 0.9
+    assert (res / "gpu_raw" / "tests.log").exists() and (res / "gpu_contact.md").exists()
+
+
+def test_import_refuses_smoke_runs(tmp_path):
+    from gpu_kit import write_stage
+    write_stage(str(tmp_path), "tests", True, "OK", device="cpu", smoke=True,
+                tests={"passed": 1, "failed": 0, "skipped": 0, "errors": 0})
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"),
+                        str(tmp_path), "--results", str(tmp_path / "res"),
+                        "--no-readme-tables"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "smoke" in r.stderr
