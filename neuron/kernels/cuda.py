@@ -15,11 +15,12 @@ replaced by CuPy kernels on purpose, each for a reason given at the spot: sigmoi
 with ceil-mode output shapes (cuDNN computes floor-mode shapes only).
 
 Convolution algorithms are chosen per call under the bytes of the workspace the executor handed
-in: :func:`choose_conv_algo` keeps the fastest algorithm (measured once with FindEx per layer
-geometry, dtype and power-of-two bucket of free bytes) whose workspace fits, and every choice is
-appended to :data:`conv_algo_trace` for the memory trace. ``deterministic = True`` restricts the
-choice to deterministic algorithms picked by cuDNN's (reproducible) heuristic ranking, so two runs
-produce the same bits.
+in (:mod:`neuron.kernels.conv_algos`): every algorithm is timed once per layer geometry with
+FindEx under the largest workspace that could be free, then each call takes the fastest whose
+workspace fits; every choice is appended to :data:`conv_algo_trace` for the memory trace.
+``deterministic = True`` restricts the choice to deterministic algorithms picked by cuDNN's
+(reproducible) heuristic ranking under the planned workspace, so runs and policies produce the
+same bits.
 
 Importing this module needs neither CuPy nor cuDNN (the pure helpers are unit-tested on the CPU);
 the first kernel call loads both.
@@ -27,14 +28,12 @@ the first kernel call loads both.
 from __future__ import annotations
 
 import functools
-from collections import deque
-from typing import NamedTuple
 
 import numpy as np
 
 from . import cudnn as dnn
 from . import numpy_ref
-from .numpy_ref import _pair, conv2d_out_hw, pool_out_hw
+from .numpy_ref import _pair, conv2d_out_hw, pool_out_hw  # noqa: F401 (mirrors numpy_ref)
 
 __all__ = list(numpy_ref.__all__) + [
     "choose_conv_algo", "pick_algo", "workspace_bucket", "conv_algo_trace",
@@ -88,198 +87,18 @@ def _contig(a):
 
 
 # ------------------------------------------------------------------------------------------
-# convolution algorithm choice
+# convolution algorithm choice: neuron.kernels.conv_algos (FindEx once per geometry, then the
+# fastest that fits the free bytes of the moment); re-exported here, its public home
 # ------------------------------------------------------------------------------------------
 
-class ConvAlgoError(RuntimeError):
-    """No cuDNN algorithm can run this convolution within the workspace bytes available."""
-
-
-class ConvChoice(NamedTuple):
-    algo: int
-    memory: int          # workspace bytes the algorithm needs
-    math_type: int       # what to set on the convolution descriptor before running it
-    time: float          # ms (FindEx); -1 for heuristic choices
-    source: str          # "find", "find-cached", "heuristic"
-
-
-class ConvAlgoRecord(NamedTuple):
-    label: str | None    # trace_label at the time (the executor's step/layer name)
-    key: str             # kind and geometry: the "layer key"
-    kind: str            # fwd | bwd_data | bwd_filter
-    algo: int
-    algo_name: str
-    workspace_bytes: int
-    limit_bytes: int
-    source: str
-
-
-#: one record per convolution call, for the memory trace (bounded: a long run keeps the latest)
-conv_algo_trace: deque = deque(maxlen=1 << 16)
-
-_measured: dict = {}        # (geometry key, bucket) -> [AlgoPerf] from FindEx
-_heuristic: dict = {}       # geometry key -> [AlgoPerf] from Get*_v7
-
-
-def clear_conv_algo_cache() -> None:
-    _measured.clear()
-    _heuristic.clear()
-    conv_algo_trace.clear()
-
-
-def workspace_bucket(limit_bytes: int) -> int:
-    """The power-of-two bucket of a byte limit: the largest 2**k <= limit (0 for 0).
-
-    FindEx only times algorithms whose workspace fits the buffer it is given, so its answer
-    depends on the limit; bucketing lets one measurement serve every limit in [2**k, 2**(k+1))
-    instead of re-measuring whenever the free bytes move by a block."""
-    limit_bytes = int(limit_bytes)
-    if limit_bytes <= 0:
-        return 0
-    return 1 << (limit_bytes.bit_length() - 1)
-
-
-def pick_algo(perfs, limit_bytes: int, *, deterministic: bool = False, by_time: bool = True):
-    """The best usable entry of a cuDNN perf list (AlgoPerf-like: algo, status, time, memory,
-    determinism), or None.
-
-    Usable: status SUCCESS, workspace <= limit, and deterministic when asked. Best: the fastest
-    measured (ties: less workspace) when ``by_time``; otherwise the first in the given order,
-    which for the heuristics is cuDNN's own ranking."""
-    ok = [p for p in perfs
-          if p.status == dnn.CUDNN_STATUS_SUCCESS and 0 <= p.memory <= limit_bytes
-          and (not deterministic or p.determinism == dnn.CUDNN_DETERMINISTIC)]
-    if not ok:
-        return None
-    if by_time:
-        return min(ok, key=lambda p: (p.time, p.memory))
-    return ok[0]
-
-
-def _math_type(dtype) -> int:
-    dtype = np.dtype(dtype)
-    if dtype == np.float32:
-        # DEFAULT permits TF32 on Ampere and later; FMA forbids it (what torch does when
-        # allow_tf32 is off)
-        return dnn.CUDNN_DEFAULT_MATH if allow_tf32 else dnn.CUDNN_FMA_MATH
-    if dtype == np.float16:
-        return dnn.CUDNN_TENSOR_OP_MATH
-    return dnn.CUDNN_DEFAULT_MATH
-
-
-def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype) -> tuple:
-    return (kind, tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
-            _pair(stride), _pair(padding), _pair(dilation), int(groups), np.dtype(dtype).str,
-            bool(deterministic), bool(allow_tf32))
-
-
-def _key_text(key) -> str:
-    kind, xs, ws, st, pd, dl, g, dt = key[:8]
-    return (f"{kind} x{list(xs)} w{list(ws)} s{list(st)} p{list(pd)} d{list(dl)} g{g} "
-            f"{np.dtype(dt).name}")
-
-
-def _choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice:
-    dtype = xd.dtype
-    math = _math_type(dtype)
-    cd.set_math_type(math)
-    h = _h()
-    perfs, source = None, "heuristic"
-    if conv_algo_search == "find" and not deterministic:
-        mkey = (key, workspace_bucket(limit))
-        perfs = _measured.get(mkey)
-        source = "find-cached"
-        # measure only with a real workspace of the full limit: a measurement under a smaller
-        # buffer would hide the faster algorithms from the whole bucket
-        if perfs is None and ptrs is not None and ws[1] >= limit:
-            x_ptr, w_ptr, y_ptr = ptrs
-            perfs = dnn.find_algorithms(h, kind, xd, x_ptr, wd, w_ptr, cd, yd, y_ptr, ws[0],
-                                        limit)
-            _measured[mkey] = perfs
-            source = "find"
-    best = None
-    if perfs is not None:
-        best = pick_algo(perfs, limit, deterministic=deterministic, by_time=True)
-    if best is None:
-        perfs = _heuristic.get(key)
-        if perfs is None:
-            perfs = _heuristic[key] = dnn.get_algorithms(h, kind, xd, wd, cd, yd)
-        source = "heuristic"
-        best = pick_algo(perfs, limit, deterministic=deterministic, by_time=False)
-    if best is None:
-        listing = ", ".join(f"{dnn.ALGO_NAMES[kind].get(p.algo, p.algo)}: "
-                            f"{p.memory if p.status == 0 else 'unsupported'}" for p in perfs)
-        raise ConvAlgoError(f"{_key_text(key)}: no {'deterministic ' if deterministic else ''}"
-                            f"cuDNN algorithm fits a workspace of {limit} bytes "
-                            f"(workspace per algorithm: {listing})")
-    # with TF32 off, run under FMA math whatever the perf row says (DEFAULT would allow TF32)
-    run_math = math if math == dnn.CUDNN_FMA_MATH else best.math_type
-    return ConvChoice(best.algo, best.memory, run_math,
-                      best.time if source != "heuristic" else -1.0, source)
-
-
-def _record(kind, key, choice, limit):
-    conv_algo_trace.append(ConvAlgoRecord(
-        trace_label, _key_text(key), kind, choice.algo,
-        dnn.ALGO_NAMES[kind].get(choice.algo, str(choice.algo)), choice.memory, limit,
-        choice.source))
-
-
-def choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
-                     limit_bytes, *, arrays=None, workspace=None, record=True) -> ConvChoice:
-    """The convolution algorithm for this geometry under ``limit_bytes`` of workspace.
-
-    ``kind`` is "fwd", "bwd_data" or "bwd_filter"; shapes are those of the forward convolution's
-    x and w. Among the algorithms whose workspace fits ``limit_bytes`` (the pool's largest free
-    block at that step, or the workspace handed to a kernel), the fastest measured by FindEx.
-    The measurement needs real buffers: pass ``arrays`` = (x, w, y) (for bwd_data: (dx, w, dy),
-    for bwd_filter: (x, dw, dy); FindEx writes the output operand) and ``workspace`` (a uint8
-    device array of at least limit bytes). Without them, a measurement cached for this bucket is
-    used if one exists, else cuDNN's heuristic ranking. Results are cached per (geometry, dtype,
-    bucket); each call is appended to :data:`conv_algo_trace` unless ``record`` is False.
-    """
-    dtype = np.dtype(dtype)
-    limit = max(0, int(limit_bytes))
-    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
-    key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
-    if arrays is not None:
-        a, b, c = arrays
-        xd, wd, yd = _td(a), dnn.filter_descriptor(b.shape, b.dtype), _td(c)
-        ptrs = (_ptr(a), _ptr(b), _ptr(c))
-    else:
-        n, ci, hh, ww = x_shape
-        k, _, kh, kw = w_shape
-        ho, wo = conv2d_out_hw(hh, ww, kh, kw, stride, padding, dilation)
-        xd = dnn.tensor_descriptor(x_shape, dtype)
-        wd = dnn.filter_descriptor(w_shape, dtype)
-        yd = dnn.tensor_descriptor((n, k, ho, wo), dtype)
-        ptrs = None
-    cd = dnn.convolution_descriptor(padding, stride, dilation, groups, dtype)
-    ws = aligned_workspace(workspace)
-    if workspace is not None:
-        limit = min(limit, ws[1])
-    choice = _choose(kind, key, xd, wd, cd, yd, limit, ptrs, ws)
-    if record:
-        _record(kind, key, choice, limit)
-    return choice
-
-
-_WS_ALIGN = 256
-
-
-def aligned_workspace(workspace) -> tuple[int, int]:
-    """(pointer, usable bytes) of a uint8 workspace array, the pointer rounded up to 256 bytes
-    (cuDNN kernels vectorize their workspace accesses). (0, 0) for None."""
-    if workspace is None:
-        return 0, 0
-    return align_region(workspace.data.ptr, workspace.nbytes)
-
-
-def align_region(ptr: int, nbytes: int, align: int = _WS_ALIGN) -> tuple[int, int]:
-    shift = (-ptr) % align
-    if nbytes <= shift:
-        return 0, 0
-    return ptr + shift, nbytes - shift
+from .conv_algos import (  # noqa: E402,F401
+    ConvAlgoError, ConvAlgoRecord, ConvChoice, align_region, aligned_workspace,
+    choose_conv_algo, clear_conv_algo_cache, conv2d_workspace_request, conv_algo_trace,
+    conv_geometry_key, pick_algo, workspace_bucket)
+from .conv_algos import choose as _choose  # noqa: E402
+from .conv_algos import key_text as _key_text  # noqa: E402,F401
+from .conv_algos import math_type as _math_type  # noqa: E402,F401
+from .conv_algos import record as _record  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------
@@ -292,17 +111,6 @@ def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, 
     not a need: the algorithm is chosen to fit whatever part of it is handed in."""
     return numpy_ref.conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups,
                                             itemsize)
-
-
-def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation, groups, dtype,
-                             limit_bytes) -> int:
-    """Workspace bytes for a conv step when ``limit_bytes`` are free in one block (§3.5): the
-    fastest algorithm that fits (measured per geometry and free-bytes bucket, cached), and
-    exactly its workspace; the kernel then picks the same algorithm from the same cache. For
-    backward, the larger of the backward-data and backward-filter choices."""
-    kinds = ("fwd",) if phase == "F" else ("bwd_data", "bwd_filter")
-    return max(choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups,
-                                dtype, limit_bytes, record=False).memory for kind in kinds)
 
 
 def _conv_setup(x, w, stride, padding, dilation, groups):
@@ -365,6 +173,28 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
 # batch normalization (cuDNN SPATIAL; a 2-D (N, C) input is described as (N, C, 1, 1))
 # ------------------------------------------------------------------------------------------
 
+def bn_param_dtype(dtype):
+    """The dtype of cuDNN's bnScaleBiasMeanVarDesc for data of ``dtype``: float for half (and
+    bfloat16) data, the data's own type otherwise (cuDNN's documented rule)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _bn_params(x, **arrays):
+    """Check that BN's per-channel arrays have cuDNN's parameter dtype; returns it."""
+    want = bn_param_dtype(x.dtype)
+    c = x.shape[1]
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if np.dtype(a.dtype) != want or a.size != c:
+            raise ValueError(f"batchnorm on {np.dtype(x.dtype).name} input of shape "
+                             f"{tuple(x.shape)}: {name} must be {want.name} with {c} elements "
+                             f"(cuDNN's scale/bias/statistics descriptor), got "
+                             f"{np.dtype(a.dtype).name} of shape {tuple(a.shape)}")
+    return want
+
+
 def _param_or(a, channels, dtype, value):
     if a is not None:
         return _contig(a)
@@ -375,18 +205,20 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
                             save_mean, save_invstd, momentum, eps, update_running):
     cp = _cp()
     c = x.shape[1]
-    bn = dnn.bias_descriptor(c, x.dtype)
-    scale = _param_or(gamma, c, x.dtype, 1.0)
-    bias = _param_or(beta, c, x.dtype, 0.0)
+    pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
+                     running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
+    bn = dnn.bias_descriptor(c, pdt)
+    scale = _param_or(gamma, c, pdt, 1.0)
+    bias = _param_or(beta, c, pdt, 0.0)
     rm = rv = None
     if update_running and (running_mean is not None or running_var is not None):
         # cuDNN updates both or neither: a missing one gets a throwaway buffer
-        rm = running_mean if running_mean is not None else cp.zeros((c,), x.dtype)
-        rv = running_var if running_var is not None else cp.ones((c,), x.dtype)
+        rm = running_mean if running_mean is not None else cp.zeros((c,), pdt)
+        rv = running_var if running_var is not None else cp.ones((c,), pdt)
     sm, si = save_mean, save_invstd
     if (sm is None) != (si is None):        # likewise for the saved statistics
-        sm = sm if sm is not None else cp.empty((c,), x.dtype)
-        si = si if si is not None else cp.empty((c,), x.dtype)
+        sm = sm if sm is not None else cp.empty((c,), pdt)
+        si = si if si is not None else cp.empty((c,), pdt)
     # ``factor`` multiplies the new batch statistic: torch's momentum. NULL running pointers
     # (a recompute) leave the running statistics untouched.
     dnn.batchnorm_forward_training(_h(), _td(x), _ptr(x), _td(y), _ptr(y), bn, _ptr(scale),
@@ -396,28 +228,31 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
 
 def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
     c = x.shape[1]
-    scale = _param_or(gamma, c, x.dtype, 1.0)
-    bias = _param_or(beta, c, x.dtype, 0.0)
+    pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
+                     running_var=running_var)
+    scale = _param_or(gamma, c, pdt, 1.0)
+    bias = _param_or(beta, c, pdt, 0.0)
     dnn.batchnorm_forward_inference(_h(), _td(x), _ptr(x), _td(y), _ptr(y),
-                                    dnn.bias_descriptor(c, x.dtype), _ptr(scale), _ptr(bias),
+                                    dnn.bias_descriptor(c, pdt), _ptr(scale), _ptr(bias),
                                     _ptr(_contig(running_mean)), _ptr(_contig(running_var)),
                                     float(eps))
 
 
-def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
+def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5):
     cp = _cp()
     c = x.shape[1]
-    scale = _param_or(gamma, c, x.dtype, 1.0)
+    pdt = _bn_params(x, weight=gamma, save_mean=save_mean, save_invstd=save_invstd,
+                     dweight=dgamma, dbias=dbeta)
+    scale = _param_or(gamma, c, pdt, 1.0)
     # cuDNN always writes all three gradients: absent ones go to throwaway buffers
     dx_ = dx if dx is not None else cp.empty_like(x)
-    dg = dgamma if dgamma is not None else cp.empty((c,), x.dtype)
-    dbt = dbeta if dbeta is not None else cp.empty((c,), x.dtype)
-    # The epsilon only matters when the saved statistics are absent (cuDNN recomputes them);
-    # neuron always saves them, and with saved values the result does not depend on it.
+    dg = dgamma if dgamma is not None else cp.empty((c,), pdt)
+    dbt = dbeta if dbeta is not None else cp.empty((c,), pdt)
+    # cuDNN wants the epsilon the forward used (Inception-v4: 1e-3), also with saved statistics
     have_saved = save_mean is not None and save_invstd is not None
     dnn.batchnorm_backward(_h(), _td(x), _ptr(x), _td(dy), _ptr(dy), _td(dx_), _ptr(dx_),
-                           dnn.bias_descriptor(c, x.dtype), _ptr(scale), _ptr(_contig(dg)),
-                           _ptr(_contig(dbt)), 1e-5,
+                           dnn.bias_descriptor(c, pdt), _ptr(scale), _ptr(_contig(dg)),
+                           _ptr(_contig(dbt)), float(eps),
                            _ptr(save_mean) if have_saved else 0,
                            _ptr(save_invstd) if have_saved else 0)
 

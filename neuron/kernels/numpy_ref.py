@@ -308,8 +308,9 @@ def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
     y += shift.reshape(bshape).astype(y.dtype, copy=False)
 
 
-def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
-    """Training-mode BN backward (batch statistics depend on x)."""
+def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5):
+    """Training-mode BN backward (batch statistics depend on x). ``eps`` is the layer's: the
+    saved inverse std already contains it here, but cuDNN's backward takes it again."""
     axes, bshape = _bn_axes(x)
     m = x.size // x.shape[1]
     mean = save_mean.reshape(bshape)

@@ -47,7 +47,8 @@ class BatchNorm(Layer):
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         k.batchnorm_backward(ins[0], douts[0], params["weight"], aux["save_mean"],
-                             aux["save_invstd"], dins[0], dparams["weight"], dparams["bias"])
+                             aux["save_invstd"], dins[0], dparams["weight"], dparams["bias"],
+                             eps=self.eps)
 
 
 class LRN(Layer):

@@ -436,20 +436,50 @@ def _choose(limit, ptrs=(1, 2, 3), ws=None):
     return choice, cd
 
 
-def test_choice_is_measured_once_per_bucket(fake_cudnn):
-    c1, cd = _choose(3 << 20)                  # bucket 2 MiB: everything fits
+def test_choice_is_measured_once_per_geometry(fake_cudnn):
+    c1, cd = _choose(3 << 20)                  # first call: FindEx with the whole buffer
     assert (c1.algo, c1.source) == (7, "find") and cd.math == dnn.CUDNN_FMA_MATH
-    c2, _ = _choose((3 << 20) + 4096)         # same bucket: no new measurement
+    c2, _ = _choose((3 << 20) + 4096)
     assert (c2.algo, c2.source) == (7, "find-cached") and fake_cudnn["find"] == [3 << 20]
-    c3, _ = _choose(100 << 10)                 # 64 KiB bucket: the 1 MiB algorithm is out
-    assert c3.algo == 6 and fake_cudnn["find"] == [3 << 20, 100 << 10]
-    c4, _ = _choose(5000)                      # 4 KiB bucket
+    # less free now: the fastest MEASURED algorithm that fits, without measuring again
+    c3, _ = _choose(100 << 10)
+    assert (c3.algo, c3.source) == (6, "find-cached") and fake_cudnn["find"] == [3 << 20]
+    c4, _ = _choose(5000)
     assert c4.algo == 1 and c4.memory <= 5000
     c5, _ = _choose(0)
-    assert (c5.algo, c5.memory) == (0, 0)
+    assert (c5.algo, c5.memory) == (0, 0) and fake_cudnn["find"] == [3 << 20]
     rec = K.conv_algo_trace[-1]
     assert (rec.kind, rec.algo, rec.workspace_bytes, rec.limit_bytes) == ("fwd", 0, 0, 0)
     assert "x[8, 3, 32, 32]" in rec.key and len(K.conv_algo_trace) == 5
+
+
+def test_a_small_first_measurement_does_not_hide_faster_algorithms_later(fake_cudnn,
+                                                                        monkeypatch):
+    """The old defect: measurements filed under one bucket and looked up under another, so the
+    large-workspace algorithms were never timed. Now the executor's first request is the whole
+    free block, and that is what the kernel measures with."""
+    from neuron.kernels import conv_algos
+    desc = SimpleNamespace(dtype=np.dtype(np.float32))
+    monkeypatch.setattr(conv_algos, "_descriptors", lambda *a: (desc, None, None))
+    monkeypatch.setattr(K.dnn, "convolution_descriptor", lambda *a: _FakeConv())
+    args = ("F", (8, 3, 32, 32), (16, 3, 3, 3), 1, 1, 1, 1, np.float32)
+    assert K.conv2d_workspace_request(*args, 3 << 20) == 3 << 20   # unmeasured: all of it
+    c, _ = _choose(3 << 20)                     # the kernel, handed that, times everything
+    assert c.algo == 7 and fake_cudnn["find"] == [3 << 20]
+    # measured: exactly the workspace of the fastest algorithm that fits what is free now
+    assert K.conv2d_workspace_request(*args, 8 << 20) == 1 << 20   # algo 7
+    assert K.conv2d_workspace_request(*args, 100 << 10) == 1 << 16  # algo 6
+    assert K.conv2d_workspace_request(*args, 5000) == 1 << 12       # algo 1
+    assert fake_cudnn["find"] == [3 << 20]
+
+
+def test_deterministic_request_is_the_planned_ceiling(fake_cudnn, monkeypatch):
+    monkeypatch.setattr(K, "deterministic", True)
+    xs, ws = (8, 3, 32, 32), (16, 3, 3, 3)
+    ceiling = numpy_ref.conv2d_workspace_bytes(xs, ws, 1, 1, 1, 1, 4)
+    for free in (ceiling, 2 * ceiling, 10 * ceiling):   # whatever is free: the same request
+        assert K.conv2d_workspace_request("B", xs, ws, 1, 1, 1, 1, np.float32, free) == ceiling
+    assert fake_cudnn["find"] == []
 
 
 def test_no_measurement_without_a_workspace_of_the_full_limit(fake_cudnn):

@@ -1,0 +1,276 @@
+"""Which cuDNN convolution algorithm runs, under how much workspace (SuperNeurons §3.5).
+
+Per layer geometry (kind, shapes, stride/padding/dilation/groups, dtype, switches):
+
+1. **Measure once, with the largest workspace that could be free.** The first time a geometry
+   is seen, the executor's workspace request (:func:`conv2d_workspace_request`) asks for the
+   whole largest free block of the arena; the kernel then runs cudnnFind*AlgorithmEx with that
+   buffer, which times every algorithm whose workspace fits it (FFT and Winograd included) and
+   writes the output operand (the real call overwrites it right after). The answer is cached per
+   geometry, with the workspace it was measured under.
+2. **Then, at every step, the fastest measured algorithm whose workspace fits the largest free
+   block now**: the request is exactly that algorithm's workspace, and the kernel, handed that
+   workspace, picks the same algorithm from the same cache.
+
+Algorithms that needed more than the measuring buffer were not timed; they stay out of the
+choice (a larger free block later does not trigger a second measurement: one timing per shape,
+as the paper does). Without a measurement (``conv_algo_search = "heuristic"``, or no buffer of
+the full limit) the choice is cuDNN's heuristic ranking. With ``deterministic`` the choice is the
+first deterministic algorithm of the (reproducible) heuristic ranking under the *planned*
+workspace (the im2col ceiling every device plans with), so that it does not depend on the free
+memory of the moment, and two policies compute bit-identical results.
+
+Caution for callers that accumulate into the output (beta = 1): the measuring call overwrites
+the output operand, so the first call of a geometry must not carry a partial sum in it.
+
+The switches (``deterministic``, ``allow_tf32``, ``conv_algo_search``, ``trace_label``) stay
+attributes of :mod:`neuron.kernels.cuda`, their public home; this module reads them at call time.
+"""
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from . import cudnn as dnn
+from . import numpy_ref
+from .numpy_ref import _pair, conv2d_out_hw
+
+
+def _k():
+    """neuron.kernels.cuda, for its switches and handle (read at call time)."""
+    mod = sys.modules.get("neuron.kernels.cuda")
+    if mod is None:
+        from . import cuda as mod
+    return mod
+
+
+class ConvAlgoError(RuntimeError):
+    """No cuDNN algorithm can run this convolution within the workspace bytes available."""
+
+
+class ConvChoice(NamedTuple):
+    algo: int
+    memory: int          # workspace bytes the algorithm needs
+    math_type: int       # what to set on the convolution descriptor before running it
+    time: float          # ms (FindEx); -1 for heuristic choices
+    source: str          # "find", "find-cached", "heuristic"
+
+
+class ConvAlgoRecord(NamedTuple):
+    label: str | None    # trace_label at the time (the executor's step/layer name)
+    key: str             # kind and geometry: the "layer key"
+    kind: str            # fwd | bwd_data | bwd_filter
+    algo: int
+    algo_name: str
+    workspace_bytes: int
+    limit_bytes: int
+    source: str
+
+
+#: one record per convolution call, for the memory trace (bounded: a long run keeps the latest)
+conv_algo_trace: deque = deque(maxlen=1 << 16)
+
+_measured: dict = {}        # geometry key -> ([AlgoPerf] from FindEx, workspace it had)
+_heuristic: dict = {}       # geometry key -> [AlgoPerf] from Get*_v7
+
+
+def clear_conv_algo_cache() -> None:
+    _measured.clear()
+    _heuristic.clear()
+    conv_algo_trace.clear()
+
+
+def measured(key):
+    """(perfs, workspace bytes measured under) for a geometry key, or None."""
+    return _measured.get(key)
+
+
+def workspace_bucket(limit_bytes: int) -> int:
+    """The power-of-two bucket of a byte limit: the largest 2**k <= limit (0 for 0). Kept for
+    reports that group limits; the choice itself no longer depends on buckets."""
+    limit_bytes = int(limit_bytes)
+    if limit_bytes <= 0:
+        return 0
+    return 1 << (limit_bytes.bit_length() - 1)
+
+
+def pick_algo(perfs, limit_bytes: int, *, deterministic: bool = False, by_time: bool = True):
+    """The best usable entry of a cuDNN perf list (AlgoPerf-like: algo, status, time, memory,
+    determinism), or None.
+
+    Usable: status SUCCESS, workspace <= limit, and deterministic when asked. Best: the fastest
+    measured (ties: less workspace) when ``by_time``; otherwise the first in the given order,
+    which for the heuristics is cuDNN's own ranking."""
+    ok = [p for p in perfs
+          if p.status == dnn.CUDNN_STATUS_SUCCESS and 0 <= p.memory <= limit_bytes
+          and (not deterministic or p.determinism == dnn.CUDNN_DETERMINISTIC)]
+    if not ok:
+        return None
+    if by_time:
+        return min(ok, key=lambda p: (p.time, p.memory))
+    return ok[0]
+
+
+def math_type(dtype) -> int:
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        # DEFAULT permits TF32 on Ampere and later; FMA forbids it (what torch does when
+        # allow_tf32 is off)
+        return dnn.CUDNN_DEFAULT_MATH if _k().allow_tf32 else dnn.CUDNN_FMA_MATH
+    if dtype == np.float16:
+        return dnn.CUDNN_TENSOR_OP_MATH
+    return dnn.CUDNN_DEFAULT_MATH
+
+
+def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype) -> tuple:
+    k = _k()
+    return (kind, tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
+            _pair(stride), _pair(padding), _pair(dilation), int(groups), np.dtype(dtype).str,
+            bool(k.deterministic), bool(k.allow_tf32))
+
+
+def key_text(key) -> str:
+    kind, xs, ws, st, pd, dl, g, dt = key[:8]
+    return (f"{kind} x{list(xs)} w{list(ws)} s{list(st)} p{list(pd)} d{list(dl)} g{g} "
+            f"{np.dtype(dt).name}")
+
+
+def _searching() -> bool:
+    k = _k()
+    return k.conv_algo_search == "find" and not k.deterministic
+
+
+def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice:
+    """The algorithm for one call under ``limit`` workspace bytes (see the module docstring).
+    ``ptrs`` = (x, w, y) device pointers in forward naming and ``ws`` = (pointer, bytes) of the
+    workspace: with both, an unmeasured geometry is measured now."""
+    k = _k()
+    det = bool(k.deterministic)
+    mt = math_type(xd.dtype)
+    cd.set_math_type(mt)
+    h = k._h()
+    best, source, perfs = None, "heuristic", None
+    if _searching():
+        rec = _measured.get(key)
+        source = "find-cached"
+        if rec is None and ptrs is not None and ws[1] > 0 and ws[1] >= limit:
+            x_ptr, w_ptr, y_ptr = ptrs
+            perfs = dnn.find_algorithms(h, kind, xd, x_ptr, wd, w_ptr, cd, yd, y_ptr, ws[0],
+                                        ws[1])
+            rec = _measured[key] = (perfs, ws[1])
+            source = "find"
+        if rec is not None:
+            perfs = rec[0]
+            best = pick_algo(perfs, limit, by_time=True)
+    if best is None:
+        perfs = _heuristic.get(key)
+        if perfs is None:
+            perfs = _heuristic[key] = dnn.get_algorithms(h, kind, xd, wd, cd, yd)
+        source = "heuristic"
+        best = pick_algo(perfs, limit, deterministic=det, by_time=False)
+    if best is None:
+        listing = ", ".join(f"{dnn.ALGO_NAMES[kind].get(p.algo, p.algo)}: "
+                            f"{p.memory if p.status == 0 else 'unsupported'}" for p in perfs)
+        raise ConvAlgoError(f"{key_text(key)}: no {'deterministic ' if det else ''}"
+                            f"cuDNN algorithm fits a workspace of {limit} bytes "
+                            f"(workspace per algorithm: {listing})")
+    # with TF32 off, run under FMA math whatever the perf row says (DEFAULT would allow TF32)
+    run_math = mt if mt == dnn.CUDNN_FMA_MATH else best.math_type
+    return ConvChoice(best.algo, best.memory, run_math,
+                      best.time if source != "heuristic" else -1.0, source)
+
+
+def _record(kind, key, choice, limit):
+    conv_algo_trace.append(ConvAlgoRecord(
+        _k().trace_label, key_text(key), kind, choice.algo,
+        dnn.ALGO_NAMES[kind].get(choice.algo, str(choice.algo)), choice.memory, limit,
+        choice.source))
+
+
+def _descriptors(x_shape, w_shape, stride, padding, dilation, dtype):
+    n, _, hh, ww = x_shape
+    kk, _, kh, kw = w_shape
+    ho, wo = conv2d_out_hw(hh, ww, kh, kw, stride, padding, dilation)
+    return (dnn.tensor_descriptor(x_shape, dtype), dnn.filter_descriptor(w_shape, dtype),
+            dnn.tensor_descriptor((n, kk, ho, wo), dtype))
+
+
+def choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                     limit_bytes, *, arrays=None, workspace=None, record=True) -> ConvChoice:
+    """The convolution algorithm for this geometry under ``limit_bytes`` of workspace.
+
+    ``kind`` is "fwd", "bwd_data" or "bwd_filter"; shapes are those of the forward convolution's
+    x and w. To measure, pass ``arrays`` = (x, w, y) (for bwd_data: (dx, w, dy), for
+    bwd_filter: (x, dw, dy); FindEx writes the output operand) and ``workspace`` (a uint8 device
+    array of at least limit bytes). Without them, the cached measurement if any, else cuDNN's
+    heuristic ranking."""
+    dtype = np.dtype(dtype)
+    limit = max(0, int(limit_bytes))
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
+    if arrays is not None:
+        a, b, c = arrays
+        xd, wd, yd = (dnn.tensor_descriptor(a.shape, a.dtype, a.strides),
+                      dnn.filter_descriptor(b.shape, b.dtype),
+                      dnn.tensor_descriptor(c.shape, c.dtype, c.strides))
+        ptrs = (a.data.ptr, b.data.ptr, c.data.ptr)
+    else:
+        xd, wd, yd = _descriptors(x_shape, w_shape, stride, padding, dilation, dtype)
+        ptrs = None
+    cd = dnn.convolution_descriptor(padding, stride, dilation, groups, dtype)
+    ws = aligned_workspace(workspace)
+    if workspace is not None:
+        limit = min(limit, ws[1])
+    choice = choose(kind, key, xd, wd, cd, yd, limit, ptrs, ws)
+    if record:
+        _record(kind, key, choice, limit)
+    return choice
+
+
+def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                             limit_bytes) -> int:
+    """Workspace bytes for a conv step when ``limit_bytes`` are free in one block.
+
+    An unmeasured geometry asks for all of ``limit_bytes`` (the kernel measures with it); a
+    measured one for exactly the workspace of the fastest algorithm that fits. Deterministic
+    mode asks for the planned ceiling (policy-independent; see the module docstring). Backward
+    asks for the larger of the backward-data and backward-filter needs."""
+    dtype = np.dtype(dtype)
+    limit = max(0, int(limit_bytes))
+    if _k().deterministic:
+        return min(limit, numpy_ref.conv2d_workspace_bytes(
+            x_shape, w_shape, stride, padding, dilation, groups, dtype.itemsize))
+    kinds = ("fwd",) if phase == "F" else ("bwd_data", "bwd_filter")
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    need = 0
+    for kind in kinds:
+        key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
+        if _searching() and key not in _measured:
+            return limit                # the kernel times every algorithm with all of it
+        need = max(need, choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation,
+                                          groups, dtype, limit, record=False).memory)
+    return need
+
+
+_WS_ALIGN = 256
+
+
+def aligned_workspace(workspace) -> tuple[int, int]:
+    """(pointer, usable bytes) of a uint8 workspace array, the pointer rounded up to 256 bytes
+    (cuDNN kernels vectorize their workspace accesses). (0, 0) for None."""
+    if workspace is None:
+        return 0, 0
+    return align_region(workspace.data.ptr, workspace.nbytes)
+
+
+def align_region(ptr: int, nbytes: int, align: int = _WS_ALIGN) -> tuple[int, int]:
+    shift = (-ptr) % align
+    if nbytes <= shift:
+        return 0, 0
+    return ptr + shift, nbytes - shift
+
+
+record = _record
