@@ -72,13 +72,15 @@ def arg_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def host_budget_for(arg: str | None, TM=None) -> int:
-    """Host bytes offloaded tensors may use: --host-budget if given; on a GPU machine 80% of
-    its memory (pinned buffers live there); else 128 GiB, the GPU machine's size."""
+    """Host bytes offloaded tensors may use: --host-budget if given; else the runtime's own
+    pinned-memory cap (neuron.memory.host_budget: PINNED_FRACTION of RAM) of this GPU machine,
+    or, planning without a GPU, of the 128 GiB GPU machine. A plan never counts on host bytes
+    the runtime would refuse to pin."""
+    from neuron.memory.host_budget import default_host_cap
     from neuron.units import parse_bytes
     gib = 1 << 30
     if arg:
         return parse_bytes(arg)
-    if TM is not None:
-        return int(0.8 * TM.host_memory_bytes()) // gib * gib or 128 * gib
-    return 128 * gib
-
+    if TM is not None and TM.host_memory_bytes():
+        return default_host_cap(TM.host_memory_bytes())
+    return default_host_cap(128 * gib)

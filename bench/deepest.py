@@ -60,9 +60,9 @@ def parse_args(argv=None):
     ap.add_argument("--offload-params", choices=["both", "no", "yes"], default="both",
                     help="neuron rows without / with parameter offload (default both)")
     ap.add_argument("--host-budget", default=None,
-                    help="host memory for offloaded tensors (default 128GiB with --plan-only, "
-                    "as `neuron deepest`; on a GPU 80%% of this machine's memory, since the "
-                    "real run pins it)")
+                    help="host memory for offloaded tensors (default: the runtime's pinned cap, "
+                    "50%% of RAM (neuron.memory.host_budget): of this machine on a GPU, of the "
+                    "128 GiB GPU machine with --plan-only)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="planning processes (default: up to 2)")
     ap.add_argument("--iters", type=int, default=3, help="timed GPU iterations (default 3)")

@@ -46,8 +46,9 @@ def parse_args(argv=None):
     ap.add_argument("--offload-params", choices=["both", "no", "yes"], default="both",
                     help="neuron columns without / with parameter offload (default both)")
     ap.add_argument("--host-budget", default=None,
-                    help="host memory for offloaded tensors (default 128GiB with --plan-only, "
-                    "as `neuron widest`; on a GPU 80%% of this machine's memory)")
+                    help="host memory for offloaded tensors (default: the runtime's pinned cap, "
+                    "50%% of RAM (neuron.memory.host_budget): of this machine on a GPU, of the "
+                    "128 GiB GPU machine with --plan-only)")
     ap.add_argument("--iters", type=int, default=5, help="timed GPU iterations (default 5)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed GPU iterations (default 2)")
     ap.add_argument("--skip-torch", action="store_true", help="GPU: no PyTorch columns")

@@ -1,11 +1,11 @@
 """CudaDevice: the arena is ONE cudaMalloc; every tensor is a zero-copy CuPy view into it.
 
-Layout of the single allocation::
+Layout of the single allocation (its size is the memory budget, nothing more)::
 
-    base                                   base + arena_bytes          + scratch_bytes
-    |---------------- pool region ----------------|------ scratch ------|
-      managed by the Pool's Heap (offsets);          CuPy's temporaries until the pool
-      the memory budget                              attaches its heap (then: overflow)
+    base                                   base + arena_bytes     base + budget
+    |---------------- pool region ----------------|--- scratch ---|
+      managed by the Pool's Heap (offsets)          optional (default 0 bytes): CuPy
+                                                    temporaries before a pool attaches
 
 Outside it, only what cannot be avoided: the cuDNN and cuBLAS handles, CUDA contexts and kernel
 images, and whatever cuDNN allocates internally. That is why construction measures the free
@@ -18,7 +18,9 @@ rule the runtime must keep: an arena block whose contents are being offloaded ma
 only after the offload's event completed (``is_done(event)`` / ``wait(event)``).
 
 CuPy's own temporaries (reduction scratch, ``cupy.asarray`` of host data, ...) are routed into the
-arena with ``cupy.cuda.set_allocator``, so no byte escapes the budget behind neuron's back.
+arena with ``cupy.cuda.set_allocator``: the Pool attaches its heap (``attach_heap``) when it is
+created, so they are served from the same budget as every tensor, and one that cannot fit is a
+MemoryBudgetError naming the kernel and layer that asked for it. No byte escapes the budget.
 
 The pointer and buffer bookkeeping (ArenaLayout, ArenaAllocator, HostBufferPool) is pure Python
 so it is tested on machines without a GPU.
@@ -27,17 +29,19 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 
 import numpy as np
 
 from .devices import Device
 from .errors import MemoryBudgetError
+from .memory.host_budget import default_host_cap
 
 MiB = 1 << 20
 
 DEFAULT_HEADROOM = 512 * MiB       # cuDNN/cuBLAS workspaces and engines created after start-up
-DEFAULT_SCRATCH = 64 * MiB         # CuPy temporaries before the pool attaches its heap
+DEFAULT_SCRATCH = 0                # CuPy temporaries come from the pool's heap (inside the budget)
 ARENA_ALIGN = 256                  # what the heap hands out; cuDNN and vector loads need it
 
 
@@ -136,9 +140,12 @@ class ArenaAllocator:
                     return ptr
             where = ", ".join(f"{name}: largest free {heap.largest_free}"
                               for heap, _, name in self._regions) or "no region"
+        kernel, step = kernel_context()
         raise MemoryBudgetError(
-            f"CuPy temporary of {nbytes} bytes does not fit in the arena ({where})",
-            tensor="cupy-temporary", requested=nbytes,
+            f"CuPy temporary of {nbytes} bytes for kernel {kernel}"
+            f"{f' (step {step})' if step else ''} does not fit in the arena ({where}); "
+            "temporaries come out of the memory budget like every tensor",
+            step=step, tensor=f"cupy-temporary:{kernel}", requested=nbytes,
             largest_free=max((h.largest_free for h, _, _ in self._regions), default=0))
 
     def free(self, ptr: int, device_id: int = 0) -> None:
@@ -152,6 +159,22 @@ class ArenaAllocator:
     @property
     def live_count(self) -> int:
         return len(self._live)
+
+
+def kernel_context(frame=None) -> tuple[str, str | None]:
+    """(kernel, step) that is running, read off the Python stack: the innermost function of a
+    neuron.kernels module and the executor's current step. Only called to explain a failure."""
+    f = frame or sys._getframe(1)
+    kernel, step = None, None
+    while f is not None:
+        mod = f.f_globals.get("__name__", "")
+        if kernel is None and mod.startswith("neuron.kernels."):
+            kernel = f"{mod.rsplit('.', 1)[1]}.{f.f_code.co_name}"
+        if step is None and mod == "neuron.executor":
+            s = f.f_locals.get("step")
+            step = getattr(s, "name", None)
+        f = f.f_back
+    return kernel or "outside neuron's kernels", step
 
 
 def size_class(nbytes: int, min_bytes: int = 4096) -> int:
@@ -312,6 +335,13 @@ class CudaDevice(Device):
             headroom_bytes = int(os.environ.get("NEURON_CUDA_HEADROOM", DEFAULT_HEADROOM))
         self.headroom_bytes = int(headroom_bytes)
         self.scratch_bytes = -(-int(scratch_bytes) // ARENA_ALIGN) * ARENA_ALIGN
+        # the scratch is carved out of the budget, never added on top of it
+        self.budget_bytes = self.arena_bytes
+        if self.scratch_bytes >= self.budget_bytes:
+            raise ValueError(f"scratch of {self.scratch_bytes} bytes leaves nothing of a "
+                             f"{self.budget_bytes} byte budget for the pool")
+        self.arena_bytes = self.budget_bytes - self.scratch_bytes
+        self.host_cap = int(pinned_capacity) if pinned_capacity else default_host_cap()
 
         # Whatever CuPy's default pool cached is given back first: it would count as used.
         cp.get_default_memory_pool().free_all_blocks()
@@ -346,11 +376,11 @@ class CudaDevice(Device):
         free_after, _ = cp.cuda.runtime.memGetInfo()
         self.library_bytes = max(0, free_before - free_after)
 
-        need = self.arena_bytes + self.scratch_bytes
+        need = self.budget_bytes
         available = free_after - self.headroom_bytes
         if need > available:
             raise MemoryBudgetError(
-                f"cannot allocate a {need} byte arena ({self.arena_bytes} budget + "
+                f"cannot allocate a {need} byte arena ({self.arena_bytes} pool + "
                 f"{self.scratch_bytes} scratch) on GPU {self.device_id}: {free_after} bytes free "
                 f"after the cuDNN/cuBLAS handles took {self.library_bytes}, minus "
                 f"{self.headroom_bytes} headroom leaves {max(0, available)} "
@@ -509,6 +539,7 @@ class CudaDevice(Device):
     def memory_info(self) -> dict:
         free, total = self._cp.cuda.runtime.memGetInfo()
         return {"arena_bytes": self.arena_bytes, "scratch_bytes": self.scratch_bytes,
+                "budget_bytes": self.budget_bytes, "pinned_cap_bytes": self.host_cap,
                 "arena_base": self.layout.base, "library_bytes": self.library_bytes,
                 "headroom_bytes": self.headroom_bytes, "device_free_bytes": free,
                 "device_total_bytes": total,

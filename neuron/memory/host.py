@@ -10,17 +10,28 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..errors import MemoryBudgetError
+
 
 class HostPool:
-    def __init__(self, allocate=None, granularity: int = 4096, limit: int | None = None):
+    """``limit``: host bytes offloaded tensors may occupy at once (the plan's host budget).
+    ``cap``: bytes this pool may hold allocated in all, cached free buffers included (the
+    device's pinned-memory cap, see neuron.memory.host_budget). Buffers are allocated lazily,
+    on first need; when a new one would pass the cap, the cached free buffers are given back
+    first, and only if that is not enough is it an error naming the cap."""
+
+    def __init__(self, allocate=None, granularity: int = 4096, limit: int | None = None,
+                 cap: int | None = None):
         # allocate(nbytes) -> 1-D uint8 array; CudaDevice passes a pinned allocator
         self._allocate = allocate or (lambda n: np.empty(n, dtype=np.uint8))
         self.granularity = granularity
         self.limit = limit              # host bytes that offloaded tensors may occupy
+        self.cap = cap                  # host bytes this pool may hold allocated (pinned)
         self._free: dict[int, list] = defaultdict(list)
         self.in_use_bytes = 0
         self.peak_bytes = 0
-        self.reserved_bytes = 0         # everything ever allocated (in use + cached)
+        self.reserved_bytes = 0         # everything allocated and not given back (in use + cached)
+        self.trimmed_bytes = 0          # cached buffers given back to respect the cap
 
     def size_class(self, nbytes: int) -> int:
         g = self.granularity
@@ -31,7 +42,6 @@ class HostPool:
         g = self.granularity
         c = -(-nbytes // g) * g or g
         if self.limit is not None and self.in_use_bytes + c > self.limit:
-            from ..errors import MemoryBudgetError
             raise MemoryBudgetError(
                 f"host memory budget of {self.limit} bytes exceeded: {self.in_use_bytes} in use, "
                 f"{c} more requested for an offloaded tensor", requested=c,
@@ -39,6 +49,15 @@ class HostPool:
         lst = self._free.get(c)
         buf = lst.pop() if lst else None
         if buf is None:
+            if self.cap is not None and self.reserved_bytes + c > self.cap:
+                self.trim()
+                if self.reserved_bytes + c > self.cap:
+                    from .host_budget import describe_cap
+                    raise MemoryBudgetError(
+                        f"pinned host memory cap of {describe_cap(self.cap)} reached: "
+                        f"{self.in_use_bytes} bytes hold offloaded tensors, {c} more requested",
+                        requested=c, free_bytes=self.cap - self.reserved_bytes,
+                        budget=self.cap)
             buf = self._allocate(c)
             self.reserved_bytes += c
         self.in_use_bytes += c
@@ -50,3 +69,12 @@ class HostPool:
         c = buf.nbytes
         self.in_use_bytes -= c
         self._free[c].append(buf)
+
+    def trim(self) -> int:
+        """Give every cached free buffer back (pinned pages return to the OS when the last
+        reference goes); returns the bytes given back."""
+        dropped = sum(c * len(v) for c, v in self._free.items())
+        self._free.clear()
+        self.reserved_bytes -= dropped
+        self.trimmed_bytes += dropped
+        return dropped

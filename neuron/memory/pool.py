@@ -53,7 +53,9 @@ class Pool:
         self.lru: OrderedDict[int, TensorInfo] = OrderedDict()  # device tensors, oldest first
         self.locked: set[int] = set()
         self.pinned: set[int] = set()           # never evicted (parameters unless offloaded)
-        self.host_pool = HostPool(device.host_allocator(), limit=host_budget)
+        # limit: what the plan may offload; cap: what the device may pin (CudaDevice.host_cap)
+        self.host_pool = HostPool(device.host_allocator(), limit=host_budget,
+                                  cap=getattr(device, "host_cap", None))
         self.held: list[int] = []               # raw regions kept to the iteration's end
         self.max_extent = 0                     # highest byte ever handed out
         self.by_kind = [0] * len(Kind)          # bytes on device by kind index, now
@@ -66,6 +68,9 @@ class Pool:
         self.async_copies = getattr(device, "async_copies", False)
         self.inflight: dict[int, object] = {}   # tensor id -> event of its prefetch
         self.deferred: list = []                # (event, host buffer) to reuse once done
+        attach = getattr(device, "attach_heap", None)
+        if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
+            attach(self.heap)
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
