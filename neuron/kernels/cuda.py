@@ -797,10 +797,33 @@ def copy(dst, src):
     if src.dtype != dst.dtype:
         src = src.astype(dst.dtype)
     if dst.flags.c_contiguous and src.shape == dst.shape:
-        # pageable host memory is staged before the call returns, so src may die right after
-        dst.set(np.ascontiguousarray(src))
+        # through a pinned staging buffer, asynchronously on the compute stream; src may die
+        # as soon as this returns (it was copied into the staging buffer)
+        input_stager().stage(src, dst.data.ptr)
     else:
         cp.copyto(dst, cp.asarray(src))
+
+
+_stager = None
+
+
+def input_stager():
+    """The process's PinnedStager over CuPy (pinned buffers, the current stream)."""
+    global _stager
+    if _stager is None:
+        cp = _cp()
+        from ..cuda_device import pinned_empty
+        from .input_staging import PinnedStager
+
+        def memcpy_async(dst, src, n):
+            cp.cuda.runtime.memcpyAsync(dst, src, n, cp.cuda.runtime.memcpyHostToDevice,
+                                        cp.cuda.get_current_stream().ptr)
+
+        def record():
+            return cp.cuda.get_current_stream().record(cp.cuda.Event(disable_timing=True))
+
+        _stager = PinnedStager(pinned_empty, memcpy_async, record)
+    return _stager
 
 
 def add_inplace(dst, src):
