@@ -3,7 +3,8 @@
 - CpuDevice: the arena is one NumPy byte buffer; tensors are views at offsets; NumPy kernels.
 - VirtualDevice: offsets only, no storage, no kernels; the planner and simulator run the same
   executor code on it, so planned and measured peaks agree by construction.
-- CudaDevice (neuron.cuda_device, loaded lazily) has the same interface on the GPU.
+- CudaDevice (neuron.cuda_device) has the same interface on the GPU. It is found through the
+  device registry (``make_device``/``register_device``), imported only when asked for.
 """
 from __future__ import annotations
 
@@ -102,18 +103,40 @@ class _VirtualBuffer:
         self.nbytes = nbytes
 
 
+#: device kind -> class, or "module:Class" imported on first use (GPU code stays unimported on
+#: machines without a GPU, and this module never imports the devices built on top of it)
+_REGISTRY: dict[str, object] = {"cpu": CpuDevice, "virtual": VirtualDevice,
+                                "cuda": "neuron.cuda_device:CudaDevice"}
+
+
+def register_device(kind: str, factory) -> None:
+    """Make ``make_device(kind, ...)`` build ``factory`` (a Device class or "module:Class")."""
+    if kind == "auto":
+        raise ValueError("'auto' is reserved: it picks cuda or cpu")
+    _REGISTRY[kind] = factory
+
+
+def device_kinds() -> list[str]:
+    return [*_REGISTRY, "auto"]
+
+
+def _resolve(kind: str):
+    factory = _REGISTRY[kind]
+    if isinstance(factory, str):
+        import importlib
+        module, _, name = factory.partition(":")
+        factory = _REGISTRY[kind] = getattr(importlib.import_module(module), name)
+    return factory
+
+
 def make_device(kind: str, arena_bytes: int) -> Device:
-    """``cpu``, ``cuda``, ``virtual`` or ``auto`` (cuda when a GPU is usable, else cpu)."""
+    """A registered device (cpu, cuda, virtual, ...) or ``auto`` (cuda when a GPU is usable,
+    else cpu)."""
     if kind == "auto":
         kind = "cuda" if cuda_available() else "cpu"
-    if kind == "cpu":
-        return CpuDevice(arena_bytes)
-    if kind == "virtual":
-        return VirtualDevice(arena_bytes)
-    if kind == "cuda":
-        from .cuda_device import CudaDevice
-        return CudaDevice(arena_bytes)
-    raise ValueError(f"unknown device {kind!r}; expected cpu, cuda, virtual or auto")
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown device {kind!r}; expected one of {', '.join(device_kinds())}")
+    return _resolve(kind)(arena_bytes)
 
 
 def cuda_available() -> bool:

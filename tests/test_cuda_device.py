@@ -31,3 +31,25 @@ def test_a_temporary_that_does_not_fit_names_the_kernel_and_the_step():
 
 def test_kernel_context_outside_the_kernels():
     assert kernel_context() == ("outside neuron's kernels", None)
+
+
+def test_device_registry_resolves_lazily_and_names_the_kinds():
+    import sys
+
+    from neuron import devices
+    assert devices._REGISTRY["cuda"] == "neuron.cuda_device:CudaDevice" or \
+        "neuron.cuda_device" in sys.modules
+    assert isinstance(devices.make_device("cpu", 1 << 16), devices.CpuDevice)
+    with pytest.raises(ValueError, match="expected one of cpu, virtual, cuda"):
+        devices.make_device("tpu", 1 << 16)
+
+    class Tiny(devices.CpuDevice):
+        name = "tiny"
+
+    devices.register_device("tiny", Tiny)
+    try:
+        assert isinstance(devices.make_device("tiny", 1 << 16), Tiny)
+    finally:
+        del devices._REGISTRY["tiny"]
+    with pytest.raises(ValueError, match="reserved"):
+        devices.register_device("auto", Tiny)
