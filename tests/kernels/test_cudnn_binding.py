@@ -275,7 +275,8 @@ def test_constants_match_the_installed_headers():
 @pytest.mark.skipif(None in _headers_and_cc(), reason="cuDNN headers or a C compiler missing")
 def test_header_check_runs_with_stub_cuda_headers_and_catches_a_wrong_value(monkeypatch):
     # without a CUDA toolkit the stubs must be enough...
-    monkeypatch.setattr(dnn, "_cuda_include_dirs", lambda *a, **k: [])
+    from neuron.kernels import cudnn_headers
+    monkeypatch.setattr(cudnn_headers, "_cuda_include_dirs", lambda *a, **k: [])
     assert dnn.check_headers() == []
     # ...and a wrong constant or signature must be reported
     monkeypatch.setitem(dnn.ENUMS, "CUDNN_POOLING_MAX_DETERMINISTIC", 4)
