@@ -33,6 +33,8 @@ import numpy as np
 
 from . import cudnn as dnn
 from . import numpy_ref
+from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
+    _k_dropout, _k_leaky, _k_lrn, _k_pool, _k_sgd, _k_sigmoid_bwd, _k_tanh_bwd, _k_xent)
 from .numpy_ref import _pair, conv2d_out_hw, pool_out_hw  # noqa: F401 (mirrors numpy_ref)
 
 __all__ = list(numpy_ref.__all__) + [
@@ -285,18 +287,6 @@ def tanh_forward(x, y):
     _act_forward(dnn.CUDNN_ACTIVATION_TANH, x, y)
 
 
-@functools.cache
-def _k_sigmoid_bwd():
-    return _cp().ElementwiseKernel("T y, T dy", "T dx", "dx = dy * ((T(1) - y) * y)",
-                                   "neuron_sigmoid_bwd")
-
-
-@functools.cache
-def _k_tanh_bwd():
-    return _cp().ElementwiseKernel("T y, T dy", "T dx", "dx = dy * (T(1) - y * y)",
-                                   "neuron_tanh_bwd", options=("--fmad=false",))
-
-
 def sigmoid_backward(y, dy, dx):
     # CuPy, not cuDNN: cuDNN's activation backward takes x as well, which the layer dropped
     _k_sigmoid_bwd()(y, dy, dx)
@@ -304,16 +294,6 @@ def sigmoid_backward(y, dy, dx):
 
 def tanh_backward(y, dy, dx):
     _k_tanh_bwd()(y, dy, dx)
-
-
-@functools.cache
-def _k_leaky():
-    cp = _cp()
-    fwd = cp.ElementwiseKernel("T x, T slope", "T y", "y = x > T(0) ? x : x * slope",
-                               "neuron_leaky_relu_fwd")
-    bwd = cp.ElementwiseKernel("T y, T dy, T slope", "T dx", "dx = y > T(0) ? dy : dy * slope",
-                               "neuron_leaky_relu_bwd")
-    return fwd, bwd
 
 
 def leaky_relu_forward(x, y, slope):
@@ -339,106 +319,6 @@ def _pool_desc(mode, kernel, stride, padding):
 
 def _max_mode():
     return dnn.CUDNN_POOLING_MAX_DETERMINISTIC if deterministic else dnn.CUDNN_POOLING_MAX
-
-
-_POOL_PREAMBLE = r"""
-__device__ inline long long nr_lo(long long a, long long s) {  // ceil(a / s) for any sign
-    return a >= 0 ? (a + s - 1) / s : -((-a) / s);
-}
-__device__ inline long long nr_hi(long long a, long long s) {  // floor(a / s) for any sign
-    return a >= 0 ? a / s : -((-a + s - 1) / s);
-}
-__device__ inline long long lmin(long long a, long long b) { return a < b ? a : b; }
-__device__ inline long long lmax(long long a, long long b) { return a > b ? a : b; }
-"""
-
-
-@functools.cache
-def _k_pool():
-    """Pooling on C-contiguous NCHW arrays for the shapes cuDNN cannot do (ceil mode) and for
-    average-pool backward. Backward kernels gather (one thread per input element, no atomics),
-    so they are deterministic."""
-    cp = _cp()
-    geo = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw, int32 sh, int32 sw, " \
-          "int32 ph, int32 pw"
-    maxf = cp.ElementwiseKernel(
-        "raw T x, T neg_inf, " + geo, "T y", r"""
-        long long wo = i % Wo, t = i / Wo, ho = t % Ho, nc = t / Ho;
-        const long long base = nc * H * W;
-        T m = neg_inf;
-        for (int a = 0; a < kh; ++a) {
-            long long ih = ho * sh - ph + a;
-            if (ih < 0 || ih >= H) continue;
-            for (int b = 0; b < kw; ++b) {
-                long long iw = wo * sw - pw + b;
-                if (iw < 0 || iw >= W) continue;
-                T v = x[base + ih * W + iw];
-                m = (v > m || isnan(v)) ? v : m;     // NaN sticks, like np.maximum
-            }
-        }
-        y = m;""", "neuron_maxpool_fwd")
-    maxb = cp.ElementwiseKernel(
-        "raw T x, raw T y, raw T dy, " + geo, "T dx", r"""
-        long long iw = i % W, t = i / W, ih = t % H, nc = t / H;
-        const long long xb = nc * H * W, yb = nc * Ho * Wo;
-        const T xv = x[i];
-        T acc = 0;
-        long long ho0 = lmax(nr_lo(ih + ph - kh + 1, sh), 0LL), ho1 = lmin(nr_hi(ih + ph, sh), (long long)Ho - 1);
-        long long wo0 = lmax(nr_lo(iw + pw - kw + 1, sw), 0LL), wo1 = lmin(nr_hi(iw + pw, sw), (long long)Wo - 1);
-        for (long long ho = ho0; ho <= ho1; ++ho) {
-            for (long long wo = wo0; wo <= wo1; ++wo) {
-                const T m = y[yb + ho * Wo + wo];
-                if (!(xv == m)) continue;
-                // the gradient goes to the FIRST maximum of the window in row-major order
-                bool first = true;
-                for (int a = 0; a < kh && first; ++a) {
-                    long long jh = ho * sh - ph + a;
-                    if (jh < 0 || jh >= H) continue;
-                    for (int b = 0; b < kw; ++b) {
-                        long long jw = wo * sw - pw + b;
-                        if (jw < 0 || jw >= W) continue;
-                        if (jh == ih && jw == iw) { a = kh; break; }
-                        if (x[xb + jh * W + jw] == m) { first = false; break; }
-                    }
-                }
-                if (first) acc += dy[yb + ho * Wo + wo];
-            }
-        }
-        dx = acc;""", "neuron_maxpool_bwd", preamble=_POOL_PREAMBLE)
-    avgf = cp.ElementwiseKernel(
-        "raw T x, " + geo, "T y", r"""
-        long long wo = i % Wo, t = i / Wo, ho = t % Ho, nc = t / Ho;
-        const long long base = nc * H * W;
-        T s = 0;
-        for (int a = 0; a < kh; ++a) {
-            long long ih = ho * sh - ph + a;
-            if (ih < 0 || ih >= H) continue;
-            for (int b = 0; b < kw; ++b) {
-                long long iw = wo * sw - pw + b;
-                if (iw < 0 || iw >= W) continue;
-                s += x[base + ih * W + iw];
-            }
-        }
-        // torch's count_include_pad divisor: the window clipped to the padded input
-        long long hs = ho * sh - ph, ws = wo * sw - pw;
-        long long ch = lmin(hs + kh, (long long)H + ph) - hs, cw = lmin(ws + kw, (long long)W + pw) - ws;
-        y = s / T(ch * cw);""", "neuron_avgpool_fwd", preamble=_POOL_PREAMBLE)
-    avgb = cp.ElementwiseKernel(
-        "raw T dy, " + geo, "T dx", r"""
-        long long iw = i % W, t = i / W, ih = t % H, nc = t / H;
-        const long long yb = nc * Ho * Wo;
-        T acc = 0;
-        long long ho0 = lmax(nr_lo(ih + ph - kh + 1, sh), 0LL), ho1 = lmin(nr_hi(ih + ph, sh), (long long)Ho - 1);
-        long long wo0 = lmax(nr_lo(iw + pw - kw + 1, sw), 0LL), wo1 = lmin(nr_hi(iw + pw, sw), (long long)Wo - 1);
-        for (long long ho = ho0; ho <= ho1; ++ho) {
-            long long hs = ho * sh - ph, ch = lmin(hs + kh, (long long)H + ph) - hs;
-            for (long long wo = wo0; wo <= wo1; ++wo) {
-                long long ws = wo * sw - pw, cw = lmin(ws + kw, (long long)W + pw) - ws;
-                acc += dy[yb + ho * Wo + wo] / T(ch * cw);
-            }
-        }
-        dx = acc;""", "neuron_avgpool_bwd", preamble=_POOL_PREAMBLE)
-    return maxf, maxb, avgf, avgb
 
 
 def _geo(x_hw, y_hw, kernel, stride, padding):
@@ -544,21 +424,6 @@ def linear_backward(x, w, dy, dx, dw, db):
 from .dropout_mask import _seed_key, dropout_mask_reference  # noqa: E402,F401
 
 
-@functools.cache
-def _k_dropout():
-    cp = _cp()
-    mask = cp.ElementwiseKernel("uint64 key, float32 keep", "uint8 m", r"""
-        unsigned long long z = key + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z = z ^ (z >> 31);
-        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
-        m = u < keep ? 1 : 0;""", "neuron_dropout_mask")
-    apply = cp.ElementwiseKernel("T x, uint8 m, T scale", "T y", "y = (x * T(m)) * scale",
-                                 "neuron_dropout_apply", options=("--fmad=false",))
-    return mask, apply
-
-
 def dropout_forward(x, y, mask, p, seed):
     if p >= 1.0:
         mask.fill(0)
@@ -590,48 +455,6 @@ def _lrn_cudnn_ok(size, alpha, beta, k) -> bool:
     # descriptor also bounds n, k and beta. Outside that, the CuPy kernels below.
     return (size % 2 == 1 and dnn.CUDNN_LRN_MIN_N <= size <= dnn.CUDNN_LRN_MAX_N
             and k >= dnn.CUDNN_LRN_MIN_K and beta >= dnn.CUDNN_LRN_MIN_BETA)
-
-
-_LRN_PREAMBLE = r"""
-template <typename T>
-__device__ T lrn_scale(const T* x, long long base, long long HW, int C, int c, int lo, int hi,
-                       T a_over_n, T k) {
-    T s = 0;
-    for (int cc = c - lo; cc <= c + hi; ++cc) {
-        if (cc < 0 || cc >= C) continue;
-        T v = x[base + (long long)cc * HW];
-        s += v * v;
-    }
-    return s * a_over_n + k;
-}
-"""
-
-
-@functools.cache
-def _k_lrn():
-    cp = _cp()
-    args = "int32 C, int64 HW, int32 lo, int32 hi, T a_over_n, T k, T beta"
-    fwd = cp.ElementwiseKernel("raw T x, " + args, "T y", r"""
-        long long hw = i % HW, t = i / HW; int c = t % C; long long n = t / C;
-        long long base = n * C * HW + hw;
-        T scale = lrn_scale(&x[0], base, HW, C, c, lo, hi, a_over_n, k);
-        y = x[i] * pow(scale, -beta);""", "neuron_lrn_fwd", preamble=_LRN_PREAMBLE,
-        options=("--fmad=false",))
-    bwd = cp.ElementwiseKernel("raw T x, raw T y, raw T dy, " + args + ", T coef", "T dx", r"""
-        long long hw = i % HW, t = i / HW; int c = t % C; long long n = t / C;
-        long long base = n * C * HW + hw;
-        // channels whose window contains c: c - hi .. c + lo
-        T acc = 0;
-        for (int cc = c - hi; cc <= c + lo; ++cc) {
-            if (cc < 0 || cc >= C) continue;
-            long long j = base + (long long)cc * HW;
-            T sc = lrn_scale(&x[0], base, HW, C, cc, lo, hi, a_over_n, k);
-            acc += dy[j] * y[j] / sc;
-        }
-        T scale = lrn_scale(&x[0], base, HW, C, c, lo, hi, a_over_n, k);
-        dx = dy[i] * pow(scale, -beta) + acc * x[i] * coef;""", "neuron_lrn_bwd",
-        preamble=_LRN_PREAMBLE, options=("--fmad=false",))
-    return fwd, bwd
 
 
 def _lrn_args(x, size, alpha, beta, k):
@@ -700,25 +523,6 @@ def concat_backward(dy, dxs, widths=None):
 # loss: cuDNN softmax for the probabilities, a float64 log-sum-exp per row for the loss
 # ------------------------------------------------------------------------------------------
 
-@functools.cache
-def _k_xent():
-    cp = _cp()
-    # one thread per sample; the log-sum-exp straight from the logits (not log of the
-    # probabilities, which underflow) in double, as numpy_ref does
-    rows = cp.ElementwiseKernel("raw T logits, raw int64 labels, int64 K", "float64 loss", r"""
-        const long long base = i * K;
-        double m = (double)logits[base];
-        for (long long j = 1; j < K; ++j) m = fmax(m, (double)logits[base + j]);
-        double s = 0.0;
-        for (long long j = 0; j < K; ++j) s += exp((double)logits[base + j] - m);
-        loss = log(s) + m - (double)logits[base + labels[i]];""", "neuron_xent_rows")
-    grad = cp.ElementwiseKernel("T p, raw int64 labels, int64 K, T inv_n", "T d", r"""
-        const long long row = i / K, col = i % K;
-        d = (col == labels[row] ? p - T(1) : p) * inv_n;""", "neuron_xent_grad",
-        options=("--fmad=false",))
-    return rows, grad
-
-
 def softmax_xent_forward(logits, labels, probs):
     cp = _cp()
     n, k = logits.shape
@@ -739,32 +543,6 @@ def softmax_xent_backward(probs, labels, dlogits):
 # ------------------------------------------------------------------------------------------
 # optimizer: the whole torch.optim.SGD step in one kernel
 # ------------------------------------------------------------------------------------------
-
-_FMA_PREAMBLE = r"""
-__device__ inline float fused(float a, float b, float c) { return fmaf(a, b, c); }
-__device__ inline double fused(double a, double b, double c) { return fma(a, b, c); }
-"""
-
-
-@functools.cache
-def _k_sgd():
-    cp = _cp()
-    # --fmad=false keeps velocity*momentum + d as two roundings (torch: buf.mul_(m).add_(d));
-    # the explicit fused() calls are the fused multiply-adds of torch's add(alpha=...).
-    opts = ("--fmad=false",)
-    with_v = cp.ElementwiseKernel(
-        "T g, T wd, T mom, T neg_lr, int32 first, int32 nesterov", "T p, T v", r"""
-        T d = (wd != T(0)) ? fused(wd, p, g) : g;
-        T vv;
-        if (first) { vv = d; } else { vv = v * mom; vv = vv + d; }
-        v = vv;
-        d = nesterov ? fused(mom, vv, d) : vv;
-        p = fused(neg_lr, d, p);""", "neuron_sgd_momentum", preamble=_FMA_PREAMBLE,
-        options=opts)
-    plain = cp.ElementwiseKernel("T g, T wd, T neg_lr", "T p", r"""
-        T d = (wd != T(0)) ? fused(wd, p, g) : g;
-        p = fused(neg_lr, d, p);""", "neuron_sgd", preamble=_FMA_PREAMBLE, options=opts)
-    return with_v, plain
 
 
 def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False):
