@@ -343,9 +343,10 @@ class Executor:
                 pool.alloc_all(step.writes, step)
                 ws_bytes = step.workspace_bytes
                 if ws_bytes and dynamic_ws:     # choose under what is free right now (§3.5)
+                    # (a policy that holds workspaces to the end stays within the planned ones)
                     ws_bytes = step.layer.workspace_request(
                         dev.kernels, "F" if step.phase != "B" else "B", self.batch, self.dtype,
-                        pool.heap.largest_free)
+                        pool.heap.largest_free if self.policy.free_dead else ws_bytes)
                 ws_off = pool.alloc_bytes(ws_bytes, None, step) if ws_bytes else None
                 if compute:
                     ws = dev.view(ws_off, (ws_bytes,), np.uint8) if ws_off is not None else None
