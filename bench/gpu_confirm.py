@@ -25,7 +25,7 @@ def parse_args(argv=None):
     p.add_argument("--budget", default="12GiB")
     p.add_argument("--batch", type=int, default=16, help="Table-4 batch")
     p.add_argument("--max-torch-depth", type=int, default=20000)
-    p.add_argument("--deadline", type=float, default=280.0,
+    p.add_argument("--deadline", type=float, default=230.0,
                    help="seconds after which no new part starts")
     return p.parse_args(argv)
 

@@ -92,6 +92,8 @@ def run_neuron(name, batch, args, memory, tf32) -> dict:
         if hasattr(ex.device, "close"):
             ex.device.close()
         del ex
+        import gc
+        gc.collect()            # the arena is freed with its last view: before PyTorch starts
     return res
 
 
