@@ -118,7 +118,7 @@ EOF
     ok=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('ok', False))" \
          "$RAW/$s.json" 2>/dev/null || echo False)
     [ "$rc" -ne 0 ] && ok=False
-    "$PY" -c "import json,sys; print(json.dumps({'stage': sys.argv[1], 'rc': int(sys.argv[2]), 'seconds': int(sys.argv[3]), 'limit': int(sys.argv[4]), 'ok': sys.argv[5] == 'True', 'verdict': sys.argv[6]}))" \
+    "$PY" -c "import json,sys; print(json.dumps({'stage': sys.argv[1], 'rc': int(sys.argv[2]), 'seconds': int(sys.argv[3]), 'limit': float(sys.argv[4]), 'ok': sys.argv[5] == 'True', 'verdict': sys.argv[6]}))" \
         "$s" "$rc" "$secs" "$lim" "$ok" "$verdict" >>"$RAW/stages.jsonl"
     line="[$s] ${secs}s: $verdict"
     SUMMARY_LINES+=("$line")

@@ -61,7 +61,7 @@ def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
 
 def test_a_stage_over_its_time_limit_is_reported_as_such(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
-               PYTHON=sys.executable, TIMEOUT_ENV="1")
+               PYTHON=sys.executable, TIMEOUT_ENV="0.05")
     r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path), "env"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "[env]" in r.stdout and "TIMEOUT" in r.stdout, r.stdout
@@ -113,6 +113,7 @@ def test_hash_dropout_reference_matches_the_gpu_mask():
 
 
 def test_throughput_stage_contract(tmp_path):
+    pytest.importorskip("torch")
     _run_stage("throughput.py", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
                "--warmup", "1")
     d = _stage_json(tmp_path, "throughput")
@@ -153,6 +154,7 @@ def test_malloc_pool_keeps_the_arena_figure_when_malloc_fails(monkeypatch):
 
 
 def test_pressure_stage_contract(tmp_path):
+    pytest.importorskip("torch")
     _run_stage("gpu_pressure.py", tmp_path)
     d = _stage_json(tmp_path, "pressure")
     assert d["ok"], d["verdict"]
@@ -174,6 +176,7 @@ def test_hidden_fraction():
 
 @pytest.mark.slow
 def test_confirm_stage_contract(tmp_path):
+    pytest.importorskip("torch")
     _run_stage("gpu_confirm.py", tmp_path, timeout=400)
     d = _stage_json(tmp_path, "confirm")
     assert d["ok"], d["verdict"]
