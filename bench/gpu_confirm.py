@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     from neuron.plan import DEPTH_FAMILIES
     to_depth, _ = DEPTH_FAMILIES[deep_family]
     kmax = max(1, next(k for k in range(1, 1 << 20) if to_depth(k + 1) > (
-        20 if args.smoke else args.max_torch_depth)))
+        14 if args.smoke else args.max_torch_depth)))
     if dev == "cuda":
         TM.cap_torch(budget)
     for mode in ("eager", "checkpoint"):
