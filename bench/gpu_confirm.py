@@ -14,6 +14,7 @@ finished; ``--deadline`` seconds skips the parts that would start after it.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -25,8 +26,10 @@ def parse_args(argv=None):
     p.add_argument("--budget", default="12GiB")
     p.add_argument("--batch", type=int, default=16, help="Table-4 batch")
     p.add_argument("--max-torch-depth", type=int, default=20000)
-    p.add_argument("--deadline", type=float, default=230.0,
-                   help="seconds after which no new part starts")
+    p.add_argument("--deadline", type=float,
+                   default=0.85 * float(os.environ.get("NEURON_STAGE_LIMIT", 270)),
+                   help="seconds after which no new part starts (default: 85%% of the kit's "
+                   "stage limit)")
     return p.parse_args(argv)
 
 
