@@ -8,7 +8,6 @@ is ok when ``neuron.memory._heap`` imports afterwards and ``import neuron`` did 
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time

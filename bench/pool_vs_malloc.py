@@ -18,8 +18,6 @@ same code on the CPU (NumPy buffers stand in for cudaMalloc) so CI checks it.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import os
 import sys
@@ -27,7 +25,6 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 sys.path.insert(0, ROOT)
-from bench._common import git_commit  # noqa: E402
 
 #: (model name for neuron.models.build_model, batch) as in the SuperNeurons evaluation
 MODELS = [("alexnet", 128), ("vgg16", 16), ("inception_v4", 16), ("resnet50", 16),

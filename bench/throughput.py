@@ -38,11 +38,17 @@ def parse_args(argv=None):
     p.add_argument("--precision", choices=["fp32", "tf32", "both"], default="both")
     p.add_argument("--memory", default=None,
                    help="bytes for each side (e.g. 40GiB); default 60%% of the GPU")
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--runs", type=int, default=None, help="timed runs (default 5; smoke 2)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="iterations per run (default 10; smoke 2)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed iterations (default 3; "
+                   "smoke 1)")
     p.add_argument("--child", action="store_true", help=argparse_hidden())
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name, full, smoke in (("runs", 5, 2), ("iters", 10, 2), ("warmup", 3, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, smoke if args.smoke else full)
+    return args
 
 
 def argparse_hidden():
@@ -91,7 +97,7 @@ def run_neuron(name, batch, args, memory, tf32) -> dict:
     finally:
         if hasattr(ex.device, "close"):
             ex.device.close()
-        del ex
+        ex = None
         import gc
         gc.collect()            # the arena is freed with its last view: before PyTorch starts
     return res
