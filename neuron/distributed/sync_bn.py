@@ -72,7 +72,9 @@ class SyncBatchNormKernels:
                 running_var *= (1.0 - momentum)
                 running_var += momentum * (var * (m / max(m - 1, 1)))
 
-    def batchnorm_backward(self, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
+    def batchnorm_backward(self, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                           eps=1e-5):
+        # eps: the layer's (cuDNN's backward takes it); the saved inverse std already holds it
         xp = _xp(x)
         axes, bshape = _axes(x)
         m = (x.size // x.shape[1]) * self._comm.world_size
