@@ -9,7 +9,7 @@
     loss = ex.train_step(images, labels)
 """
 from .errors import (DataError, GraphError, MemoryBudgetError, NeuronError, NonFiniteLossError,
-                     ShapeError)
+                     NonFiniteUpdateError, ShapeError)
 from .graph import Graph, Tensor
 from .layers import (LRN, Add, AvgPool2d, BatchNorm, Concat, Conv2d, Dropout, GlobalAvgPool,
                      LeakyReLU, Linear, MaxPool2d, ReLU, Sigmoid, SoftmaxCrossEntropy, Tanh)
@@ -29,5 +29,5 @@ def __getattr__(name):
 
 __all__ = ["Add", "AvgPool2d", "BatchNorm", "Concat", "Conv2d", "DataError", "Dropout",
            "Executor", "GlobalAvgPool", "Graph", "GraphError", "Input", "LRN", "LeakyReLU",
-           "Linear", "MaxPool2d", "MemoryBudgetError", "NeuronError", "NonFiniteLossError", "ReLU",
-           "SGD", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "Tensor"]
+           "Linear", "MaxPool2d", "MemoryBudgetError", "NeuronError", "NonFiniteLossError",
+           "NonFiniteUpdateError", "ReLU", "SGD", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "Tensor"]

@@ -29,5 +29,9 @@ class NonFiniteLossError(NeuronError, FloatingPointError):
     pass
 
 
+class NonFiniteUpdateError(NonFiniteLossError):
+    """A step whose gradients, updates or BN statistics went NaN or infinite (undone whole)."""
+
+
 class DataError(NeuronError, ValueError):
     """A batch that does not match the network (shape, dtype, label range)."""

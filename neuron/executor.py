@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from .devices import Device, VirtualDevice, make_device
-from .errors import DataError, MemoryBudgetError, NonFiniteLossError
+from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
 from .graph import Graph
 from .layers import Input, SoftmaxCrossEntropy
 from .layers.base import Context
@@ -25,6 +26,7 @@ from .memory.recompute import plan_recompute
 from .memory.schedule import Schedule, build_schedule
 from .memory.tensors import Kind
 from .optim import SGD
+from .undo import UndoRecord
 
 VIRTUAL_ARENA = 1 << 40          # 1 TiB: "unbounded" for planning
 
@@ -113,6 +115,10 @@ class Executor:
                 self._make_plan(graph)
         self.iteration = 0
         self.dp = None      # a distributed.DataParallel: gradient hook + sync-BN kernels
+        # one step at a time: a second thread gets an error instead of corrupting the pool
+        self._busy = threading.Lock()
+        self.undo: UndoRecord | None = None     # the running step's undo record
+        self._undo_record = None
         self.record_trace = True
         self.last_trace: list[TraceRow] = []
         self.last_logits = None
@@ -270,32 +276,64 @@ class Executor:
         return {data.producer.name: x.astype(self.dtype, copy=False),
                 labels.producer.name: y.astype(np.int64, copy=False)}
 
+    @contextlib.contextmanager
+    def _exclusive(self, what: str):
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"{what}: this executor is already running a step (in another "
+                               "thread); one executor runs one step at a time: use one executor "
+                               "per thread or a lock around the calls")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
     def train_step(self, x, y) -> float:
-        ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
-                      feed=self._feed(x, y))
-        self._run(self.steps, self.frees, ctx, guard=self._snapshot_buffers())
-        self.iteration += 1
-        return ctx.losses.get("loss", float("nan"))
+        """One iteration, as a transaction: if it raises (KeyboardInterrupt included) or any
+        gradient, update or BN statistic is non-finite, parameters, optimizer state, BN
+        statistics, the pool and the iteration counter are exactly as before it."""
+        with self._exclusive("train_step"):
+            ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
+                          feed=self._feed(x, y))
+            if not self.device.computes:
+                self._run(self.steps, self.frees, ctx)
+                self.iteration += 1
+                return ctx.losses.get("loss", float("nan"))
+            undo = self._undo_record
+            if undo is None:
+                undo = self._undo_record = UndoRecord(self.device, self.pool)
+            undo.begin()
+            self.undo = undo
+            try:
+                self._run(self.steps, self.frees, ctx, check_loss=True)
+                if undo.nonfinite():
+                    raise NonFiniteUpdateError(
+                        f"iteration {self.iteration}: a gradient, parameter update or BN "
+                        f"statistic is NaN or infinite (loss {ctx.losses.get('loss')}); the step "
+                        "was undone (lower the learning rate or check the data)")
+            except BaseException:
+                undo.restore()          # _run's finally already returned the pool to its start
+                raise
+            finally:
+                self.undo = None
+            self.iteration += 1
+            return ctx.losses.get("loss", float("nan"))
 
     def evaluate(self, x, y) -> tuple[float, int]:
         """Forward in inference mode; returns (mean loss, number of correct predictions)."""
-        ctx = Context(training=False, seed=self.seed, iteration=self.iteration,
-                      feed=self._feed(x, y))
-        if self._eval_frees is None:
-            self._eval_frees = frees_for(self.eval_steps, self.policy.free_dead,
-                                         keep=[self.logits_tensor])
-        keep = self._run(self.eval_steps, self._eval_frees, ctx, keep=[self.logits_tensor])
-        self.last_logits = self.device.to_numpy(keep[0])
-        self._end_iteration()
-        correct = int((self.last_logits.argmax(axis=1) == np.asarray(y)).sum())
-        return ctx.losses["loss"], correct
-
-    def _snapshot_buffers(self):
-        """BN running statistics: the only state a forward pass changes."""
-        if not self.device.computes:
-            return None
-        return [(t, self._value(t)) for t in self.state_tensors
-                if t.kind is Kind.PARAM and t.name not in self.schedule.param_grads]
+        with self._exclusive("evaluate"):
+            ctx = Context(training=False, seed=self.seed, iteration=self.iteration,
+                          feed=self._feed(x, y))
+            if self._eval_frees is None:
+                self._eval_frees = frees_for(self.eval_steps, self.policy.free_dead,
+                                             keep=[self.logits_tensor])
+            try:
+                keep = self._run(self.eval_steps, self._eval_frees, ctx,
+                                 keep=[self.logits_tensor])
+                self.last_logits = self.device.to_numpy(keep[0])
+            finally:
+                self._end_iteration()
+            correct = int((self.last_logits.argmax(axis=1) == np.asarray(y)).sum())
+            return ctx.losses["loss"], correct
 
     def _end_iteration(self):
         """Back to the state every iteration starts from (the one the plan simulated): only
@@ -312,16 +350,14 @@ class Executor:
             for t in list(pool.live.values()):
                 pool.offload(t)
 
-    def _check_loss(self, ctx, guard):
+    def _check_loss(self, ctx):
         loss = ctx.losses.get("loss")
         if loss is not None and not math.isfinite(loss):
-            for t, saved in guard:
-                self._write(t, saved)
             raise NonFiniteLossError(
                 f"loss is {loss} at iteration {self.iteration}; stopping before any update "
                 "(lower the learning rate or check the data)")
 
-    def _run(self, steps, frees, ctx, keep=(), guard=None):
+    def _run(self, steps, frees, ctx, keep=(), check_loss=False):
         pool, dev = self.pool, self.device
         compute = dev.computes
         # offloaded parameters go back to the host right after each use: caching them in the
@@ -333,11 +369,12 @@ class Executor:
             self._offload_after = _offload_points(steps)
         trace = [] if self.record_trace else None
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
+        ws_off = None
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
-                if guard is not None and step.phase == "B":
-                    self._check_loss(ctx, guard)
-                    guard = None
+                if check_loss and step.phase == "B":    # before any update
+                    self._check_loss(ctx)
+                    check_loss = False
                 pool.lock(step.ids)
                 pool.ensure_all(step.reads, step)
                 pool.alloc_all(step.writes, step)
@@ -356,6 +393,7 @@ class Executor:
                         pool.free_bytes(ws_off)
                     else:
                         pool.hold_bytes(ws_off)
+                    ws_off = None
                 pool.free_all(dead)
                 pool.unlock(step.ids)
                 if eager_param_offload:
@@ -377,6 +415,8 @@ class Executor:
             self.last_trace = [TraceRow(*r) for r in trace] if trace is not None else []
             return [pool.view(t) for t in keep]
         finally:
+            if ws_off is not None:          # a step that failed holding its workspace
+                pool.free_bytes(ws_off)
             if not keep:
                 self._end_iteration()
 
@@ -386,11 +426,19 @@ class Executor:
         opt = lambda t: view(t) if t is not None else None  # noqa: E731
         params = {n: view(t) for n, t in step.params.items()}
         aux = {n: view(t) for n, t in step.aux.items()}
+        undo = self.undo
         if step.phase != "B":
+            # a training forward (not a recompute) may update buffers (BN running statistics)
+            buffers = [n for n, t in step.params.items() if t.name not in self.schedule.param_grads] \
+                if undo is not None and step.phase == "F" and step.params else ()
+            for n in buffers:
+                undo.save(step.params[n].storage)
             ctx.recompute = step.phase == "R"
             layer.forward(k, [view(t) for t in step.ins], [view(t) for t in step.outs], params,
                           aux, ws, ctx)
             ctx.recompute = False
+            if buffers:
+                undo.check_finite(params[n] for n in buffers)
             return
         dins = [None] * len(layer.inputs)
         for i, g, tmp in step.grad_targets:
@@ -403,8 +451,14 @@ class Executor:
                 k.add_inplace(view(g), view(tmp))
         if self.dp is not None:     # average this layer's gradients over the ranks
             self.dp.reduce_gradients(step, dparams)
+        if undo is not None:
+            for _, p, _, _ in step.updates:
+                undo.save(p.storage)
         for pname, p, g, states in step.updates:
-            self.optimizer.update(k, params[pname], dparams[pname], [view(x) for x in states])
+            state_views = [view(x) for x in states]
+            self.optimizer.update(k, params[pname], dparams[pname], state_views)
+            if undo is not None:
+                undo.check_finite([params[pname], *state_views])
 
 
 _ACTIVATIONS = (Kind.ACTIVATION, Kind.DATA)

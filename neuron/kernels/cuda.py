@@ -606,3 +606,26 @@ def input_stager():
 
 def add_inplace(dst, src):
     _cp().add(dst, src, out=dst)
+
+
+# ------------------------------------------------------------------------------------------
+# step guard (neuron/undo.py): accumulated on the device, read once per step
+# ------------------------------------------------------------------------------------------
+
+def nonfinite_flag_new():
+    return _cp().zeros(1, dtype=np.bool_)
+
+
+def nonfinite_flag_clear(flag):
+    flag.fill(False)
+
+
+def nonfinite_flag_update(flag, a):
+    """flag |= any(a is NaN or infinite), as kernels on the current stream: no host sync."""
+    cp = _cp()
+    cp.logical_or(flag, cp.logical_not(cp.isfinite(a).all()), out=flag)
+
+
+def nonfinite_flag_read(flag) -> bool:
+    """The one device-to-host read of the step (synchronizes with the stream)."""
+    return bool(flag.get()[0])

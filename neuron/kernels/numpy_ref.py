@@ -37,6 +37,7 @@ __all__ = [
     "lrn_forward", "lrn_backward",
     "add_forward", "concat_forward", "concat_backward",
     "softmax_xent_forward", "softmax_xent_backward",
+    "nonfinite_flag_new", "nonfinite_flag_clear", "nonfinite_flag_update", "nonfinite_flag_read",
     "sgd_update", "fill", "copy", "add_inplace",
 ]
 
@@ -751,3 +752,26 @@ def copy(dst, src):
 
 def add_inplace(dst, src):
     np.add(dst, src, out=dst)
+
+
+# --------------------------------------------------------------------------
+# step guard: one "something was NaN or infinite" flag per training step
+# --------------------------------------------------------------------------
+
+def nonfinite_flag_new():
+    """A one-element flag on the device (False: everything seen so far was finite)."""
+    return np.zeros(1, dtype=np.bool_)
+
+
+def nonfinite_flag_clear(flag):
+    flag[0] = False
+
+
+def nonfinite_flag_update(flag, a):
+    """flag |= any(a is NaN or infinite). Once set, later arrays are not scanned."""
+    if not flag[0] and not np.isfinite(a).all():
+        flag[0] = True
+
+
+def nonfinite_flag_read(flag) -> bool:
+    return bool(flag[0])

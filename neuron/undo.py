@@ -1,0 +1,85 @@
+"""A training step as a transaction: the undo record of the state one step changes.
+
+Updates are applied per layer during backward (what lets depth exceed the card), so when a step
+fails half-way some layers are updated and others are not. Before a step first writes a layer's
+persistent block (BN running statistics in forward, parameters and optimizer state in backward),
+the block's bytes are copied to a host buffer; a failed step (any exception, KeyboardInterrupt
+included, or a non-finite value) writes those bytes back. The copies live in host memory, never
+in the arena, so the arena budget does not grow; each block's host buffer is allocated once and
+reused every step.
+
+Finiteness is accumulated into one device-side flag (a kernel per written tensor, no host sync)
+and read once, at the end of the step. On a CUDA device the snapshot copy runs on the copy
+stream and the update kernel waits for it on the GPU, so the host never blocks per layer.
+"""
+from __future__ import annotations
+
+
+class UndoRecord:
+    def __init__(self, device, pool):
+        self.device, self.pool = device, pool
+        self.kernels = device.kernels
+        self._buffers: dict[int, object] = {}   # block id -> its host buffer (reused)
+        self._saved: list = []                  # blocks written this step, in order
+        self._saved_ids: set[int] = set()
+        self._flag = None
+        self.snapshot_bytes = 0                 # bytes copied to the host this step
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory held for undo copies (each block's buffer, kept across steps)."""
+        return sum(b.nbytes for b in self._buffers.values())
+
+    def begin(self) -> None:
+        self._saved.clear()
+        self._saved_ids.clear()
+        self.snapshot_bytes = 0
+        if self._flag is None:
+            self._flag = self.kernels.nonfinite_flag_new()
+        else:
+            self.kernels.nonfinite_flag_clear(self._flag)
+
+    def save(self, block) -> None:
+        """Copy a resident block's bytes to its host buffer before its first write this step."""
+        if block.id in self._saved_ids:
+            return
+        buf = self._buffers.get(block.id)
+        if buf is None:
+            buf = self._buffers[block.id] = self.device.host_allocator()(block.nbytes)
+        view = self.pool.view(block)
+        dev = self.device
+        if getattr(dev, "async_copies", False):
+            # copy stream; later compute (the update) waits for the copy on the GPU
+            dev.compute_wait(dev.offload(view, buf))
+        else:
+            dev.copy_to_host(view, buf, block.nbytes)
+        self._saved.append(block)
+        self._saved_ids.add(block.id)
+        self.snapshot_bytes += block.nbytes
+
+    def check_finite(self, arrays) -> None:
+        """Fold 'any of these is NaN or infinite' into the step's flag (no host sync)."""
+        k, flag = self.kernels, self._flag
+        for a in arrays:
+            k.nonfinite_flag_update(flag, a)
+
+    def nonfinite(self) -> bool:
+        """Read the flag: once per step."""
+        return bool(self.kernels.nonfinite_flag_read(self._flag))
+
+    def written(self) -> list[str]:
+        return [b.name for b in self._saved]
+
+    def restore(self) -> None:
+        """Write every saved block back, wherever the pool now keeps it (arena or host)."""
+        pool, dev = self.pool, self.device
+        dev.synchronize()               # snapshot copies done, nothing still writing a block
+        for block in reversed(self._saved):
+            buf = self._buffers[block.id]
+            if pool.resident(block):
+                dev.copy_to_device(buf, pool.view(block), block.nbytes)
+            else:
+                pool.host[block.id][1][:block.nbytes] = buf[:block.nbytes]
+        dev.synchronize()
+        self._saved.clear()
+        self._saved_ids.clear()

@@ -1,0 +1,49 @@
+"""GPU: the step guard's device-side finiteness flag and a rolled-back step on the CUDA arena."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_nonfinite_flag_matches_numpy_ref():
+    import cupy as cp
+    from neuron.kernels import cuda as K
+    from neuron.kernels import numpy_ref as R
+    for values in ([1.0, 2.0], [1.0, np.inf], [np.nan, 0.0], [3e38, -3e38]):
+        a = np.array(values, np.float32)
+        fr, fc = R.nonfinite_flag_new(), K.nonfinite_flag_new()
+        R.nonfinite_flag_update(fr, a)
+        K.nonfinite_flag_update(fc, cp.asarray(a))
+        assert K.nonfinite_flag_read(fc) == R.nonfinite_flag_read(fr)
+        K.nonfinite_flag_clear(fc)
+        assert not K.nonfinite_flag_read(fc)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_interrupted_cuda_step_is_undone():
+    import neuron as nn
+    from neuron.executor import Executor
+    x = nn.Input((2, 5, 5), name="data")
+    h = nn.ReLU(name="r")(nn.BatchNorm(name="bn")(nn.Conv2d(3, 3, padding=1, name="c")(x)))
+    g = nn.Graph(x, nn.Linear(4, name="fc")(nn.GlobalAvgPool(name="gap")(h)))
+    ex = Executor(g, 4, device="cuda", optimizer=nn.SGD(lr=0.1, momentum=0.9))
+    rng = np.random.default_rng(0)
+    xb, yb = rng.standard_normal((4, 2, 5, 5)).astype(np.float32), rng.integers(0, 4, 4)
+    ex.train_step(xb, yb)
+    before = ex.state_dict()
+    real, calls = ex._compute, [0]
+
+    def compute(step, ctx, ws):
+        calls[0] += 1
+        if calls[0] == len(ex.steps) - 1:
+            raise KeyboardInterrupt
+        return real(step, ctx, ws)
+    ex._compute = compute
+    with pytest.raises(KeyboardInterrupt):
+        ex.train_step(xb, yb)
+    del ex._compute
+    after = ex.state_dict()
+    assert all(before[k].tobytes() == after[k].tobytes() for k in before)
+    assert ex.iteration == 1

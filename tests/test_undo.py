@@ -1,0 +1,188 @@
+"""A training step is a transaction: interrupted anywhere, or non-finite, it leaves no trace."""
+import threading
+
+import numpy as np
+import pytest
+
+import neuron as nn
+from neuron.errors import NonFiniteLossError, NonFiniteUpdateError
+from neuron.executor import Executor
+
+
+def residual_bn():
+    x = nn.Input((2, 5, 5), name="data")
+    a = nn.Conv2d(3, 3, padding=1, name="c1")(x)
+    b = nn.BatchNorm(name="bn1")(a)
+    c = nn.ReLU(name="r1")(b)
+    d = nn.Conv2d(3, 3, padding=1, name="c2")(c)
+    s = nn.Conv2d(3, 1, name="sc")(x)
+    e = nn.Add(name="add")(d, s)
+    y = nn.Linear(4, name="fc")(nn.GlobalAvgPool(name="gap")(nn.BatchNorm(name="bn2")(e)))
+    return nn.Graph(x, y, name="residual_bn")
+
+
+def batch(seed=0, n=4):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 2, 5, 5)).astype(np.float32), rng.integers(0, 4, n)
+
+
+def same_state(a, b):
+    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def pool_at_rest(ex, used_before):
+    p = ex.pool
+    return (p.used_bytes == used_before and not p.locked and not p.held and
+            all(t.persistent for t in p.live.values()) and
+            all(t.persistent for t, _ in p.host.values()))
+
+
+class Interrupt(BaseException):
+    pass
+
+
+def interrupt_at(ex, n, exc=KeyboardInterrupt):
+    """Make the n-th kernel call of the next step raise exc (as Ctrl-C would)."""
+    real, calls = ex._compute, [0]
+
+    def compute(step, ctx, ws):
+        calls[0] += 1
+        if calls[0] == n:
+            raise exc(f"injected at {step.name}")
+        return real(step, ctx, ws)
+    ex._compute = compute
+    return lambda: ex.__dict__.pop("_compute", None)
+
+
+CONFIGS = [("liveness", False), ("liveness", True), ("baseline", False),
+           ("superneurons", False), ("superneurons", True), ("offload", False)]
+
+
+@pytest.mark.parametrize("policy,offload_params", CONFIGS)
+def test_interrupt_anywhere_leaves_state_pool_and_counter_exactly_as_before(policy,
+                                                                            offload_params):
+    g = residual_bn()
+    kw = dict(optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3), policy=policy,
+              offload_params=offload_params, seed=1)
+    ex, ref = Executor(g, 4, **kw), Executor(g, 4, **kw)
+    x, y = batch(0)
+    ex.train_step(x, y)
+    ref.train_step(x, y)
+    n_steps = len(ex.steps)
+    for n in range(1, n_steps + 1, 2):
+        before, it, used = ex.state_dict(), ex.iteration, ex.pool.used_bytes
+        undo_hook = interrupt_at(ex, n)
+        with pytest.raises(KeyboardInterrupt):
+            ex.train_step(x, y)
+        undo_hook()
+        assert same_state(before, ex.state_dict()), f"interrupted at kernel call {n}"
+        assert ex.iteration == it
+        assert pool_at_rest(ex, used), f"interrupted at kernel call {n}"
+    # and the executor goes on exactly as one that was never interrupted
+    x2, y2 = batch(1)
+    assert ex.train_step(x2, y2) == ref.train_step(x2, y2)
+    assert same_state(ex.state_dict(), ref.state_dict())
+
+
+def test_any_exception_is_undone_too():
+    g = residual_bn()
+    ex = Executor(g, 4, optimizer=nn.SGD(lr=0.1, momentum=0.9), seed=0)
+    x, y = batch(0)
+    ex.train_step(x, y)
+    before = ex.state_dict()
+    stop = interrupt_at(ex, len(ex.steps) - 1, Interrupt)   # the second-to-last update
+    with pytest.raises(Interrupt):
+        ex.train_step(x, y)
+    stop()
+    assert same_state(before, ex.state_dict())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_non_finite_update_with_finite_loss_is_refused_whole():
+    """A huge momentum buffer: the loss is finite, the update overflows in one layer."""
+    g = residual_bn()
+    ex = Executor(g, 4, optimizer=nn.SGD(lr=10.0, momentum=0.9), seed=0)
+    x, y = batch(0)
+    bad = ex.state_dict()
+    bad["momentum:c1.weight"][:] = 3e38
+    ex.load_state_dict(bad)
+    with pytest.raises(NonFiniteUpdateError) as e:
+        ex.train_step(x, y)
+    assert "undone" in str(e.value) and "iteration 0" in str(e.value)
+    assert same_state(bad, ex.state_dict())
+    assert ex.iteration == 0
+    ex.load_state_dict({**bad, "momentum:c1.weight": np.zeros_like(bad["c1.weight"])})
+    assert np.isfinite(ex.train_step(x, y)) and ex.iteration == 1
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_huge_learning_rate_stops_at_the_first_non_finite_step_with_the_last_good_state():
+    g = residual_bn()
+    ex = Executor(g, 4, optimizer=nn.SGD(lr=1e38, momentum=0.9), seed=0)
+    x, y = batch(0)
+    for _ in range(5):
+        good, it = ex.state_dict(), ex.iteration
+        try:
+            ex.train_step(x, y)
+        except NonFiniteLossError:      # NonFiniteUpdateError is one
+            break
+    else:
+        pytest.fail("lr 1e38 never produced a non-finite step")
+    assert it >= 1 and ex.iteration == it
+    assert same_state(good, ex.state_dict())
+    assert all(np.isfinite(v).all() for v in ex.state_dict().values())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_non_finite_bn_statistic_is_refused():
+    """A finite 3e38 pixel drives a BN running variance to inf."""
+    g = residual_bn()
+    ex = Executor(g, 4, optimizer=nn.SGD(lr=0.01), seed=0)
+    x, y = batch(0)
+    x[0, 0, 2, 2] = 3e38
+    before = ex.state_dict()
+    with pytest.raises(NonFiniteLossError):        # either the loss or the statistic
+        ex.train_step(x, y)
+    assert same_state(before, ex.state_dict())
+    assert np.isfinite(ex.state_dict()["bn1.running_var"]).all()
+
+
+def test_undo_copies_live_on_the_host_not_in_the_arena():
+    g = residual_bn()
+    ex = Executor(g, 4, seed=0)
+    planned = ex.planned["arena_bytes"]
+    x, y = batch(0)
+    ex.train_step(x, y)
+    assert ex.device.arena_bytes == planned
+    blocks = sum(b.nbytes for b in ex.persistent)
+    assert ex._undo_record.host_bytes == blocks     # one copy of each written block
+    assert ex._undo_record.snapshot_bytes == blocks
+
+
+def test_two_threads_on_one_executor_get_a_clear_error():
+    g = residual_bn()
+    ex = Executor(g, 4, seed=0)
+    x, y = batch(0)
+    inside, release = threading.Event(), threading.Event()
+    real = ex._compute
+
+    def slow(step, ctx, ws):
+        inside.set()
+        release.wait(10)
+        return real(step, ctx, ws)
+    ex._compute = slow
+    t = threading.Thread(target=ex.train_step, args=(x, y))
+    t.start()
+    assert inside.wait(10)
+    try:
+        with pytest.raises(RuntimeError, match="already running a step"):
+            ex.train_step(x, y)
+        with pytest.raises(RuntimeError, match="already running a step"):
+            ex.evaluate(x, y)
+    finally:
+        release.set()
+        t.join(10)
+    del ex._compute
+    assert ex.iteration == 1
+    ex.train_step(x, y)
+    assert ex.iteration == 2
