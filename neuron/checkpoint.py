@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["save_checkpoint", "load_checkpoint", "META_KEY"]
+__all__ = ["save_checkpoint", "load_checkpoint", "check_checkpoint_target",
+           "remove_stale_temps", "META_KEY"]
 
 META_KEY = "__meta__"
 # names that np.savez itself takes as keyword arguments cannot be array keys
@@ -65,7 +66,7 @@ def save_checkpoint(path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, A
         mode = os.stat(path).st_mode & 0o777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
     fd_owned = False
     try:
         f = os.fdopen(fd, "wb")
@@ -98,6 +99,68 @@ def save_checkpoint(path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, A
         pass
     finally:
         os.close(dfd)
+
+
+def _temp_prefix(path: str) -> str:
+    return "." + os.path.basename(path) + "."
+
+
+def remove_stale_temps(path) -> list[str]:
+    """Delete the temp files that killed writes to ``path`` left behind (``.NAME.*.tmp`` in its
+    directory; a write in progress to the same target from another process would lose its temp,
+    so one target has one writer). Returns the removed paths."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix, removed = _temp_prefix(path), []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            full = os.path.join(directory, name)
+            try:
+                if os.path.isfile(full) and not os.path.islink(full):
+                    os.unlink(full)
+                    removed.append(full)
+            except OSError:
+                pass
+    return removed
+
+
+def check_checkpoint_target(path) -> str:
+    """Raise ValueError (naming the path and what would work) unless ``path`` can receive a
+    checkpoint: a regular file or a new name, in an existing writable directory, not a symlink
+    or device. Called before training starts, so a bad target costs no training."""
+    path = os.fspath(path)
+    if not path:
+        raise ValueError("checkpoint path is empty")
+    if os.path.islink(path):
+        raise ValueError(f"checkpoint {path} is a symbolic link; give the real file's path "
+                         f"({os.path.realpath(path)})")
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint {path} is a directory; give a file name such as "
+                         f"{os.path.join(path, 'checkpoint.npz')}")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path} exists and is not a regular file (a device or "
+                         "pipe); give a file name in a writable directory")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(directory):
+        raise ValueError(f"checkpoint {path}: directory {directory} does not exist (create it "
+                         "first)")
+    if not os.path.isdir(directory):
+        raise ValueError(f"checkpoint {path}: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"checkpoint {path}: no permission to write in {directory}")
+    # the proof: create and remove a temp file where the real write will go (read-only mounts)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"checkpoint {path}: cannot create files in {directory} ({e.strerror})"
+                         ) from None
+    return path
 
 
 def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:

@@ -35,3 +35,18 @@ class NonFiniteUpdateError(NonFiniteLossError):
 
 class DataError(NeuronError, ValueError):
     """A batch that does not match the network (shape, dtype, label range)."""
+
+
+class UsageError(NeuronError, ValueError):
+    """An argument that cannot work (the CLI exits 2): names it and what would work."""
+
+
+class TrainingStopped(NeuronError, RuntimeError):
+    """A run that ended early (a signal, a refused step, a failed write); the message says
+    where the state is. ``signum`` is the signal that stopped it, if any."""
+
+    def __init__(self, message: str, *, iteration: int, checkpoint=None, signum=None,
+                 result=None):
+        super().__init__(message)
+        self.iteration, self.checkpoint, self.signum = iteration, checkpoint, signum
+        self.result = result

@@ -242,8 +242,16 @@ class Executor:
                 raise KeyError(f"state mismatch: missing {missing[:5]}, unexpected {extra[:5]}")
         for name, a in arrays.items():
             t = persistent.get(name)
-            if t is not None and tuple(a.shape) != t.shape:
+            if t is None:
+                continue
+            a = np.asarray(a)
+            if tuple(a.shape) != t.shape:
                 raise ValueError(f"{name}: shape {tuple(a.shape)} does not match {t.shape}")
+            if a.dtype.kind != "f":     # a cast would drop imaginary parts or mean a wrong file
+                raise DataError(f"{name}: dtype {a.dtype} is not a real floating type "
+                                f"(parameters are {self.dtype})")
+            if not np.isfinite(a).all():
+                raise DataError(f"{name}: contains NaN or infinity; refusing to load it")
         for name, a in arrays.items():          # validated all first: nothing half-loaded
             t = persistent.get(name)
             if t is not None:

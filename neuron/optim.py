@@ -2,6 +2,9 @@
 layer, right after that layer's backward step, so each parameter gradient dies at once."""
 from __future__ import annotations
 
+import math
+import numbers
+
 
 class SGD:
     """torch.optim.SGD semantics: momentum (dampening 0), Nesterov, L2 weight decay.
@@ -11,6 +14,9 @@ class SGD:
 
     def __init__(self, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0,
                  nesterov: bool = False):
+        for name, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ValueError(f"SGD: {name} must be a finite number, got {v!r}")
         if lr <= 0:
             raise ValueError(f"SGD: lr must be > 0, got {lr}")
         if momentum < 0 or weight_decay < 0:

@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import math
+import signal
 import time
 
 import numpy as np
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import (check_checkpoint_target, load_checkpoint, remove_stale_temps,
+                         save_checkpoint)
 from .data import Dataset, iterate, steps_per_epoch
+from .errors import NeuronError, TrainingStopped, UsageError
 from .executor import Executor
+from .interrupt import StopRequest
 
 
 def lr_at(step: int, total: int, base: float, schedule: str, warmup: int = 0) -> float:
+    if warmup < 0:
+        raise UsageError(f"warmup must be >= 0 iterations, got {warmup}")
     if warmup and step < warmup:
         return base * (step + 1) / warmup
     if schedule == "constant":
@@ -44,68 +50,144 @@ def _partial_loss(logits, y) -> float:
     return float(-logp[np.arange(len(y)), y].mean())
 
 
+def _resume_point(path, meta: dict, batch: int) -> int:
+    """The checkpoint's iteration, checked (it decides where the data stream resumes)."""
+    it = meta.get("iteration")
+    if it is None:
+        raise ValueError(f"checkpoint {path}: its metadata has no 'iteration'; it was not "
+                         "written by neuron train")
+    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
+        raise ValueError(f"checkpoint {path}: 'iteration' must be a non-negative integer, "
+                         f"found {it!r}")
+    saved_batch = meta.get("batch")
+    if saved_batch is not None and saved_batch != batch:
+        raise UsageError(f"checkpoint {path} was trained with batch {saved_batch}; resuming "
+                         f"with batch {batch} would change the data order and the schedule: "
+                         f"resume with --batch {saved_batch}")
+    return it
+
+
+def _count(name, value, *, positive=True, allow_none=True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{name} must be an integer, got {value!r}")
+    if value < (1 if positive else 0):
+        raise UsageError(f"{name} must be {'positive' if positive else '>= 0'}, got {value}")
+    return int(value)
+
+
 def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int | None = None,
         epochs: float | None = None, lr: float = 0.1, schedule: str = "cosine", warmup: int = 0,
         seed: int = 0, checkpoint: str | None = None, resume: str | None = None,
         meta: dict | None = None, progress: bool = True, stop_at: int | None = None,
-        dp=None) -> dict:
+        checkpoint_every: int | None = None) -> dict:
     """Train ``ex`` on ``train``; returns a summary dict (losses, accuracy, speed, memory).
+
+    With ``checkpoint``, the state is written atomically every ``checkpoint_every`` iterations
+    (default: once per epoch) and at the end. SIGINT/SIGTERM stop the run after the current step
+    (a second signal undoes it and stops at once); a step refused as non-finite, or any other
+    failure, also stops it. Then the checkpoint of the last whole step is written and
+    :class:`TrainingStopped` says where the state is.
 
     ``stop_at`` ends the run early at that step (as if interrupted) while the learning-rate
     schedule still spans the full ``iters``: resuming from its checkpoint continues the exact
     trajectory.
-
-    ``dp`` (a distributed.DataParallel): ``ex.batch`` is per rank; every rank walks the same
-    stream of global batches (``ex.batch`` x world size) and trains on its shard; rank 0 alone
-    shows progress and writes the checkpoint.
     """
-    world = dp.world_size if dp is not None else 1
-    gbatch = ex.batch * world
-    step_fn = ex.train_step if dp is None else lambda x, y: dp.train_step(*dp.shard(x, y))
-    progress = progress and (dp is None or dp.rank == 0)
-    per_epoch = steps_per_epoch(train, gbatch)
+    per_epoch = steps_per_epoch(train, ex.batch)
+    iters = _count("iters", iters)
+    if epochs is not None and not (isinstance(epochs, (int, float)) and math.isfinite(epochs)
+                                   and epochs > 0):
+        raise UsageError(f"epochs must be a positive number, got {epochs!r}")
     total = iters if iters is not None else int(math.ceil((epochs or 1) * per_epoch))
-    if total <= 0:
-        raise ValueError(f"number of iterations must be positive, got {total}")
+    warmup = _count("warmup", warmup, positive=False, allow_none=False)
+    every = _count("checkpoint_every", checkpoint_every) or per_epoch
+    if checkpoint:
+        check_checkpoint_target(checkpoint)
+        remove_stale_temps(checkpoint)
     start = 0
     if resume:
         arrays, m = load_checkpoint(resume)
+        start = _resume_point(resume, m, ex.batch)
+        if start >= total:
+            raise UsageError(f"checkpoint {resume} is at iteration {start} and this run ends at "
+                             f"iteration {total}: nothing is left to train (ask for more, e.g. "
+                             f"--iters {start + max(per_epoch, 1)})")
         ex.load_state_dict(arrays)
-        start = ex.iteration = int(m["iteration"])
-        if dp is not None:
-            dp.check_parameters(when=f"after resuming from {resume}")
+        ex.iteration = start
     end = min(total, stop_at) if stop_at is not None else total
-    stream = iterate(train, gbatch, seed=seed, start_step=start)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, initial=start, unit="it", dynamic_ncols=True, leave=True)
+    stream = iterate(train, ex.batch, seed=seed, start_step=start)
     losses: list[float] = []
+    saved_at = [None]
+
+    def save():
+        try:
+            with stop.protected():
+                save_checkpoint(checkpoint, ex.state_dict(),
+                                {**(meta or {}), "iteration": ex.iteration, "seed": seed,
+                                 "optimizer": ex.optimizer.config(), "batch": ex.batch})
+        except OSError as e:
+            where = (f"the checkpoint of iteration {saved_at[0]} there is intact"
+                     if saved_at[0] is not None else "nothing was saved")
+            raise TrainingStopped(f"cannot write checkpoint {checkpoint} at iteration "
+                                  f"{ex.iteration} ({e.strerror or e}); {where}",
+                                  iteration=ex.iteration, checkpoint=None) from None
+        saved_at[0] = ex.iteration
+
+    failure: BaseException | None = None
+    bar = None
     t0 = time.perf_counter()
-    for step in range(start, end):
-        ex.optimizer.lr = lr_at(step, total, lr, schedule, warmup)
-        xb, yb = next(stream)
-        losses.append(step_fn(xb, yb))
-        if bar is not None:
-            el = time.perf_counter() - t0
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{len(losses) * gbatch / el:.0f}")
-            bar.update(1)
-    elapsed = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
-    if checkpoint and (dp is None or dp.rank == 0):
-        save_checkpoint(checkpoint, ex.state_dict(),
-                        {**(meta or {}), "iteration": ex.iteration, "seed": seed,
-                         "optimizer": ex.optimizer.config(), "batch": ex.batch,
-                         "world_size": world})
-    if checkpoint and dp is not None:
-        dp.comm.barrier(f"checkpoint {checkpoint} written by rank 0")
-    result = {"iterations": end - start, "final_loss": losses[-1] if losses else None,
-              "images_per_sec": (len(losses) * gbatch / elapsed) if elapsed > 0 else None,
+    with StopRequest(announce=progress) as stop:
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, initial=start, unit="it", dynamic_ncols=True, leave=True)
+        try:
+            for step in range(start, end):
+                if stop.requested:
+                    break
+                ex.optimizer.lr = lr_at(step, total, lr, schedule, warmup)
+                xb, yb = next(stream)
+                try:
+                    losses.append(ex.train_step(xb, yb))
+                except BaseException as e:      # undone by the executor; save what we have
+                    failure = e
+                    break
+                if bar is not None:
+                    el = time.perf_counter() - t0
+                    bar.set_postfix(loss=f"{losses[-1]:.4f}",
+                                    img_s=f"{len(losses) * ex.batch / el:.0f}")
+                    bar.update(1)
+                if checkpoint and ex.iteration % every == 0 and ex.iteration < end:
+                    save()
+        finally:
+            if bar is not None:
+                bar.close()
+        elapsed = time.perf_counter() - t0
+        if checkpoint and ex.iteration > start:
+            save()
+        if isinstance(failure, KeyboardInterrupt) and stop.signum is None:
+            stop.signum = signal.SIGINT
+    result = {"iterations": ex.iteration - start,
+              "final_loss": losses[-1] if losses else None,
+              "images_per_sec": (len(losses) * ex.batch / elapsed) if elapsed > 0 else None,
               "seconds": elapsed, "peak_bytes": ex.pool.high_water,
               "planned_peak_bytes": ex.planned["peak_bytes"] if ex.planned else None,
               "arena_bytes": ex.device.arena_bytes}
-    if test is not None and (dp is None or dp.rank == 0):     # replicas are identical
+    if stop.requested or failure is not None:
+        state = (f"state of iteration {ex.iteration} saved to {checkpoint} (continue with "
+                 f"--resume {checkpoint})" if checkpoint and saved_at[0] == ex.iteration
+                 else f"state of iteration {ex.iteration} not saved (no --checkpoint given)"
+                 if not checkpoint else f"state of iteration {saved_at[0]} in {checkpoint}")
+        if stop.requested:
+            raise TrainingStopped(f"stopped by {stop.name} after iteration {ex.iteration} of "
+                                  f"{total}; {state}", iteration=ex.iteration,
+                                  checkpoint=checkpoint, signum=stop.signum, result=result)
+        if isinstance(failure, NeuronError):
+            raise TrainingStopped(f"{failure}; {state}", iteration=ex.iteration,
+                                  checkpoint=checkpoint, result=result) from failure
+        failure.add_note(state)
+        raise failure
+    if test is not None:
         tl, acc = evaluate(ex, test)
         result.update(test_loss=tl, test_accuracy=acc)
     return result

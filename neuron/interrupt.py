@@ -1,0 +1,70 @@
+"""Stopping a training run on SIGINT/SIGTERM without losing it.
+
+The first signal only asks the loop to stop after the current step (the step finishes, the
+checkpoint is written). A second one raises KeyboardInterrupt at once: the running step is undone
+(train_step is a transaction) and the loop still writes the checkpoint of the last whole step.
+While a checkpoint is being written, signals are only recorded, so a write is never cut short.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+
+SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None))
+                if s is not None)
+
+
+class StopRequest:
+    """Installs the handlers for the duration of a ``with`` block (main thread only; elsewhere
+    the Python defaults stay and a KeyboardInterrupt is still undone and saved by the loop)."""
+
+    def __init__(self, announce: bool = True):
+        self.signum: int | None = None
+        self.count = 0
+        self.announce = announce
+        self._protected = 0
+        self._old = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "interrupt"
+
+    def _handle(self, signum, frame):
+        self.count += 1
+        if self.signum is None:
+            self.signum = signum
+        if self._protected:
+            return
+        if self.count == 1:
+            if self.announce:
+                print(f"\n{signal.Signals(signum).name}: stopping after this step (again: undo "
+                      "it and stop now)", file=sys.stderr, flush=True)
+            return
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
+
+    @contextlib.contextmanager
+    def protected(self):
+        """Signals are only recorded inside (checkpoint writes)."""
+        self._protected += 1
+        try:
+            yield
+        finally:
+            self._protected -= 1
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old.clear()
+        return False
