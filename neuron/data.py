@@ -23,6 +23,7 @@ Batching
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -61,10 +62,16 @@ class Dataset:
     x: np.ndarray  # (N, C, H, W) float32, normalized
     y: np.ndarray  # (N,) int64
     num_classes: int
+    origin: str = ""  # what was read, e.g. "10000 images from data_batch_1.bin"
 
     def __post_init__(self) -> None:
         x = np.asarray(self.x)
         y = np.asarray(self.y)
+        if x.dtype.kind != "f":
+            # complex parts would be dropped; integer pixels are not normalized; objects fail late
+            raise DataFormatError(
+                f"{self.name}: images must be normalized real floating point, found dtype "
+                f"{x.dtype} (scale and standardize pixels first, as load_dataset does)")
         if x.ndim != 4:
             raise DataFormatError(
                 f"{self.name}: x must have shape (N, C, H, W), found shape {x.shape}")
@@ -251,8 +258,12 @@ def _load_cifar10(root: Path) -> Split:
     else:
         xte = yte = None
     ntr, nte = _standardize(xtr, xte)
-    train = Dataset("cifar10", ntr, ytr, 10)
-    test = None if xte is None else Dataset("cifar10", nte, yte, 10)
+    missing = [f for f in CIFAR_TRAIN_FILES if not (base / f).is_file()]
+    origin = (f"{len(ytr)} training images from {', '.join(p.name for p in train_files)} in "
+              f"{base}" + (f" ({', '.join(missing)} not found)" if missing else ""))
+    train = Dataset("cifar10", ntr, ytr, 10, origin)
+    test = None if xte is None else Dataset("cifar10", nte, yte, 10,
+                                            f"{len(yte)} test images from {CIFAR_TEST_FILE}")
     return Split(train, test)
 
 
@@ -317,7 +328,7 @@ def _read_idx(path: Path, magic: int, ndim: int) -> tuple[np.ndarray, tuple[int,
         raise DataFormatError(
             f"mnist: {path} has {len(data)} bytes, too short for its {header}-byte IDX header")
     dims = struct.unpack(">" + "I" * ndim, data[4:header])
-    expected = header + int(np.prod(dims, dtype=np.int64))
+    expected = header + math.prod(dims)      # Python ints: a corrupt header cannot overflow
     if len(data) != expected:
         raise DataFormatError(
             f"mnist: {path} has {len(data)} bytes, expected {expected} "
@@ -362,8 +373,9 @@ def _load_mnist(root: Path) -> Split:
     test = _read_mnist_pair(root, "t10k", required=False)
     xte, yte = (None, None) if test is None else test
     ntr, nte = _standardize(xtr, xte)
-    return Split(Dataset("mnist", ntr, ytr, 10),
-                 None if xte is None else Dataset("mnist", nte, yte, 10))
+    return Split(Dataset("mnist", ntr, ytr, 10, f"{len(ytr)} training images from {root}"),
+                 None if xte is None else Dataset("mnist", nte, yte, 10,
+                                                  f"{len(yte)} test images from {root}"))
 
 
 def write_mnist_idx(dir, prefix, images_uint8, labels, gz: bool = False) -> tuple[Path, Path]:

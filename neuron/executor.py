@@ -266,6 +266,10 @@ class Executor:
         if self.device.computes is False:
             return {}
         x = np.asarray(x)
+        if x.dtype.kind != "f":     # complex loses its imaginary part, integers are unscaled
+            raise DataError(f"input {data.name}: batch has dtype {x.dtype}; give normalized real "
+                            "floating point images (e.g. x.astype(np.float32) / 255, then "
+                            "standardized)")
         want = (self.batch, *data.shape)
         if x.shape != want:
             raise DataError(f"input {data.name}: batch has shape {x.shape}, the network expects "
