@@ -3,29 +3,72 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
 from .units import fmt_bytes, parse_bytes
 
+POLICY_NAMES = ("baseline", "liveness", "offload", "recompute", "superneurons")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option shows its default: a value, 'off' for flags, or the words its help gives."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if "default" in h or not action.option_strings or action.default is argparse.SUPPRESS:
+            return h
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return f"{h} (default: {'off' if action.default is False else 'on'})"
+        if action.default is None:
+            return f"{h} (default: none)"
+        return f"{h} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, formatter_class=_Help, **kw):
+        super().__init__(*args, formatter_class=formatter_class, **kw)
+
 
 def _model_args(p, batch_default: int):
     p.add_argument("model", help="model name (see `neuron models`)")
-    p.add_argument("--depth", type=int, default=None,
-                   help="depth for resnet (Table 4 family), resnet_cifar (6n+2)")
-    p.add_argument("--batch", type=int, default=batch_default, help="batch size")
-    p.add_argument("--classes", type=int, default=None, help="number of classes")
+    p.add_argument("--depth", type=_positive("--depth"), default=None,
+                   help="depth for resnet (Table 4 family), resnet_cifar (6n+2), densenet_cifar "
+                   "(6n+4) (default: the model's own, required for resnet and resnet_cifar)")
+    p.add_argument("--batch", type=_positive("--batch"), default=batch_default,
+                   help="batch size")
+    p.add_argument("--classes", type=_positive("--classes"), default=None,
+                   help="number of classes (default: the model's, or the dataset's)")
+    _json_arg(p)
+
+
+def _json_arg(p):
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
+def _policy_arg(p, default: str):
+    p.add_argument("--policy", choices=POLICY_NAMES, default=default,
+                   help="memory policy: baseline (nothing freed early), liveness (free after "
+                   "last use), offload (+ LRU offload to host), recompute (+ recomputation), "
+                   "superneurons (all three)")
+
+
+def _device_arg(p):
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
+                   help="auto: cuda when a GPU is usable, else cpu")
+
+
 def _policy_args(p, default: str, budget_required: bool = False):
-    p.add_argument("--policy", default=default,
-                   help="baseline | liveness | offload | recompute | superneurons "
-                   f"(default {default})")
+    _policy_arg(p, default)
     p.add_argument("--budget", required=budget_required, default=None,
-                   help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000")
+                   help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000" +
+                   ("" if budget_required else " (default: none, i.e. unbounded)"))
     p.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
-    p.add_argument("--recompute-strategy", choices=["speed", "memory", "cost"], default="cost")
+    p.add_argument("--recompute-strategy", choices=["speed", "memory", "cost"], default="cost",
+                   help="which segments recomputation drops: speed-centric, memory-centric, "
+                   "or chosen by cost")
     p.add_argument("--no-compact", action="store_true",
                    help="never slide tensors together when free bytes are scattered (the "
                    "paper's pool); fragmentation can then fail a plan that has the bytes")
@@ -37,53 +80,88 @@ def _policy_args(p, default: str, budget_required: bool = False):
                    "128GiB for deepest/widest)")
 
 
-def _positive(name):
+def _integer(name, minimum: int):
     def conv(s):
-        v = int(s)
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
+        if v < minimum:
+            what = "positive" if minimum == 1 else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {v}")
+        return v
+    return conv
+
+
+def _positive(name):
+    return _integer(name, 1)
+
+
+def _number(name, positive: bool = False):
+    """A finite float (NaN and infinities are refused: SGD would accept them)."""
+    def conv(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {s!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{name} must be finite, got {s}")
+        if positive and v <= 0 or v < 0:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'> 0' if positive else '>= 0'}, got {s}")
         return v
     return conv
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="neuron", description="neuron: train very deep and wide "
-                                 "networks on a memory budget; plan them without a GPU.")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ap = _Parser(prog="neuron", description="neuron: train very deep and wide networks on a "
+                 "memory budget; plan them without a GPU.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")  # _Parser too
 
     t = sub.add_parser("train", help="train a model", description="Train MODEL on a dataset "
-                       "and report loss, accuracy, speed and memory.")
+                       "and report loss, accuracy, speed and memory. SIGINT/SIGTERM stop after "
+                       "the current step and write --checkpoint.")
     _model_args(t, 64)
     g = t.add_mutually_exclusive_group()
-    g.add_argument("--iters", type=_positive("--iters"), help="number of iterations")
-    g.add_argument("--epochs", type=float, help="number of epochs (default 1)")
+    g.add_argument("--iters", type=_positive("--iters"),
+                   help="number of iterations (default: one epoch)")
+    g.add_argument("--epochs", type=_number("--epochs", positive=True),
+                   help="number of epochs (default: 1)")
     t.add_argument("--dataset", default="synthetic",
-                   help="synthetic | digits | cifar10:DIR | mnist:DIR (default synthetic)")
-    t.add_argument("--lr", type=float, default=0.1, help="base learning rate (default 0.1)")
-    t.add_argument("--momentum", type=float, default=0.9)
-    t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--nesterov", action="store_true")
-    t.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
-    t.add_argument("--warmup", type=int, default=0, help="linear warm-up iterations")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto",
-                   help="auto: cuda when a GPU is usable, else cpu")
-    t.add_argument("--policy", default="liveness", help="memory policy")
-    t.add_argument("--budget", default=None, help="arena size, e.g. 12GiB, 512MiB, 3GB")
+                   help="synthetic | digits | cifar10:DIR | mnist:DIR")
+    t.add_argument("--lr", type=_number("--lr", positive=True), default=0.1,
+                   help="base learning rate")
+    t.add_argument("--momentum", type=_number("--momentum"), default=0.9, help="SGD momentum")
+    t.add_argument("--weight-decay", type=_number("--weight-decay"), default=5e-4,
+                   help="L2 weight decay")
+    t.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    t.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
+                   help="learning-rate schedule over the run")
+    t.add_argument("--warmup", type=_integer("--warmup", 0), default=0,
+                   help="linear warm-up iterations")
+    t.add_argument("--seed", type=_integer("--seed", 0), default=0,
+                   help="seed of the initialization and the data order")
+    _device_arg(t)
+    _policy_arg(t, "liveness")
+    t.add_argument("--budget", default=None,
+                   help="arena size, e.g. 12GiB, 512MiB, 3GB (default: the planned peak)")
     t.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
-    t.add_argument("--checkpoint", default=None, help="save parameters + optimizer to this .npz")
-    t.add_argument("--resume", default=None, help="resume from a checkpoint .npz")
+    t.add_argument("--checkpoint", default=None, metavar="FILE.npz",
+                   help="write parameters + optimizer state here, atomically, every "
+                   "--checkpoint-every iterations and at the end (default: none)")
+    t.add_argument("--checkpoint-every", type=_positive("--checkpoint-every"), default=None,
+                   metavar="N", help="iterations between checkpoints (default: one epoch)")
+    t.add_argument("--resume", default=None, metavar="FILE.npz",
+                   help="resume from a checkpoint written by --checkpoint (default: none)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from .distributed.launch import add_plan_arguments, add_train_arguments
-    add_train_arguments(t)
 
     s = sub.add_parser("summary", help="layers, shapes, parameters and per-step bytes",
                        description="List MODEL's layers, output shapes, parameter counts and the "
                        "bytes each forward and backward step needs resident.")
     _model_args(s, 32)
-    s.add_argument("--all", action="store_true", help="print every layer (default: first and "
-                   "last 20 for deep models)")
+    s.add_argument("--all", action="store_true", help="print every layer (default: off, the "
+                   "first and last 20 for deep models)")
 
     pl = sub.add_parser("plan", help="plan an iteration without a GPU: peak, minimum budget, "
                         "lower bound, per-step trace",
@@ -95,50 +173,49 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(pl, "superneurons")
     pl.add_argument("--plot", default=None, metavar="FILE.png",
                     help="draw the per-step memory trace (needs matplotlib: pip install "
-                    "neuron[plot])")
+                    "neuron[plot]) (default: none)")
     pl.add_argument("--no-min-budget", action="store_true",
                     help="skip the minimum-budget search (faster)")
-    add_plan_arguments(pl)
 
     dp = sub.add_parser("deepest", help="deepest network of a family that fits a budget",
                         description="Exponential then bisection search, by planning, for the "
                         "deepest MODEL (resnet: SuperNeurons Table 4 family; resnet_cifar: 6n+2; "
                         "densenet_cifar: 6n+4) whose training iteration fits --budget.")
-    dp.add_argument("model")
-    dp.add_argument("--batch", type=_positive("--batch"), default=16)
-    dp.add_argument("--json", action="store_true")
+    dp.add_argument("model", help="model family: resnet, resnet_cifar or densenet_cifar")
+    dp.add_argument("--batch", type=_positive("--batch"), default=16, help="batch size")
+    _json_arg(dp)
     dp.add_argument("--confirm", action="store_true",
                     help="run real training iterations at the answer (CPU or GPU)")
-    dp.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    _device_arg(dp)
     _policy_args(dp, "superneurons", budget_required=True)
 
     wd = sub.add_parser("widest", help="largest batch that fits a budget",
                         description="Exponential then bisection search, by planning, for the "
                         "largest batch of MODEL whose training iteration fits --budget.")
-    wd.add_argument("model")
-    wd.add_argument("--depth", type=int, default=None)
-    wd.add_argument("--json", action="store_true")
+    wd.add_argument("model", help="model name (see `neuron models`)")
+    wd.add_argument("--depth", type=_positive("--depth"), default=None,
+                    help="depth, for the models that take one (default: the model's own)")
+    _json_arg(wd)
     wd.add_argument("--confirm", action="store_true",
                     help="run real training iterations at the answer (CPU or GPU)")
-    wd.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    _device_arg(wd)
     _policy_args(wd, "superneurons", budget_required=True)
 
     m = sub.add_parser("models", help="list the model names")
-    m.add_argument("--json", action="store_true")
+    _json_arg(m)
     return ap
 
 
+COMMANDS = {}       # name -> function(args) -> exit code; filled below
+
+
 def main(argv=None) -> int:
+    """Exit codes: 0 done, 1 a runtime failure, 2 a usage error, 128+N stopped by signal N.
+    Every failure is one line on stderr (NEURON_TRACEBACK=1 shows the traceback)."""
     ap = build_parser()
     args = ap.parse_args(argv)
-    from .errors import NeuronError
-    try:
-        return {"train": cmd_train, "summary": cmd_summary, "models": cmd_models,
-                "plan": cmd_plan, "deepest": cmd_deepest, "widest": cmd_widest}[args.command](args)
-    except (NeuronError, ValueError, KeyError, FileNotFoundError, MemoryError) as e:
-        # user errors: one clear line, no traceback
-        print(f"neuron {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    from .cli_errors import run_command
+    return run_command(args.command, COMMANDS[args.command], args)
 
 
 def _build(args, in_shape=None, num_classes=None):
@@ -193,12 +270,15 @@ def _policy_kw(args, host_default=None) -> dict:
 
 def cmd_plan(args) -> int:
     from .plan import plan
+    if args.plot:                   # a missing matplotlib is an error now, not after the plan
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ImportError("--plot needs matplotlib: pip install 'neuron[plot]'") from None
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
              model=args.model, **_policy_kw(args))
-    from .distributed.launch import plan_allreduce
-    plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
     print(f"{args.model} batch {args.batch}, policy {r['policy']}"
           f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
@@ -218,11 +298,6 @@ def cmd_plan(args) -> int:
         else:
             need = f"; the minimum is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
             print(f"  budget {fmt_bytes(budget)}: does NOT fit: {r['error']}{need}")
-    if "data_parallel" in r:
-        d = r["data_parallel"]
-        print(f"  all-reduce (ring, {d['world_size']} ranks, {d['link_gbps']:g} Gbit/s)  "
-              f"{fmt_bytes(d['allreduce_bytes'])} in {d['allreduce_calls']} calls: "
-              f"{d['allreduce_time_s'] * 1e3:.3f} ms per iteration")
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
@@ -302,12 +377,20 @@ def cmd_train(args) -> int:
     from .executor import Executor
     from .optim import SGD
     from .train import fit
-    from .distributed.launch import make_train_comm, stop_all_ranks_on_error
-    comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
+    from .checkpoint import check_checkpoint_target
+    from .errors import UsageError
     budget = parse_bytes(args.budget) if args.budget else None
+    if args.checkpoint:             # a bad target costs nothing yet
+        check_checkpoint_target(args.checkpoint)
     split = load_dataset(args.dataset, seed=args.seed,
                          num_classes=args.classes or 10,
                          sample_shape=_build(args).inputs[0].shape)
+    if args.classes is not None and split.train.num_classes != args.classes:
+        raise UsageError(f"--classes {args.classes} does not match dataset {args.dataset}, which "
+                         f"has {split.train.num_classes} classes; leave --classes out")
+    for part in (split.train, split.test):
+        if part is not None and part.origin:
+            print(f"data: {part.origin}", file=sys.stderr)
     graph = _build(args, in_shape=split.train.sample_shape, num_classes=split.train.num_classes)
     opt = SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
               nesterov=args.nesterov)
@@ -322,32 +405,30 @@ def cmd_train(args) -> int:
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
                                 ) from None
     meta = {"model": args.model, "depth": args.depth, "dataset": args.dataset}
-    with stop_all_ranks_on_error(comm, "train"):
-        dp = None
-        if comm is not None:
-            from .distributed import DataParallel
-            dp = DataParallel(ex, comm, sync_bn=args.sync_bn, check_every=args.dp_check_every)
-        res = fit(ex, split.train, split.test, iters=args.iters, epochs=args.epochs, lr=args.lr,
-                  schedule=args.schedule, warmup=args.warmup, seed=args.seed,
-                  checkpoint=args.checkpoint, resume=args.resume, meta=meta,
-                  progress=not args.no_progress, dp=dp)
-    if dp is not None:
-        res.update(world_size=dp.world_size, global_batch=dp.global_batch, sync_bn=dp.sync_bn,
-                   engine=comm.engine, allreduce_calls=dp.allreduce_calls)
-        if dp.rank != 0:        # rank 0 reports for the job
-            return 0
+    res = fit(ex, split.train, split.test, iters=args.iters, epochs=args.epochs, lr=args.lr,
+              schedule=args.schedule, warmup=args.warmup, seed=args.seed,
+              checkpoint=args.checkpoint, resume=args.resume, meta=meta,
+              progress=not args.no_progress, checkpoint_every=args.checkpoint_every)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, dataset=args.dataset)
     res.update(ex.pool.counters())
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
             f"{res['images_per_sec']:.1f} img/s on {ex.device.name}, pool peak "
-            f"{fmt_bytes(res['peak_bytes'])} (planned {fmt_bytes(res['planned_peak_bytes'] or 0)})")
+            f"{fmt_bytes(res['peak_bytes'])} (planned {fmt_bytes(res['planned_peak_bytes'] or 0)})"
+            f", moved {fmt_bytes(res['offload_bytes'])} to host and "
+            f"{fmt_bytes(res['prefetch_bytes'])} back")
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"
+    if args.checkpoint:
+        line += f"; state saved to {args.checkpoint}"
     print(line)
     if args.json:
         print(json.dumps(res))
     return 0
+
+
+COMMANDS.update(train=cmd_train, summary=cmd_summary, models=cmd_models, plan=cmd_plan,
+                deepest=cmd_deepest, widest=cmd_widest)
 
 
 if __name__ == "__main__":

@@ -136,12 +136,28 @@ def make_device(kind: str, arena_bytes: int) -> Device:
         kind = "cuda" if cuda_available() else "cpu"
     if kind not in _REGISTRY:
         raise ValueError(f"unknown device {kind!r}; expected one of {', '.join(device_kinds())}")
+    if kind == "cuda":
+        why = cuda_unavailable_reason()
+        if why:
+            from .errors import DeviceUnavailableError
+            raise DeviceUnavailableError(f"device cuda is not usable: {why}; use device cpu "
+                                         "(--device cpu) or auto")
     return _resolve(kind)(arena_bytes)
 
 
 def cuda_available() -> bool:
+    return cuda_unavailable_reason() is None
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when a GPU is usable, else why not (no cupy, no driver, no device)."""
     try:
         import cupy
-        return bool(cupy.cuda.is_available())
-    except Exception:       # no cupy, no driver: the CPU it is
-        return False
+    except Exception as e:      # not installed, or a broken install
+        return f"CuPy is not importable ({type(e).__name__}: {e}; pip install 'neuron[cuda]')"
+    try:
+        if not cupy.cuda.is_available():
+            return "no GPU or CUDA driver found"
+    except Exception as e:
+        return f"no usable GPU ({type(e).__name__}: {e})"
+    return None

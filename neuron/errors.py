@@ -50,3 +50,7 @@ class TrainingStopped(NeuronError, RuntimeError):
         super().__init__(message)
         self.iteration, self.checkpoint, self.signum = iteration, checkpoint, signum
         self.result = result
+
+
+class DeviceUnavailableError(NeuronError, RuntimeError):
+    """A device asked for by name that this machine cannot provide."""

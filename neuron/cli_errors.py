@@ -1,0 +1,83 @@
+"""How the `neuron` command fails: one line on stderr, never a traceback, and an exit code that
+says whose move it is: 2 a usage error (fix the command line), 1 a runtime failure (the data, the
+disk, the device, the numbers), 128+N stopped by signal N (the line says where the state is)."""
+from __future__ import annotations
+
+import os
+import sys
+
+# import name -> what to install
+_PACKAGES = {"sklearn": "scikit-learn (pip install scikit-learn, or neuron[examples])",
+             "matplotlib": "matplotlib (pip install 'neuron[plot]')",
+             "cupy": "CuPy for CUDA 13 (pip install 'neuron[cuda]')",
+             "tqdm": "tqdm (pip install tqdm)"}
+
+USAGE, RUNTIME = 2, 1
+
+
+def classify(e: BaseException) -> int:
+    """The exit code for an exception that ended a command."""
+    from .data import DataFormatError
+    from .errors import DataError, MemoryBudgetError, NonFiniteLossError, UsageError
+    if isinstance(e, (UsageError, MemoryBudgetError)):
+        return USAGE                # a budget too small is known from the plan, before any work
+    if isinstance(e, (DataFormatError, DataError, NonFiniteLossError)):
+        return RUNTIME
+    if isinstance(e, FileNotFoundError):
+        return USAGE                # a path on the command line that names nothing
+    if isinstance(e, (ValueError, KeyError, TypeError)):
+        return USAGE
+    return RUNTIME
+
+
+def message(e: BaseException) -> str:
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        top = e.name.split(".")[0]
+        if top in _PACKAGES and "pip install" not in str(e):
+            return f"this needs the Python package {_PACKAGES[top]}"
+    if isinstance(e, KeyError) and e.args:
+        return str(e.args[0])
+    if isinstance(e, OSError) and e.strerror and e.filename and str(e.filename) not in str(e):
+        return f"{e.filename}: {e.strerror}"
+    text = str(e) or type(e).__name__
+    return " ".join(text.split("\n"))
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: the interpreter's final flush must not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def run_command(name: str, fn, args) -> int:
+    from .errors import TrainingStopped
+    err = sys.stderr
+    try:
+        return fn(args)
+    except TrainingStopped as e:
+        print(f"neuron {name}: {message(e)}", file=err)
+        return 128 + e.signum if e.signum else RUNTIME
+    except KeyboardInterrupt:
+        print(f"neuron {name}: interrupted (nothing to save at this point)", file=err)
+        return 130
+    except BrokenPipeError:
+        _quiet_stdout()
+        print(f"neuron {name}: output closed early (broken pipe)", file=err)
+        return RUNTIME
+    except Exception as e:
+        if os.environ.get("NEURON_TRACEBACK"):
+            raise
+        code = classify(e)
+        internal = "" if _expected(e) else (" (unexpected: rerun with NEURON_TRACEBACK=1 and "
+                                            "report the traceback)")
+        print(f"neuron {name}: error: {message(e)}{internal}", file=err)
+        return code
+
+
+def _expected(e: BaseException) -> bool:
+    from .errors import NeuronError
+    return isinstance(e, (NeuronError, ValueError, KeyError, TypeError, OSError, MemoryError,
+                          ImportError, FloatingPointError))
