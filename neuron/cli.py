@@ -7,9 +7,8 @@ import math
 import os
 import sys
 
+from .memory.policy import POLICIES
 from .units import fmt_bytes, parse_bytes
-
-POLICY_NAMES = ("baseline", "liveness", "offload", "recompute", "superneurons")
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -48,7 +47,7 @@ def _json_arg(p):
 
 
 def _policy_arg(p, default: str):
-    p.add_argument("--policy", choices=POLICY_NAMES, default=default,
+    p.add_argument("--policy", choices=list(POLICIES), default=default,
                    help="memory policy: baseline (nothing freed early), liveness (free after "
                    "last use), offload (+ LRU offload to host), recompute (+ recomputation), "
                    "superneurons (all three)")
