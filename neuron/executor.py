@@ -26,6 +26,7 @@ from .memory.recompute import plan_recompute
 from .memory.schedule import Schedule, build_schedule
 from .memory.tensors import Kind
 from .optim import SGD
+from .sizes import size_arg
 from .undo import UndoRecord
 
 VIRTUAL_ARENA = 1 << 40          # 1 TiB: "unbounded" for planning
@@ -56,7 +57,9 @@ def with_loss(graph: Graph) -> Graph:
         raise DataError(f"{graph.name}: training needs one output of per-sample shape (K,), got "
                         f"{[t.shape for t in graph.outputs]}")
     labels = Input((), dtype=np.int64, name="labels")()
-    loss = SoftmaxCrossEntropy(name="loss")(graph.outputs[0], labels)
+    loss_layer = SoftmaxCrossEntropy(name="loss")
+    loss_layer.training_loss = True     # another Graph over these tensors is not "dangling"
+    loss = loss_layer(graph.outputs[0], labels)
     tg = Graph(graph.inputs + [labels], [loss], name=graph.name)
     graph._train_graph = tg
     return tg
@@ -93,8 +96,8 @@ class Executor:
                  host_budget: int | None = None, tensor_cache: bool = True,
                  compact: bool | None = None,
                  block: int = 1024, strategy: str = "first_fit", _plan_from=None):
-        if batch <= 0:
-            raise ValueError(f"batch must be positive, got {batch}")
+        if size_arg(batch, "batch", "Executor") <= 0:
+            raise ValueError(f"Executor: batch must be positive, got {batch}")
         self.graph = graph
         self.batch, self.dtype, self.seed = int(batch), np.dtype(dtype), int(seed)
         self.optimizer = optimizer or SGD()

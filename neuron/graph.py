@@ -47,8 +47,8 @@ class Graph:
 
     def __init__(self, inputs, outputs, name: str = "net"):
         self.name = name
-        self.inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-        self.outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+        self.inputs = _tensors(inputs, "inputs")
+        self.outputs = _tensors(outputs, "outputs")
         for t in self.inputs:
             if not isinstance(t.producer, Input):
                 raise GraphError(f"graph input {t.name} is not produced by an Input layer")
@@ -85,6 +85,8 @@ class Graph:
                 continue
             visited.add(id(layer))
             if id(layer) not in seen:
+                if getattr(layer, "training_loss", False):
+                    continue    # attached by an executor to an earlier graph over these tensors
                 raise GraphError(f"layer {layer.name} ({layer.type_name}) is not connected to the "
                                  f"outputs {[t.name for t in self.outputs]}: its result is never used")
             for t in layer.outputs:
@@ -107,6 +109,16 @@ class Graph:
 
     def __len__(self):
         return len(self.route)
+
+
+def _tensors(value, what: str) -> list[Tensor]:
+    """A Tensor or a list/tuple of Tensors, else a TypeError naming what was given."""
+    items = [value] if isinstance(value, Tensor) else value
+    if not isinstance(items, (list, tuple)) or not items or \
+            not all(isinstance(t, Tensor) for t in items):
+        raise TypeError(f"Graph {what} must be a Tensor or a non-empty list of Tensors (what "
+                        f"calling a layer returns), got {value!r}")
+    return list(items)
 
 
 def route(inputs: list[Tensor], layers: list[Layer]) -> list[Layer]:

@@ -6,6 +6,7 @@ import pytest
 
 import neuron as nn
 from neuron.errors import GraphError, ShapeError
+from neuron.executor import Executor
 from neuron.graph import Graph, route
 from neuron.layers import Input
 
@@ -330,3 +331,24 @@ def test_backward_route_is_the_mirror():
     # the tensor a fans out to two consumers: its gradient is accumulated through a temporary
     tmps = [t for s in steps for _, _, t in s.grad_targets if t is not None]
     assert len(tmps) == 1 and "a" in tmps[0].name
+
+
+# ---------------------------------------------------------------- bad arguments, reuse
+def test_graph_arguments_must_be_tensors():
+    x = nn.Input((2, 4, 4))
+    y = nn.Linear(3)(nn.GlobalAvgPool()(nn.Conv2d(2, 3)(x)))
+    for bad in ("str", [], [1], None):
+        with pytest.raises(TypeError, match="Graph outputs must be a Tensor"):
+            nn.Graph(x, bad)
+    with pytest.raises(TypeError, match="Graph inputs must be a Tensor"):
+        nn.Graph("x", y)
+
+
+def test_a_second_graph_over_the_same_tensors_after_an_executor():
+    x = nn.Input((2, 4, 4))
+    y = nn.Linear(3)(nn.GlobalAvgPool()(nn.Conv2d(2, 3)(x)))
+    ex = Executor(nn.Graph(x, y), 2)
+    ex2 = Executor(nn.Graph(x, y), 2)       # the first executor's loss layer is not "dangling"
+    rng = np.random.default_rng(0)
+    xb, yb = rng.standard_normal((2, 2, 4, 4)), np.array([0, 2])
+    assert ex.train_step(xb, yb) == ex2.train_step(xb, yb)

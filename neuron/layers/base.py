@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import GraphError
+from ..sizes import shape_arg
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,9 @@ class AuxSpec:
 
 
 def pair(v, what: str, layer: str) -> tuple[int, int]:
-    if isinstance(v, int):
-        v = (v, v)
-    v = tuple(int(a) for a in v)
+    v = shape_arg(v, what, layer, "an integer or a pair of integers")
+    if len(v) == 1:
+        v = (v[0], v[0])
     if len(v) != 2:
         raise GraphError(f"{layer}: {what} must be an int or a pair, got {v!r}")
     return v

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..errors import ShapeError, GraphError
 from ..init import he_normal, zeros
+from ..sizes import size_arg
 from .base import Layer, ParamSpec, pair
 
 
@@ -16,12 +17,12 @@ class Conv2d(Layer):
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, init=None, name: str | None = None):
         super().__init__(name)
-        self.out_channels = int(out_channels)
+        self.out_channels = size_arg(out_channels, "out_channels", self.name)
         self.kernel = pair(kernel_size, "kernel_size", self.name)
         self.stride = pair(stride, "stride", self.name)
         self.padding = pair(padding, "padding", self.name)
         self.dilation = pair(dilation, "dilation", self.name)
-        self.groups = int(groups)
+        self.groups = size_arg(groups, "groups", self.name)
         self.bias = bool(bias)
         self.init = init or he_normal
         if self.out_channels <= 0 or min(self.kernel) <= 0 or min(self.stride) <= 0 \

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphError
+from ..sizes import shape_arg
 from .base import Layer
 
 
@@ -14,7 +15,7 @@ class Input(Layer):
 
     def __init__(self, shape, dtype=None, name: str | None = None):
         super().__init__(name)
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = shape_arg(shape, "shape", self.name)
         if any(s <= 0 for s in self.shape):
             raise GraphError(f"{self.name}: shape must be positive, got {self.shape}")
         self.dtype = dtype          # None: compute dtype; labels use np.int64

@@ -5,6 +5,7 @@ import math
 
 from ..errors import GraphError
 from ..init import torch_linear_weight, torch_linear_bias
+from ..sizes import size_arg
 from .base import Layer, ParamSpec
 
 
@@ -15,7 +16,7 @@ class Linear(Layer):
 
     def __init__(self, out_features: int, bias: bool = True, init=None, name: str | None = None):
         super().__init__(name)
-        self.out_features = int(out_features)
+        self.out_features = size_arg(out_features, "out_features", self.name)
         if self.out_features <= 0:
             raise GraphError(f"{self.name}: out_features must be positive, got {out_features}")
         self.bias = bool(bias)

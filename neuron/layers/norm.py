@@ -5,6 +5,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..init import ones, zeros
+from ..sizes import size_arg
 from .base import AuxSpec, Layer, ParamSpec
 
 
@@ -61,7 +62,8 @@ class LRN(Layer):
     def __init__(self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0,
                  name: str | None = None):
         super().__init__(name)
-        self.size, self.alpha, self.beta, self.k = int(size), float(alpha), float(beta), float(k)
+        self.size = size_arg(size, "size", self.name)
+        self.alpha, self.beta, self.k = float(alpha), float(beta), float(k)
 
     def infer_shapes(self, in_shapes):
         if len(in_shapes[0]) != 3:
