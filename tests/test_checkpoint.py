@@ -189,3 +189,48 @@ def test_load_bad_meta(tmp_path):
     np.savez(p, w=np.zeros(3), __meta__=np.zeros(2))
     with pytest.raises(ValueError, match="JSON string"):
         load_checkpoint(p)
+
+
+# ---------------------------------------------------------------- the target, before training
+def test_target_checks_name_what_is_wrong(tmp_path):
+    from neuron.checkpoint import check_checkpoint_target
+    ok = tmp_path / "ok.npz"
+    assert check_checkpoint_target(str(ok)) == str(ok)
+    assert not list(tmp_path.iterdir())                 # the probe left nothing
+    (tmp_path / "file").write_text("x")
+    os.symlink(tmp_path / "ok.npz", tmp_path / "link.npz")
+    cases = [(str(tmp_path), "is a directory"),
+             (str(tmp_path / "missing" / "c.npz"), "does not exist"),
+             (str(tmp_path / "file" / "c.npz"), "is not a directory"),
+             (str(tmp_path / "link.npz"), "symbolic link"),
+             ("/dev/full", "not a regular file"),
+             ("", "empty")]
+    for path, fragment in cases:
+        with pytest.raises(ValueError, match=fragment):
+            check_checkpoint_target(path)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root may write anywhere")
+def test_target_without_write_permission(tmp_path):
+    from neuron.checkpoint import check_checkpoint_target
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="permission"):
+            check_checkpoint_target(str(d / "c.npz"))
+    finally:
+        d.chmod(0o700)
+
+
+def test_stale_temp_files_of_killed_writes_are_removed(tmp_path):
+    from neuron.checkpoint import remove_stale_temps
+    target = tmp_path / "c.npz"
+    stale = [tmp_path / ".c.npz.abc123.tmp", tmp_path / ".c.npz.x.tmp"]
+    keep = [tmp_path / ".other.npz.abc.tmp", tmp_path / "c.npz.tmp", tmp_path / "c.npz"]
+    for p in stale + keep:
+        p.write_bytes(b"partial")
+    removed = remove_stale_temps(str(target))
+    assert sorted(removed) == sorted(str(p) for p in stale)
+    assert all(p.exists() for p in keep) and not any(p.exists() for p in stale)

@@ -177,3 +177,123 @@ def test_lr_warmup():
 def test_lr_unknown_schedule():
     with pytest.raises(ValueError, match="step"):
         lr_at(0, 10, 0.1, "step")
+
+
+# ---------------------------------------------------------------- nothing lost
+@pytest.fixture(scope="module")
+def tiny():
+    return load_dataset("synthetic", sample_shape=(1, 8, 8), num_classes=10,
+                        synthetic_size=64, seed=0).train      # 4 steps per epoch at batch 16
+
+
+def _record_saves(monkeypatch, fail_at=None):
+    import neuron.train as T
+    saved, real = [], T.save_checkpoint
+
+    def save(path, arrays, meta):
+        if fail_at is not None and len(saved) + 1 == fail_at:
+            raise OSError(28, "No space left on device", path)
+        real(path, arrays, meta)
+        saved.append(meta["iteration"])
+    monkeypatch.setattr(T, "save_checkpoint", save)
+    return saved
+
+
+def test_checkpoints_every_n_iterations_and_at_the_end(tiny, tmp_path, monkeypatch):
+    ckpt = str(tmp_path / "c.npz")
+    saved = _record_saves(monkeypatch)
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    fit(ex, tiny, iters=5, checkpoint=ckpt, checkpoint_every=2, progress=False)
+    assert saved == [2, 4, 5]
+    saved.clear()
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    fit(ex, tiny, iters=9, checkpoint=ckpt, progress=False)       # default: once per epoch
+    assert saved == [4, 8, 9]
+    assert load_checkpoint(ckpt)[1]["iteration"] == 9
+
+
+def test_a_full_disk_stops_the_run_and_says_what_is_intact(tiny, tmp_path, monkeypatch):
+    from neuron.errors import TrainingStopped
+    ckpt = str(tmp_path / "c.npz")
+    _record_saves(monkeypatch, fail_at=2)
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    with pytest.raises(TrainingStopped, match="No space left on device.*iteration 2 there is "
+                       "intact"):
+        fit(ex, tiny, iters=6, checkpoint=ckpt, checkpoint_every=2, progress=False)
+    assert load_checkpoint(ckpt)[1]["iteration"] == 2
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_non_finite_step_stops_the_run_with_the_last_good_state_saved(tiny, tmp_path):
+    from neuron.errors import TrainingStopped
+    ckpt = str(tmp_path / "c.npz")
+    ex = nn.Executor(small_cnn(), 16, optimizer=nn.SGD(lr=1e38, momentum=0.9))
+    with pytest.raises(TrainingStopped, match="NaN or infinite|loss is") as e:
+        fit(ex, tiny, iters=20, lr=1e38, schedule="constant", checkpoint=ckpt, progress=False)
+    assert e.value.iteration == ex.iteration and e.value.signum is None
+    assert f"saved to {ckpt}" in str(e.value)
+    arrays, meta = load_checkpoint(ckpt)
+    assert meta["iteration"] == ex.iteration
+    assert all(np.isfinite(a).all() for a in arrays.values())
+    assert all(np.array_equal(arrays[k], v) for k, v in ex.state_dict().items())
+
+
+def test_keyboard_interrupt_mid_step_undoes_it_and_saves_the_last_whole_step(tiny, tmp_path):
+    import signal
+    from neuron.errors import TrainingStopped
+    ckpt = str(tmp_path / "c.npz")
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    real, calls = ex._compute, [0]
+
+    def compute(step, ctx, ws):
+        calls[0] += 1
+        if calls[0] == 2 * len(ex.steps) + 5:       # inside the third step
+            raise KeyboardInterrupt
+        return real(step, ctx, ws)
+    ex._compute = compute
+    with pytest.raises(TrainingStopped, match=rf"after iteration 2 of 8; state of iteration 2 "
+                       rf"saved to {ckpt}") as e:
+        fit(ex, tiny, iters=8, checkpoint=ckpt, progress=False)
+    assert e.value.signum == signal.SIGINT and ex.iteration == 2
+    arrays, meta = load_checkpoint(ckpt)
+    assert meta["iteration"] == 2
+    assert all(np.array_equal(arrays[k], v) for k, v in ex.state_dict().items())
+
+
+def test_resume_refuses_bad_metadata_and_another_batch(tiny, tmp_path):
+    from neuron.checkpoint import save_checkpoint
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    state = ex.state_dict()
+    for meta, fragment in [({}, "no 'iteration'"), ({"iteration": 2.5}, "non-negative integer"),
+                           ({"iteration": "3"}, "non-negative integer"),
+                           ({"iteration": -1}, "non-negative integer"),
+                           ({"iteration": 1, "batch": 32}, "resume with --batch 32")]:
+        path = str(tmp_path / "bad.npz")
+        save_checkpoint(path, state, meta)
+        with pytest.raises(ValueError, match=fragment):
+            fit(ex, tiny, iters=4, resume=path, progress=False)
+    assert ex.iteration == 0
+
+
+@pytest.mark.parametrize("bad", [np.complex64, np.int32])
+def test_resume_refuses_complex_or_integer_arrays(tiny, tmp_path, bad):
+    from neuron.checkpoint import save_checkpoint
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    state = ex.state_dict()
+    state["fc.weight"] = state["fc.weight"].astype(bad)
+    path = str(tmp_path / "bad.npz")
+    save_checkpoint(path, state, {"iteration": 1, "batch": 16})
+    with pytest.raises(ValueError, match="fc.weight: dtype"):
+        fit(ex, tiny, iters=4, resume=path, progress=False)
+
+
+@pytest.mark.parametrize("kw,fragment", [(dict(epochs=0), "epochs must be a positive"),
+                                         (dict(epochs=float("nan")), "epochs must be"),
+                                         (dict(iters=2.5), "iters must be an integer"),
+                                         (dict(iters=2, warmup=-5), "warmup must be >= 0"),
+                                         (dict(iters=2, checkpoint_every=0), "positive")])
+def test_fit_refuses_counts_that_would_silently_do_something_else(tiny, kw, fragment):
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    with pytest.raises(ValueError, match=fragment):
+        fit(ex, tiny, progress=False, **kw)
+    assert ex.iteration == 0
