@@ -369,7 +369,7 @@ class Executor:
         loss = ctx.losses.get("loss")
         if loss is not None and not math.isfinite(loss):
             raise NonFiniteLossError(
-                f"loss is {loss} at iteration {self.iteration}; stopping before any update "
+                f"loss is {loss} at iteration {self.iteration}; the step was undone "
                 "(lower the learning rate or check the data)")
 
     def _run(self, steps, frees, ctx, keep=(), check_loss=False):
