@@ -122,6 +122,9 @@ class Executor:
         self._busy = threading.Lock()
         self.undo: UndoRecord | None = None     # the running step's undo record
         self._undo_record = None
+        # False only to measure what the safeguard costs (bench/step_guard_cost.py): a failed
+        # step then leaves a half-updated model, as before the undo record existed
+        self.transactional = True
         self.record_trace = True
         self.last_trace: list[TraceRow] = []
         self.last_logits = None
@@ -309,8 +312,8 @@ class Executor:
         with self._exclusive("train_step"):
             ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
                           feed=self._feed(x, y))
-            if not self.device.computes:
-                self._run(self.steps, self.frees, ctx)
+            if not self.device.computes or not self.transactional:
+                self._run(self.steps, self.frees, ctx, check_loss=self.device.computes)
                 self.iteration += 1
                 return ctx.losses.get("loss", float("nan"))
             undo = self._undo_record
