@@ -484,3 +484,11 @@ def test_iterate_exact_multiple_and_seed_dependence():
     np.testing.assert_array_equal(np.sort(np.concatenate(first[4:])), np.arange(20))
     b = iterate(ds, 5, seed=2)
     assert not np.array_equal(np.concatenate(first[:4]), np.concatenate([_ids(next(b)[0]) for _ in range(4)]))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.int64, np.uint8, object])
+def test_dataset_refuses_images_that_are_not_real_floats(dtype):
+    from neuron.data import DataFormatError, Dataset
+    x = np.zeros((2, 1, 2, 2)).astype(dtype)
+    with pytest.raises(DataFormatError, match=f"found dtype {np.dtype(dtype)}"):
+        Dataset("probe", x, np.array([0, 1]), 2)

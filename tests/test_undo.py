@@ -186,3 +186,26 @@ def test_two_threads_on_one_executor_get_a_clear_error():
     assert ex.iteration == 1
     ex.train_step(x, y)
     assert ex.iteration == 2
+
+
+def test_an_interrupted_evaluate_leaves_the_pool_at_rest():
+    g = residual_bn()
+    ex = Executor(g, 4, seed=0)
+    x, y = batch(0)
+    used = ex.pool.used_bytes
+    stop = interrupt_at(ex, 3)
+    with pytest.raises(KeyboardInterrupt):
+        ex.evaluate(x, y)
+    stop()
+    assert pool_at_rest(ex, used)
+    ex.evaluate(x, y)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.int64, np.uint8, object])
+def test_images_that_are_not_real_floats_are_refused(dtype):
+    from neuron.errors import DataError
+    ex = Executor(residual_bn(), 4, seed=0)
+    x, y = batch(0)
+    with pytest.raises(DataError, match=f"dtype {np.dtype(dtype)}"):
+        ex.train_step(x.astype(dtype), y)
+    assert ex.iteration == 0
