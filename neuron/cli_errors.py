@@ -61,7 +61,7 @@ def run_command(name: str, fn, args) -> int:
         print(f"neuron {name}: {message(e)}", file=err)
         return 128 + e.signum if e.signum else RUNTIME
     except KeyboardInterrupt:
-        print(f"neuron {name}: interrupted (nothing to save at this point)", file=err)
+        print(f"neuron {name}: interrupted", file=err)
         return 130
     except BrokenPipeError:
         _quiet_stdout()

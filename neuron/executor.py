@@ -27,6 +27,7 @@ from .memory.schedule import Schedule, build_schedule
 from .memory.tensors import Kind
 from .optim import SGD
 from .sizes import size_arg
+from .interrupt import signals_deferred
 from .undo import UndoRecord
 
 VIRTUAL_ARENA = 1 << 40          # 1 TiB: "unbounded" for planning
@@ -329,7 +330,8 @@ class Executor:
                         f"statistic is NaN or infinite (loss {ctx.losses.get('loss')}); the step "
                         "was undone (lower the learning rate or check the data)")
             except BaseException:
-                undo.restore()          # _run's finally already returned the pool to its start
+                with signals_deferred():    # a second Ctrl-C must not cut the undo in half
+                    undo.restore()      # (_run's finally already returned the pool to its start)
                 raise
             finally:
                 self.undo = None
@@ -433,10 +435,11 @@ class Executor:
             self.last_trace = [TraceRow(*r) for r in trace] if trace is not None else []
             return [pool.view(t) for t in keep]
         finally:
-            if ws_off is not None:          # a step that failed holding its workspace
-                pool.free_bytes(ws_off)
-            if not keep:
-                self._end_iteration()
+            with signals_deferred():
+                if ws_off is not None:      # a step that failed holding its workspace
+                    pool.free_bytes(ws_off)
+                if not keep:
+                    self._end_iteration()
 
     def _compute(self, step, ctx, ws):
         layer, view = step.layer, self.pool.view

@@ -1,9 +1,10 @@
 """Stopping a training run on SIGINT/SIGTERM without losing it.
 
 The first signal only asks the loop to stop after the current step (the step finishes, the
-checkpoint is written). A second one raises KeyboardInterrupt at once: the running step is undone
-(train_step is a transaction) and the loop still writes the checkpoint of the last whole step.
-While a checkpoint is being written, signals are only recorded, so a write is never cut short.
+checkpoint is written). A second one, while a step runs, raises KeyboardInterrupt at once: the
+step is undone (train_step is a transaction) and the loop still writes the checkpoint of the last
+whole step. Outside a step (a checkpoint write, the loop's own bookkeeping) signals are only
+recorded, so nothing is cut short half-way; the undo itself runs with the signals deferred.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class StopRequest:
         self.signum: int | None = None
         self.count = 0
         self.announce = announce
-        self._protected = 0
+        self._in_step = False
         self._old = {}
 
     @property
@@ -39,23 +40,20 @@ class StopRequest:
         self.count += 1
         if self.signum is None:
             self.signum = signum
-        if self._protected:
-            return
-        if self.count == 1:
-            if self.announce:
-                print(f"\n{signal.Signals(signum).name}: stopping after this step (again: undo "
-                      "it and stop now)", file=sys.stderr, flush=True)
-            return
-        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
+        if self.count == 1 and self.announce:
+            print(f"\n{signal.Signals(signum).name}: stopping after this step (again: undo it "
+                  "and stop now)", file=sys.stderr, flush=True)
+        if self.count >= 2 and self._in_step:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
 
     @contextlib.contextmanager
-    def protected(self):
-        """Signals are only recorded inside (checkpoint writes)."""
-        self._protected += 1
+    def step(self):
+        """A training step runs inside: only there may a second signal interrupt."""
+        self._in_step = True
         try:
             yield
         finally:
-            self._protected -= 1
+            self._in_step = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -68,3 +66,18 @@ class StopRequest:
             signal.signal(s, old)
         self._old.clear()
         return False
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGINT/SIGTERM are held back until the block ends (POSIX, main thread): for the few
+    lines that put state back, which a KeyboardInterrupt must not cut in half."""
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

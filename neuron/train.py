@@ -121,11 +121,10 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     saved_at = [None]
 
     def save():
-        try:
-            with stop.protected():
-                save_checkpoint(checkpoint, ex.state_dict(),
-                                {**(meta or {}), "iteration": ex.iteration, "seed": seed,
-                                 "optimizer": ex.optimizer.config(), "batch": ex.batch})
+        try:                        # outside a step: a signal is only recorded, never cuts this
+            save_checkpoint(checkpoint, ex.state_dict(),
+                            {**(meta or {}), "iteration": ex.iteration, "seed": seed,
+                             "optimizer": ex.optimizer.config(), "batch": ex.batch})
         except OSError as e:
             where = (f"the checkpoint of iteration {saved_at[0]} there is intact"
                      if saved_at[0] is not None else "nothing was saved")
@@ -148,7 +147,8 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                 ex.optimizer.lr = lr_at(step, total, lr, schedule, warmup)
                 xb, yb = next(stream)
                 try:
-                    losses.append(ex.train_step(xb, yb))
+                    with stop.step():
+                        losses.append(ex.train_step(xb, yb))
                 except BaseException as e:      # undone by the executor; save what we have
                     failure = e
                     break

@@ -76,3 +76,28 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_run(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not leftover.exists() and ckpt.exists()
     assert f"state saved to {ckpt}" in r.stdout
+
+
+def test_signals_are_deferred_while_state_is_put_back():
+    from neuron.interrupt import signals_deferred
+    reached_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            reached_end = True          # the interrupt waited for the block to end
+    assert reached_end
+
+
+def test_stop_request_interrupts_only_inside_a_step():
+    from neuron.interrupt import StopRequest
+    with StopRequest(announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)                # outside a step: recorded, nothing raised
+        assert stop.requested and stop.signum == signal.SIGTERM and stop.count == 2
+        with pytest.raises(KeyboardInterrupt):
+            with stop.step():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
