@@ -70,14 +70,23 @@ class StopRequest:
 
 @contextlib.contextmanager
 def signals_deferred():
-    """SIGINT/SIGTERM are held back until the block ends (POSIX, main thread): for the few
-    lines that put state back, which a KeyboardInterrupt must not cut in half."""
-    if not hasattr(signal, "pthread_sigmask") or \
-            threading.current_thread() is not threading.main_thread():
+    """SIGINT/SIGTERM received inside the block reach their handlers when it ends: for the few
+    lines that put state back, which a KeyboardInterrupt must not cut in half. (Handlers, not
+    a signal mask: any thread, e.g. a BLAS worker, may be the one the kernel delivers to.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    pending: list[int] = []
+    saved = {}
+    for s in SIGNALS:
+        old = signal.getsignal(s)
+        if old is not None:         # None: installed outside Python, cannot be put back
+            saved[s] = old
+            signal.signal(s, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, old in saved.items():
+            signal.signal(s, old)
+        for signum in pending:
+            signal.raise_signal(signum)
