@@ -145,6 +145,10 @@ class Executor:
             if not self.planned["fits"]:
                 raise self.planned["error"]
             self.device = make_device(device, budget or self.planned["arena_bytes"])
+        # the step's finiteness flag: made before the pool, so on a GPU its byte comes from the
+        # scratch region, not from the heap the plan accounts for
+        self._step_flag = self.device.kernels.nonfinite_flag_new() if self.device.computes \
+            else None
         self._new_pool()
 
     def _make_plan(self, graph):
@@ -319,7 +323,7 @@ class Executor:
                 return ctx.losses.get("loss", float("nan"))
             undo = self._undo_record
             if undo is None:
-                undo = self._undo_record = UndoRecord(self.device, self.pool)
+                undo = self._undo_record = UndoRecord(self.device, self.pool, self._step_flag)
             undo.begin()
             self.undo = undo
             try:

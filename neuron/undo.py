@@ -16,13 +16,14 @@ from __future__ import annotations
 
 
 class UndoRecord:
-    def __init__(self, device, pool):
+    def __init__(self, device, pool, flag=None):
         self.device, self.pool = device, pool
         self.kernels = device.kernels
         self._buffers: dict[int, object] = {}   # block id -> its host buffer (reused)
         self._saved: list = []                  # blocks written this step, in order
         self._saved_ids: set[int] = set()
-        self._flag = None
+        # on a GPU, made before the pool owns the arena (outside the planned bytes)
+        self._flag = flag
         self.snapshot_bytes = 0                 # bytes copied to the host this step
 
     @property
@@ -36,8 +37,7 @@ class UndoRecord:
         self.snapshot_bytes = 0
         if self._flag is None:
             self._flag = self.kernels.nonfinite_flag_new()
-        else:
-            self.kernels.nonfinite_flag_clear(self._flag)
+        self.kernels.nonfinite_flag_clear(self._flag)
 
     def save(self, block) -> None:
         """Copy a resident block's bytes to its host buffer before its first write this step."""

@@ -620,10 +620,16 @@ def nonfinite_flag_clear(flag):
     flag.fill(False)
 
 
+@functools.lru_cache(maxsize=None)
+def _k_any_nonfinite():
+    # one fused reduction: no temporary array of the tensor's size, a 0-d bool result
+    return _cp().ReductionKernel("T x", "bool y", "!isfinite(x)", "a || b", "y = a", "false",
+                                 "neuron_any_nonfinite")
+
+
 def nonfinite_flag_update(flag, a):
     """flag |= any(a is NaN or infinite), as kernels on the current stream: no host sync."""
-    cp = _cp()
-    cp.logical_or(flag, cp.logical_not(cp.isfinite(a).all()), out=flag)
+    _cp().logical_or(flag, _k_any_nonfinite()(a), out=flag)
 
 
 def nonfinite_flag_read(flag) -> bool:
