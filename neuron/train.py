@@ -174,10 +174,16 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
               "planned_peak_bytes": ex.planned["peak_bytes"] if ex.planned else None,
               "arena_bytes": ex.device.arena_bytes}
     if stop.requested or failure is not None:
-        state = (f"state of iteration {ex.iteration} saved to {checkpoint} (continue with "
-                 f"--resume {checkpoint})" if checkpoint and saved_at[0] == ex.iteration
-                 else f"state of iteration {ex.iteration} not saved (no --checkpoint given)"
-                 if not checkpoint else f"state of iteration {saved_at[0]} in {checkpoint}")
+        if not checkpoint:
+            state = f"state of iteration {ex.iteration} not saved (no --checkpoint given)"
+        elif saved_at[0] == ex.iteration:
+            state = (f"state of iteration {ex.iteration} saved to {checkpoint} (continue with "
+                     f"--resume {checkpoint})")
+        elif saved_at[0] is None:
+            state = ("no step finished, nothing saved" +
+                     (f"; {resume} still holds iteration {start}" if resume else ""))
+        else:
+            state = f"state of iteration {saved_at[0]} in {checkpoint}"
         if stop.requested:
             raise TrainingStopped(f"stopped by {stop.name} after iteration {ex.iteration} of "
                                   f"{total}; {state}", iteration=ex.iteration,
