@@ -3,6 +3,7 @@ says whose move it is: 2 a usage error (fix the command line), 1 a runtime failu
 disk, the device, the numbers), 128+N stopped by signal N (the line says where the state is)."""
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -67,6 +68,13 @@ def run_command(name: str, fn, args) -> int:
         _quiet_stdout()
         print(f"neuron {name}: output closed early (broken pipe)", file=err)
         return RUNTIME
+    except OSError as e:
+        if e.filename is None and e.errno == errno.ENOSPC:   # stdout on a full disk
+            _quiet_stdout()
+            print(f"neuron {name}: error: cannot write the output ({e.strerror})", file=err)
+            return RUNTIME
+        print(f"neuron {name}: error: {message(e)}", file=err)
+        return classify(e)
     except Exception as e:
         if os.environ.get("NEURON_TRACEBACK"):
             raise

@@ -182,3 +182,15 @@ def test_train_summary_shows_bytes_moved(capsys):
     rc, out, err = run(capsys, *TRAIN, "--iters", "1", "--policy", "offload", "--budget", "4MiB")
     assert rc == 0, err
     assert "moved " in out and " to host and " in out
+
+
+def test_output_to_a_full_disk():
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "neuron", "summary", *SMALL, "--all"], cwd=ROOT,
+                           env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == ["neuron summary: error: cannot write the output "
+                                             "(No space left on device)"]
