@@ -322,13 +322,15 @@ def _search_cmd(args, kind: str) -> int:
                             f"{'fits' if ok else 'does not fit'}")
         bar.update(1)
 
-    if kind == "deepest":
-        r = P.deepest(args.model, args.batch, budget, progress=progress, **kw)
-        key, label = "deepest", "depth"
-    else:
-        r = P.widest(args.model, budget, depth=args.depth, progress=progress, **kw)
-        key, label = "widest", "batch"
-    bar.close()
+    try:                # closed on Ctrl-C too, so the error line starts a line of its own
+        if kind == "deepest":
+            r = P.deepest(args.model, args.batch, budget, progress=progress, **kw)
+            key, label = "deepest", "depth"
+        else:
+            r = P.widest(args.model, budget, depth=args.depth, progress=progress, **kw)
+            key, label = "widest", "batch"
+    finally:
+        bar.close()
     print(f"| {label} | fits | seconds |\n|---|---|---|")
     for p in r["probes"]:
         print(f"| {p[label]} | {'yes' if p['fits'] else 'no'} | {p['seconds']} |")

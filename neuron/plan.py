@@ -99,6 +99,11 @@ def _call_forked(arg):
     return _FORK_FN(arg)
 
 
+def _ignore_sigint():
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _ParallelMap:
     """fn over a list of arguments: two at a time in forked workers when asked to and two cores
     are there, else one by one in order (stopping at the first true result: the searches here
@@ -111,7 +116,8 @@ class _ParallelMap:
                 import multiprocessing as mp
                 global _FORK_FN
                 _FORK_FN = fn
-                self.pool = mp.get_context("fork").Pool(2)
+                # workers ignore Ctrl-C: the parent stops the search and says so in one line
+                self.pool = mp.get_context("fork").Pool(2, initializer=_ignore_sigint)
                 self.width = 2
             except (OSError, ValueError):
                 self.pool = None

@@ -194,3 +194,23 @@ def test_output_to_a_full_disk():
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines() == ["neuron summary: error: cannot write the output "
                                              "(No space left on device)"]
+
+
+def test_ctrl_c_in_a_parallel_search_is_one_line():
+    """Ctrl-C signals the whole process group: the forked planning workers too."""
+    import signal
+    import time
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.Popen([sys.executable, "-m", "neuron", "deepest", "resnet_cifar", "--budget",
+                          "256MiB", "--batch", "16"], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        time.sleep(6)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "ForkPoolWorker" not in err
+    assert err.rstrip().splitlines()[-1] == "neuron deepest: interrupted"
