@@ -199,18 +199,26 @@ def test_output_to_a_full_disk():
 def test_ctrl_c_in_a_parallel_search_is_one_line():
     """Ctrl-C signals the whole process group: the forked planning workers too."""
     import signal
+    import threading
     import time
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.Popen([sys.executable, "-m", "neuron", "deepest", "resnet_cifar", "--budget",
-                          "256MiB", "--batch", "16"], cwd=ROOT, env=env, text=True,
+                          "64GiB", "--batch", "16"], cwd=ROOT, env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: p.stderr.read(1), "")))
+    reader.start()
     try:
-        time.sleep(6)
+        end = time.monotonic() + 120
+        while "fits" not in "".join(chunks) and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.05)        # the search is under way (its first probe is out)
         os.killpg(p.pid, signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        p.wait(timeout=60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
+        reader.join(10)
+    err = "".join(chunks)
     assert p.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "ForkPoolWorker" not in err
     assert err.rstrip().splitlines()[-1] == "neuron deepest: interrupted"
