@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", default=None, metavar="FILE.npz",
                    help="resume from a checkpoint written by --checkpoint (default: none)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from .distributed.launch import add_plan_arguments, add_train_arguments
+    add_train_arguments(t)
 
     s = sub.add_parser("summary", help="layers, shapes, parameters and per-step bytes",
                        description="List MODEL's layers, output shapes, parameter counts and the "
@@ -175,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "neuron[plot]) (default: none)")
     pl.add_argument("--no-min-budget", action="store_true",
                     help="skip the minimum-budget search (faster)")
+    add_plan_arguments(pl)
 
     dp = sub.add_parser("deepest", help="deepest network of a family that fits a budget",
                         description="Exponential then bisection search, by planning, for the "
@@ -278,6 +281,8 @@ def cmd_plan(args) -> int:
     graph = _build(args)
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
              model=args.model, **_policy_kw(args))
+    from .distributed.launch import plan_allreduce
+    plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
     print(f"{args.model} batch {args.batch}, policy {r['policy']}"
           f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
@@ -297,6 +302,11 @@ def cmd_plan(args) -> int:
         else:
             need = f"; the minimum is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
             print(f"  budget {fmt_bytes(budget)}: does NOT fit: {r['error']}{need}")
+    if "data_parallel" in r:
+        d = r["data_parallel"]
+        print(f"  all-reduce (ring, {d['world_size']} ranks, {d['link_gbps']:g} Gbit/s)  "
+              f"{fmt_bytes(d['allreduce_bytes'])} in {d['allreduce_calls']} calls: "
+              f"{d['allreduce_time_s'] * 1e3:.3f} ms per iteration")
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
@@ -379,7 +389,9 @@ def cmd_train(args) -> int:
     from .optim import SGD
     from .train import fit
     from .checkpoint import check_checkpoint_target
+    from .distributed.launch import make_train_comm, stop_all_ranks_on_error
     from .errors import UsageError
+    comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
     budget = parse_bytes(args.budget) if args.budget else None
     if args.checkpoint:             # a bad target costs nothing yet
         check_checkpoint_target(args.checkpoint)
@@ -406,10 +418,20 @@ def cmd_train(args) -> int:
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
                                 ) from None
     meta = {"model": args.model, "depth": args.depth, "dataset": args.dataset}
-    res = fit(ex, split.train, split.test, iters=args.iters, epochs=args.epochs, lr=args.lr,
-              schedule=args.schedule, warmup=args.warmup, seed=args.seed,
-              checkpoint=args.checkpoint, resume=args.resume, meta=meta,
-              progress=not args.no_progress, checkpoint_every=args.checkpoint_every)
+    with stop_all_ranks_on_error(comm, "train"):
+        dp = None
+        if comm is not None:
+            from .distributed import DataParallel
+            dp = DataParallel(ex, comm, sync_bn=args.sync_bn, check_every=args.dp_check_every)
+        res = fit(ex, split.train, split.test, iters=args.iters, epochs=args.epochs, lr=args.lr,
+                  schedule=args.schedule, warmup=args.warmup, seed=args.seed,
+                  checkpoint=args.checkpoint, resume=args.resume, meta=meta,
+                  progress=not args.no_progress, checkpoint_every=args.checkpoint_every, dp=dp)
+    if dp is not None:
+        res.update(world_size=dp.world_size, global_batch=dp.global_batch, sync_bn=dp.sync_bn,
+                   engine=comm.engine, allreduce_calls=dp.allreduce_calls)
+        if dp.rank != 0:        # rank 0 reports for the job
+            return 0
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, dataset=args.dataset)
     res.update(ex.pool.counters())

@@ -81,7 +81,7 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
         epochs: float | None = None, lr: float = 0.1, schedule: str = "cosine", warmup: int = 0,
         seed: int = 0, checkpoint: str | None = None, resume: str | None = None,
         meta: dict | None = None, progress: bool = True, stop_at: int | None = None,
-        checkpoint_every: int | None = None) -> dict:
+        checkpoint_every: int | None = None, dp=None) -> dict:
     """Train ``ex`` on ``train``; returns a summary dict (losses, accuracy, speed, memory).
 
     With ``checkpoint``, the state is written atomically every ``checkpoint_every`` iterations
@@ -93,8 +93,17 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     ``stop_at`` ends the run early at that step (as if interrupted) while the learning-rate
     schedule still spans the full ``iters``: resuming from its checkpoint continues the exact
     trajectory.
+
+    ``dp`` (a distributed.DataParallel): ``ex.batch`` is per rank; every rank walks the same
+    stream of global batches (``ex.batch`` x world size) and trains on its shard; rank 0 alone
+    shows progress and writes the checkpoint.
     """
-    per_epoch = steps_per_epoch(train, ex.batch)
+    world = dp.world_size if dp is not None else 1
+    gbatch = ex.batch * world
+    step_fn = ex.train_step if dp is None else lambda x, y: dp.train_step(*dp.shard(x, y))
+    progress = progress and (dp is None or dp.rank == 0)
+    writer = dp is None or dp.rank == 0
+    per_epoch = steps_per_epoch(train, gbatch)
     iters = _count("iters", iters)
     if epochs is not None and not (isinstance(epochs, (int, float)) and math.isfinite(epochs)
                                    and epochs > 0):
@@ -115,16 +124,20 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                              f"--iters {start + max(per_epoch, 1)})")
         ex.load_state_dict(arrays)
         ex.iteration = start
+        if dp is not None:
+            dp.check_parameters(when=f"after resuming from {resume}")
     end = min(total, stop_at) if stop_at is not None else total
-    stream = iterate(train, ex.batch, seed=seed, start_step=start)
+    stream = iterate(train, gbatch, seed=seed, start_step=start)
     losses: list[float] = []
     saved_at = [None]
 
     def save():
         try:                        # outside a step: a signal is only recorded, never cuts this
-            save_checkpoint(checkpoint, ex.state_dict(),
-                            {**(meta or {}), "iteration": ex.iteration, "seed": seed,
-                             "optimizer": ex.optimizer.config(), "batch": ex.batch})
+            if writer:
+                save_checkpoint(checkpoint, ex.state_dict(),
+                                {**(meta or {}), "iteration": ex.iteration, "seed": seed,
+                                 "optimizer": ex.optimizer.config(), "batch": ex.batch,
+                                 "world_size": world})
         except OSError as e:
             where = (f"the checkpoint of iteration {saved_at[0]} there is intact"
                      if saved_at[0] is not None else "nothing was saved")
@@ -132,6 +145,8 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                                   f"{ex.iteration} ({e.strerror or e}); {where}",
                                   iteration=ex.iteration, checkpoint=None) from None
         saved_at[0] = ex.iteration
+        if dp is not None:
+            dp.comm.barrier(f"checkpoint {checkpoint} written by rank 0")
 
     failure: BaseException | None = None
     bar = None
@@ -148,14 +163,14 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                 xb, yb = next(stream)
                 try:
                     with stop.step():
-                        losses.append(ex.train_step(xb, yb))
+                        losses.append(step_fn(xb, yb))
                 except BaseException as e:      # undone by the executor; save what we have
                     failure = e
                     break
                 if bar is not None:
                     el = time.perf_counter() - t0
                     bar.set_postfix(loss=f"{losses[-1]:.4f}",
-                                    img_s=f"{len(losses) * ex.batch / el:.0f}")
+                                    img_s=f"{len(losses) * gbatch / el:.0f}")
                     bar.update(1)
                 if checkpoint and ex.iteration % every == 0 and ex.iteration < end:
                     save()
@@ -169,7 +184,7 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
             stop.signum = signal.SIGINT
     result = {"iterations": ex.iteration - start,
               "final_loss": losses[-1] if losses else None,
-              "images_per_sec": (len(losses) * ex.batch / elapsed) if elapsed > 0 else None,
+              "images_per_sec": (len(losses) * gbatch / elapsed) if elapsed > 0 else None,
               "seconds": elapsed, "peak_bytes": ex.pool.high_water,
               "planned_peak_bytes": ex.planned["peak_bytes"] if ex.planned else None,
               "arena_bytes": ex.device.arena_bytes}
@@ -193,7 +208,7 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                                   checkpoint=checkpoint, result=result) from failure
         failure.add_note(state)
         raise failure
-    if test is not None:
+    if test is not None and (dp is None or dp.rank == 0):     # replicas are identical
         tl, acc = evaluate(ex, test)
         result.update(test_loss=tl, test_accuracy=acc)
     return result
