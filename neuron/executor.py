@@ -145,11 +145,11 @@ class Executor:
             if not self.planned["fits"]:
                 raise self.planned["error"]
             self.device = make_device(device, budget or self.planned["arena_bytes"])
-        # the step's finiteness flag: made before the pool, so on a GPU its byte comes from the
-        # scratch region, not from the heap the plan accounts for
+        self._new_pool()
+        # the step's finiteness flag: one byte, made once (on a GPU a CuPy allocation, which the
+        # pool's heap serves: one 256-byte block the plan does not list)
         self._step_flag = self.device.kernels.nonfinite_flag_new() if self.device.computes \
             else None
-        self._new_pool()
 
     def _make_plan(self, graph):
         self.train_graph = with_loss(graph)

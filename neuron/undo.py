@@ -22,8 +22,7 @@ class UndoRecord:
         self._buffers: dict[int, object] = {}   # block id -> its host buffer (reused)
         self._saved: list = []                  # blocks written this step, in order
         self._saved_ids: set[int] = set()
-        # on a GPU, made before the pool owns the arena (outside the planned bytes)
-        self._flag = flag
+        self._flag = flag                       # made once by the executor
         self.snapshot_bytes = 0                 # bytes copied to the host this step
 
     @property
