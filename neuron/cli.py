@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-min-budget", action="store_true",
                     help="skip the minimum-budget search (faster)")
     add_plan_arguments(pl)
+    # time and planners (issue 12): cli_planning.py
+    from .cli_planning import add_planner_arg, add_profile_command, add_time_args
+    add_time_args(pl)
+    add_profile_command(sub)
 
     dp = sub.add_parser("deepest", help="deepest network of a family that fits a budget",
                         description="Exponential then bisection search, by planning, for the "
@@ -134,7 +138,8 @@ def main(argv=None) -> int:
     from .errors import NeuronError
     try:
         return {"train": cmd_train, "summary": cmd_summary, "models": cmd_models,
-                "plan": cmd_plan, "deepest": cmd_deepest, "widest": cmd_widest}[args.command](args)
+                "plan": cmd_plan, "deepest": cmd_deepest, "widest": cmd_widest,
+                "profile": _cmd_profile}[args.command](args)
     except (NeuronError, ValueError, KeyError, FileNotFoundError, MemoryError) as e:
         # user errors: one clear line, no traceback
         print(f"neuron {args.command}: error: {e}", file=sys.stderr)
@@ -195,8 +200,10 @@ def cmd_plan(args) -> int:
     from .plan import plan
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
+    from .cli_planning import cost_model, print_time
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
-             model=args.model, **_policy_kw(args))
+             model=args.model, cost=cost_model(args) if args.time else None,
+             **_policy_kw(args))
     from .distributed.launch import plan_allreduce
     plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
@@ -223,6 +230,7 @@ def cmd_plan(args) -> int:
         print(f"  all-reduce (ring, {d['world_size']} ranks, {d['link_gbps']:g} Gbit/s)  "
               f"{fmt_bytes(d['allreduce_bytes'])} in {d['allreduce_calls']} calls: "
               f"{d['allreduce_time_s'] * 1e3:.3f} ms per iteration")
+    print_time(r)
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
@@ -286,6 +294,11 @@ def _confirm(args, kind, ans, budget, kw) -> dict:
     losses = [ex.train_step(x, y) for _ in range(2)]
     return {"iterations": 2, "final_loss": losses[-1], "peak_bytes": ex.pool.high_water,
             "device": ex.device.name}
+
+
+def _cmd_profile(args) -> int:
+    from .cli_planning import cmd_profile
+    return cmd_profile(args)
 
 
 def cmd_deepest(args) -> int:

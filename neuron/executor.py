@@ -158,12 +158,14 @@ class Executor:
         self._alloc_persistent()
 
     # ---- planning ---------------------------------------------------------------------
-    def simulate(self, arena_bytes: int | None = None, trace: bool = True) -> dict:
-        """One iteration on a virtual device of the given arena size (same code path)."""
+    def simulate(self, arena_bytes: int | None = None, trace: bool = True,
+                 events: bool = False) -> dict:
+        """One iteration on a virtual device of the given arena size (same code path).
+        ``events``: also return the event log the simulated clock times (memory/clock.py)."""
         with no_gc():
-            return self._simulate(arena_bytes, trace)
+            return self._simulate(arena_bytes, trace, events)
 
-    def _simulate(self, arena_bytes, trace=True):
+    def _simulate(self, arena_bytes, trace=True, events=False):
         try:
             v = Executor(self.graph, self.batch,
                          device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
@@ -175,11 +177,14 @@ class Executor:
                          block=self.block,
                          strategy=self.strategy, _plan_from=self)
             v.record_trace = trace
+            if events:
+                v.pool.log = []
             v.train_step(None, None)
         except MemoryBudgetError as e:
             return {"fits": False, "error": e}
         return {"fits": True, "error": None, "peak_bytes": v.pool.high_water,
                 "arena_bytes": v.pool.max_extent, "trace": v.last_trace, "executor": v,
+                "events": v.pool.log,
                 "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
                 **v.pool.counters()}
 
@@ -333,6 +338,7 @@ class Executor:
             self._offload_after = _offload_points(steps)
         trace = [] if self.record_trace else None
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
+        log = pool.log
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
                 if guard is not None and step.phase == "B":
@@ -348,6 +354,8 @@ class Executor:
                         dev.kernels, "F" if step.phase != "B" else "B", self.batch, self.dtype,
                         pool.heap.largest_free if self.policy.free_dead else ws_bytes)
                 ws_off = pool.alloc_bytes(ws_bytes, None, step) if ws_bytes else None
+                if log is not None:
+                    log.append(("step", i, ws_bytes))
                 if compute:
                     ws = dev.view(ws_off, (ws_bytes,), np.uint8) if ws_off is not None else None
                     self._compute(step, ctx, ws)

@@ -148,7 +148,8 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
          host_budget: int | None = None, tensor_cache: bool = True,
          compact: bool | None = None, dtype=np.float32,
          search_min: bool = True,
-         model: str | None = None, trace: bool = True) -> dict:
+         model: str | None = None, trace: bool = True, cost=None) -> dict:
+    """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``)."""
     t0 = time.perf_counter()
     ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
                   recompute_strategy=recompute_strategy, host_budget=host_budget,
@@ -159,8 +160,8 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     lb, max_step = lower_bound(ex)
     mb = min_budget(ex, unbounded, lb) if search_min else None
     run = unbounded
-    if budget is not None:
-        run = ex.simulate(budget, trace=trace)
+    if budget is not None or cost is not None:
+        run = ex.simulate(budget, trace=trace, events=cost is not None)
     fits = run["fits"]
     rep = ex.recompute_report
     out = {
@@ -184,6 +185,9 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         "num_steps": len(ex.steps), "num_layers": len(ex.train_graph.route),
         "error": str(run["error"]) if not fits else None,
     }
+    if cost is not None and fits:
+        from .memory.clock import time_report
+        out.update(time_report(ex, run, cost))
     if trace and fits:
         out["steps"] = [r.as_dict() for r in run["trace"]]
     out["plan_seconds"] = round(time.perf_counter() - t0, 3)

@@ -71,6 +71,8 @@ class Pool:
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
             attach(self.heap)
+        # the simulated clock's input (memory/events.py): copies and compactions as they happen
+        self.log: list | None = None
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
@@ -121,6 +123,8 @@ class Pool:
                 dev.move(off, new, t.nbytes)
                 self.offset[tid] = new
                 self.moved_bytes += t.nbytes
+                if self.log is not None:
+                    self.log.append(("compact", tid, t.nbytes))
 
     def _rounded(self, nbytes: int) -> int:
         b = self._block
@@ -317,6 +321,8 @@ class Pool:
             self.host_pool.put(buf)
         self.prefetch_bytes += t.nbytes
         self.prefetch_count += 1
+        if self.log is not None:
+            self.log.append(("prefetch" if ahead else "fetch", t.id, t.nbytes))
 
     def prefetch(self, t: TensorInfo) -> bool:
         """Bring t back ahead of use if that needs no eviction."""
@@ -351,6 +357,8 @@ class Pool:
         self.host[t.id] = (t, buf)
         self.offload_bytes += t.nbytes
         self.offload_count += 1
+        if self.log is not None:
+            self.log.append(("offload", t.id, t.nbytes))
 
     def place_on_host(self, t: TensorInfo, value=None) -> None:
         """Create t directly on the host (parameters under --offload-params)."""

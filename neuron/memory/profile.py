@@ -1,0 +1,83 @@
+"""``neuron profile``: time every step's kernel on a device, once, for the cost model.
+
+The profile is JSON keyed by layer geometry (memory/costmodel.py ``layer_key``), with the
+device, its identity, the dtype, the per-step overhead of the executor and the copy bandwidth,
+so that the simulated clock can replay any plan of the same network on measured times.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from ..executor import Executor
+from .costmodel import ProfileError, cpu_spec, device_spec, layer_key
+
+
+class _TimedExecutor(Executor):
+    """The executor with a stopwatch around each kernel (synchronized on the GPU)."""
+    times: list
+
+    def _compute(self, step, ctx, ws):
+        sync = self.device.synchronize
+        sync()
+        t0 = time.perf_counter()
+        super()._compute(step, ctx, ws)
+        sync()
+        self.times.append((step, time.perf_counter() - t0))
+
+
+def measure_iterations(ex: Executor, x, y, repeat: int) -> list[float]:
+    """Wall seconds of ``repeat`` training iterations (after the caller's warm-up)."""
+    out = []
+    for _ in range(repeat):
+        ex.device.synchronize()
+        t0 = time.perf_counter()
+        ex.train_step(x, y)
+        ex.device.synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def random_batch(graph, batch: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
+    y = rng.integers(0, graph.outputs[0].shape[0], batch)
+    return x, y
+
+
+def profile_model(graph, batch: int, *, device: str = "cpu", repeat: int = 3,
+                  model: str | None = None, dtype=np.float32) -> dict:
+    kind = "cpu" if device == "cpu" else _gpu_kind()
+    ex = _TimedExecutor(graph, batch, device=device, policy="liveness", dtype=dtype)
+    ex.times = []
+    x, y = random_batch(graph, batch)
+    ex.train_step(x, y)                             # warm-up
+    ex.times = []
+    iters = measure_iterations(ex, x, y, repeat)
+    per_key: dict[str, list[float]] = {}
+    for step, dt in ex.times:
+        per_key.setdefault(layer_key(step.layer, step.phase, batch), []).append(dt)
+    entries = {k: statistics.median(v) for k, v in per_key.items()}
+    kernel_s = sum(dt for _, dt in ex.times) / repeat
+    iteration_s = statistics.median(iters)
+    # everything the executor does around the kernels (pool, liveness, Python), per step
+    overhead = max(0.0, (iteration_s - kernel_s) / len(ex.steps))
+    spec = cpu_spec() if kind == "cpu" else device_spec(kind)
+    return {"format": "neuron-profile-1", "device": kind, "device_detail": spec.detail,
+            "dtype": str(np.dtype(dtype)), "model": model or graph.name, "batch": batch,
+            "repeat": repeat, "measured_iteration_s": iteration_s,
+            "step_overhead_s": overhead, "copy_bandwidth": spec.copy_bandwidth,
+            "copy_latency": spec.copy_latency, "entries": entries,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _gpu_kind() -> str:
+    """The cost-model device of the GPU here (unverified: no GPU in this session)."""
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode().upper()
+    for kind in ("H200", "H100"):
+        if kind in name:
+            return kind.lower()
+    raise ProfileError(f"no cost-model entry for GPU {name!r}; known: h100, h200")
