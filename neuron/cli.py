@@ -99,10 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-min-budget", action="store_true",
                     help="skip the minimum-budget search (faster)")
     add_plan_arguments(pl)
-    # time and planners (issue 12): cli_planning.py
-    from .cli_planning import add_planner_arg, add_profile_command, add_time_args
-    add_time_args(pl)
-    add_profile_command(sub)
 
     dp = sub.add_parser("deepest", help="deepest network of a family that fits a budget",
                         description="Exponential then bisection search, by planning, for the "
@@ -126,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run real training iterations at the answer (CPU or GPU)")
     wd.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     _policy_args(wd, "superneurons", budget_required=True)
+
+    # time and planners (issue 12): cli_planning.py
+    from .cli_planning import add_planner_arg, add_profile_command, add_time_args
+    add_time_args(pl)
+    add_profile_command(sub)
+    for cmd in (pl, dp, wd, t):
+        add_planner_arg(cmd)
 
     m = sub.add_parser("models", help="list the model names")
     m.add_argument("--json", action="store_true")
@@ -186,10 +189,13 @@ def cmd_summary(args) -> int:
 
 
 def _policy_kw(args, host_default=None) -> dict:
+    from .memory.planners import get_planner
     from .memory.policy import get_policy
     get_policy(args.policy)                      # unknown policy: error before any work
+    if args.planner:
+        get_planner(args.planner)                # unknown planner: the error lists the names
     hb = args.host_budget or host_default
-    return dict(policy=args.policy, offload_params=args.offload_params,
+    return dict(policy=args.policy, planner=args.planner, offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None,
@@ -202,12 +208,13 @@ def cmd_plan(args) -> int:
     graph = _build(args)
     from .cli_planning import cost_model, print_time
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
-             model=args.model, cost=cost_model(args) if args.time else None,
+             model=args.model, cost=cost_model(args) if args.time or args.planner else None,
              **_policy_kw(args))
     from .distributed.launch import plan_allreduce
     plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
-    print(f"{args.model} batch {args.batch}, policy {r['policy']}"
+    how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
+    print(f"{args.model} batch {args.batch}, {how}"
           f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
           f"{r['num_steps']} steps, {r['params']:,} parameters")
     print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}")
@@ -326,7 +333,8 @@ def cmd_train(args) -> int:
               nesterov=args.nesterov)
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
-                      seed=args.seed, budget=budget, offload_params=args.offload_params)
+                      seed=args.seed, budget=budget, offload_params=args.offload_params,
+                      planner=args.planner)
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,

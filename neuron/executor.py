@@ -90,7 +90,8 @@ class Executor:
                  offload_params: bool = False, recompute_strategy: str = "cost",
                  host_budget: int | None = None, tensor_cache: bool = True,
                  compact: bool | None = None,
-                 block: int = 1024, strategy: str = "first_fit", _plan_from=None):
+                 block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
+                 _plan_from=None):
         if batch <= 0:
             raise ValueError(f"batch must be positive, got {batch}")
         self.graph = graph
@@ -106,6 +107,10 @@ class Executor:
         # compaction defaults to the policy's (on for all but baseline)
         self.compact = self.policy.compact if compact is None else bool(compact)
         self.block, self.strategy = block, strategy
+        # a planner (memory/planners) decides for this budget; it replaces the policy's plan
+        self.planner, self.cost, self._compact_arg = planner, cost, compact
+        self._plan_budget = budget if budget is not None else (
+            device.arena_bytes if isinstance(device, Device) else None)
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
         else:
@@ -150,6 +155,22 @@ class Executor:
         self._offload_after = None          # without the tensor cache: step -> tensors
         self.persistent = self.schedule.persistent()
         self.state_tensors = self.schedule.state_tensors()
+        self._prefetch_after = None         # planned look-ahead prefetches: step -> tensors
+        self.decisions = None
+        if self.planner is not None:
+            from .memory.planners import PlanContext, get_planner
+            planner = get_planner(self.planner)
+            self._apply_decisions(planner.plan(PlanContext(self, self._plan_budget, self.cost)))
+
+    def _apply_decisions(self, d):
+        """A planner's decisions: the steps to run and the moves the pool makes on schedule."""
+        self.policy = d.policy
+        self.compact = d.policy.compact if self._compact_arg is None else bool(self._compact_arg)
+        self.steps, self.recompute_report = d.steps, d.recompute_report
+        self.frees = frees_for(d.steps, d.policy.free_dead)
+        self._offload_after = d.offload_after or None
+        self._prefetch_after = d.prefetch_after or None
+        self.decisions = d
 
     def _new_pool(self):
         self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
@@ -332,10 +353,13 @@ class Executor:
         # offloaded parameters go back to the host right after each use: caching them in the
         # arena between a layer's forward and its backward only fragments it
         eager_param_offload = self.offload_params
-        eager_act_offload = (self.policy.offload and not self.tensor_cache
-                             and steps is self.steps)
-        if eager_act_offload and self._offload_after is None:
+        planned = steps is self.steps
+        if planned and self._offload_after is None and self.policy.offload \
+                and not self.tensor_cache:
             self._offload_after = _offload_points(steps)
+        eager_act_offload = planned and bool(self._offload_after)
+        ahead = self._prefetch_after if planned else None
+        pending: list = []
         trace = [] if self.record_trace else None
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
         log = pool.log
@@ -377,6 +401,10 @@ class Executor:
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
                                   len(pool.live), ws_bytes))
+                if ahead is not None:       # the plan's look-ahead prefetches, in its order
+                    pending.extend(ahead.get(i, ()))
+                    if pending and pool.host:
+                        pending = _prefetch_in_order(pool, pending)
                 if pool.host and i + 1 < len(steps):  # prefetch the next step's reads if they fit
                     host = pool.host
                     for t in steps[i + 1].reads:
@@ -434,6 +462,16 @@ def _offload_points(steps) -> dict[int, list]:
         if tid in used_in_bwd:
             out.setdefault(i, []).append(t)
     return out
+def _prefetch_in_order(pool, pending: list) -> list:
+    """Start planned prefetches in the plan's order while each fits without evicting; the rest
+    wait for a later step (a tensor no longer on the host was brought back by a miss)."""
+    host = pool.host
+    for k, t in enumerate(pending):
+        if t.id in host and not pool.prefetch(t):
+            return [u for u in pending[k:] if u.id in host]
+    return []
+
+
 _PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
                 "logits_tensor", "_eval_frees", "persistent", "state_tensors",
-                "_offload_after")
+                "_offload_after", "_prefetch_after", "decisions")
