@@ -241,7 +241,12 @@ def cmd_plan(args) -> int:
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
-    if args.plot and r.get("steps"):
+    timeline = r.pop("timeline", None)
+    if args.plot and timeline and r.get("steps"):
+        from .memory.clock_plot import plot_timeline
+        plot_timeline(timeline, r["steps"], args.plot, title=f"{args.model} batch {args.batch}")
+        print(f"  memory and streams drawn to {args.plot}")
+    elif args.plot and r.get("steps"):
         from .report import plot_trace
         plot_trace({r["policy"]: r["steps"]}, args.plot,
                    title=f"{args.model} batch {args.batch}")
@@ -338,7 +343,7 @@ def cmd_train(args) -> int:
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False)["min_budget_bytes"]
+                    trace=False, planner=args.planner)["min_budget_bytes"]
         raise MemoryBudgetError(f"{e}; the smallest budget in which policy {args.policy} "
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
                                 ) from None

@@ -192,7 +192,7 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         out.update(decisions_report(ex, planner))
     if cost is not None and fits:
         from .memory.clock import time_report
-        out.update(time_report(ex, run, cost))
+        out.update(time_report(ex, run, cost, timeline=trace))
     if trace and fits:
         out["steps"] = [r.as_dict() for r in run["trace"]]
     out["plan_seconds"] = round(time.perf_counter() - t0, 3)

@@ -111,12 +111,15 @@ def unlimited_time(steps, batch: int, cost) -> float:
     return sum(cost.step_time(s, batch) + cost.step_overhead for s in steps)
 
 
-def time_report(ex, run: dict, cost) -> dict:
-    """``neuron plan --time``: this plan's simulated iteration against unlimited memory."""
-    rep = makespan(run["events"], run["executor"].steps, ex.batch, cost)
+def time_report(ex, run: dict, cost, timeline: bool = False) -> dict:
+    """``neuron plan --time``: this plan's simulated iteration against unlimited memory
+    (``timeline``: also the streams' intervals, under the key ``timeline``)."""
+    rep = makespan(run["events"], run["executor"].steps, ex.batch, cost, timeline=timeline)
     base = unlimited_time(ex.schedule.steps, ex.batch, cost)
     out = rep.as_dict()
     out["unlimited_time_s"] = base
     out["overhead_pct"] = 100.0 * (rep.makespan_s / base - 1.0) if base > 0 else None
     out["cost_device"] = cost.spec.name
+    if timeline:
+        out["timeline"] = rep.timeline
     return out

@@ -59,8 +59,12 @@ class Checkmate(Planner):
     time_limit_s = TIME_LIMIT_S
 
     def plan(self, ctx) -> Decisions:
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import lil_matrix
+        try:
+            from scipy.optimize import Bounds, LinearConstraint, milp
+            from scipy.sparse import lil_matrix
+        except ImportError:
+            raise ValueError("the checkmate planner needs scipy >= 1.11 (HiGHS MILP): "
+                             "pip install 'neuron[planners]'") from None
         steps = ctx.schedule.steps
         if len(steps) > MAX_STEPS:
             raise ValueError(f"checkmate: {len(steps)} steps; the MILP is for graphs up to "
