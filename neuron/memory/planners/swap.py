@@ -8,6 +8,8 @@ number of steps ahead.
 """
 from __future__ import annotations
 
+import bisect
+
 
 def uses(steps) -> tuple[dict, dict]:
     """tensor id -> position of its last forward use, and of its first later (R/B) use."""
@@ -33,6 +35,10 @@ def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, 
     offload_after: dict[int, list] = {}
     prefetch_after: dict[int, list] = {}
     cost = ctx.cost
+    cum = [0.0]                 # cum[k]: compute seconds of steps[:k] (bisected per tensor)
+    if ahead is None:
+        for s in steps:
+            cum.append(cum[-1] + ctx.step_time(s))
     for t in tensors:
         f, j = last_fwd.get(t.id), first_bwd.get(t.id)
         if f is None or j is None:
@@ -41,10 +47,9 @@ def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, 
         if ahead is not None:
             p = max(f + 1, j - 1 - ahead)
         else:
-            need, p = cost.copy_time(t.nbytes), j - 1
-            while p > f + 1 and need > 0:
-                need -= ctx.step_time(steps[p])
-                p -= 1
+            # the latest p whose following steps up to j-1 take at least the copy's time
+            p = bisect.bisect_right(cum, cum[j] - cost.copy_time(t.nbytes)) - 2
+            p = min(j - 1, max(f + 1, p))
         prefetch_after.setdefault(p, []).append(t)
     for lst in prefetch_after.values():         # earliest use first
         lst.sort(key=lambda t: first_bwd[t.id])
