@@ -1,9 +1,9 @@
 """Simulated against measured iteration time (issue 12): is the simulated clock right?
 
-For each model: profile its kernels once (`neuron profile`: liveness, per-layer median times,
-the executor's per-step overhead, memcpy bandwidth), then for each policy run real training
-iterations on the device and compare the median measured iteration with the makespan the
-simulated clock computes from the same plan's event log on that profile. On shared cores the
+For each model: profile its kernels (`neuron profile`: liveness, per-layer times, the executor's per-step
+overhead, memcpy bandwidth) and, round-robin with the profiling iterations, run real training
+iterations of each policy on the device; compare the measured iteration with the makespan the
+simulated clock computes from that policy's event log on the profile. On shared cores the
 minimum over repeats is used for both (uncontended times), per kernel and per iteration, and
 by default the clock is the process's CPU time with single-threaded BLAS (--clock cpu): on
 cores shared with other jobs, wall time varied by 2x between consecutive runs here. Policies: liveness
@@ -42,27 +42,33 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def run_case(graph, batch, policy, budget, cost, device, repeat, clock):
+def make_case(graph, batch, policy, budget, device):
     from neuron.executor import Executor
-    from neuron.memory.clock import makespan
-    from neuron.memory.profile import measure_iterations, random_batch
+    from neuron.memory.profile import random_batch
     ex = Executor(graph, batch, device=device, policy=policy, budget=budget)
     x, y = random_batch(graph, batch)
     ex.train_step(x, y)                                  # warm-up
-    measured = min(measure_iterations(ex, x, y, repeat, clock))   # uncontended, as the profile
+    return {"ex": ex, "x": x, "y": y, "policy": policy, "budget": budget, "times": []}
+
+
+def finish_case(case, batch, cost):
+    from neuron.memory.clock import makespan
+    ex, budget = case["ex"], case["budget"]
+    measured = min(case["times"])                        # uncontended, as the profile
     sim = ex.simulate(budget, trace=False, events=True)
     rep = makespan(sim["events"], ex.steps, batch, cost)
-    return {"policy": policy, "budget_bytes": budget, "simulated_s": rep.makespan_s,
+    return {"policy": case["policy"], "budget_bytes": budget, "simulated_s": rep.makespan_s,
             "measured_s": measured, "rel_error": rep.makespan_s / measured - 1.0,
             "bytes_moved": rep.bytes_moved, "recompute_s": rep.recompute_s,
-            "compaction_s": rep.compaction_s, "copy_s": rep.copy_s}
+            "compaction_s": rep.compaction_s, "copy_s": rep.copy_s,
+            "measured_all_s": case["times"]}
 
 
 def main(argv=None):
     args = parse_args(argv)
     from neuron.executor import Executor
     from neuron.memory.costmodel import CostModel
-    from neuron.memory.profile import profile_model
+    from neuron.memory.profile import Profiler, measure_iterations
     from neuron.models import build_model
     from neuron.plan import plan
     clock = args.clock if args.device == "cpu" else "wall"
@@ -72,25 +78,32 @@ def main(argv=None):
         if name not in wanted:
             continue
         graph = build_model(name, in_shape=(3, side, side))
-        prof = profile_model(graph, batch, device=args.device, repeat=args.repeat, model=name,
-                             clock=clock)
+        live_peak = Executor(graph, batch, device="virtual",
+                             policy="liveness").simulate(None, trace=False)["peak_bytes"]
+        # half the liveness peak, or superneurons' minimum where parameters alone exceed it
+        sn_min = plan(graph, batch, policy="superneurons", trace=False)["min_budget_bytes"]
+        cases = [make_case(graph, batch, "liveness", None, args.device),
+                 make_case(graph, batch, "superneurons", max(live_peak // 2, sn_min),
+                           args.device)]
+        prof = Profiler(graph, batch, device=args.device, clock=clock, model=name)
+        for _ in range(args.repeat):        # round-robin: every run sees the same contention
+            prof.round()
+            for c in cases:
+                c["times"] += measure_iterations(c["ex"], c["x"], c["y"], 1, clock)
+        prof = prof.result()
         path = os.path.join(RESULTS, f"profile_{name}_b{batch}_{side}_{prof['device']}.json")
         os.makedirs(RESULTS, exist_ok=True)
         with open(path, "w") as f:
             json.dump(prof, f, indent=1)
         cost = CostModel.from_profile(path)
-        live_peak = Executor(graph, batch, device="virtual",
-                             policy="liveness").simulate(None, trace=False)["peak_bytes"]
-        # half the liveness peak, or superneurons' minimum where parameters alone exceed it
-        sn_min = plan(graph, batch, policy="superneurons", trace=False)["min_budget_bytes"]
-        for policy, budget in (("liveness", None), ("superneurons", max(live_peak // 2,
-                                                                        sn_min))):
-            r = run_case(graph, batch, policy, budget, cost, args.device, args.repeat, clock)
+        for c in cases:
+            r = finish_case(c, batch, cost)
             r.update(model=f"{name} b{batch} {side}x{side}", profile=os.path.basename(path),
                      clock=clock)
             rows.append(r)
-            print(f"{r['model']} {policy}: simulated {r['simulated_s']:.3f} s, measured "
+            print(f"{r['model']} {r['policy']}: simulated {r['simulated_s']:.3f} s, measured "
                   f"{r['measured_s']:.3f} s ({100 * r['rel_error']:+.1f}%)", flush=True)
+        del cases
     key = "cpu" if args.device == "cpu" else "gpu"
     out_path = os.path.join(RESULTS, "simulator_error.json")
     payload = {"cpu": [], "gpu": []}

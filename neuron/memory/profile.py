@@ -54,35 +54,53 @@ def random_batch(graph, batch: int, seed: int = 0):
     return x, y
 
 
+class Profiler:
+    """A liveness executor whose kernels are timed; ``round()`` runs one timed iteration, so
+    that a benchmark can interleave it with the runs it checks (same contention for all)."""
+
+    def __init__(self, graph, batch: int, *, device: str = "cpu", dtype=np.float32,
+                 clock: str = "wall", model: str | None = None):
+        self.kind = "cpu" if device == "cpu" else _gpu_kind()
+        self.clock = clock if device == "cpu" else "wall"
+        self.graph, self.batch, self.dtype, self.model = graph, batch, np.dtype(dtype), model
+        self.ex = _TimedExecutor(graph, batch, device=device, policy="liveness", dtype=dtype)
+        self.ex.clock = CLOCKS[self.clock]
+        self.ex.times = []
+        self.x, self.y = random_batch(graph, batch)
+        self.ex.train_step(self.x, self.y)              # warm-up
+        self.ex.times, self.iters = [], []
+
+    def round(self) -> None:
+        self.iters += measure_iterations(self.ex, self.x, self.y, 1, self.clock)
+
+    def result(self) -> dict:
+        # the fastest of the rounds per step, and of the iterations: on shared cores, the
+        # uncontended times (what the simulator predicts) are the minima
+        ex, batch, rounds = self.ex, self.batch, len(self.iters)
+        n = len(ex.steps)
+        per_step = [min(ex.times[r * n + k][1] for r in range(rounds)) for k in range(n)]
+        per_key: dict[str, list[float]] = {}
+        for step, dt in zip(ex.steps, per_step):
+            per_key.setdefault(layer_key(step.layer, step.phase, batch), []).append(dt)
+        entries = {k: statistics.median(v) for k, v in per_key.items()}
+        iteration_s = min(self.iters)
+        # everything the executor does around the kernels (pool, liveness, Python), per step
+        overhead = max(0.0, (iteration_s - sum(per_step)) / n)
+        spec = cpu_spec() if self.kind == "cpu" else device_spec(self.kind)
+        return {"format": "neuron-profile-1", "device": self.kind, "device_detail": spec.detail,
+                "dtype": str(self.dtype), "model": self.model or self.graph.name,
+                "batch": batch, "repeat": rounds, "clock": self.clock,
+                "measured_iteration_s": iteration_s, "step_overhead_s": overhead,
+                "copy_bandwidth": spec.copy_bandwidth, "copy_latency": spec.copy_latency,
+                "entries": entries, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def profile_model(graph, batch: int, *, device: str = "cpu", repeat: int = 3,
                   model: str | None = None, dtype=np.float32, clock: str = "wall") -> dict:
-    kind = "cpu" if device == "cpu" else _gpu_kind()
-    ex = _TimedExecutor(graph, batch, device=device, policy="liveness", dtype=dtype)
-    ex.times = []
-    ex.clock = CLOCKS[clock] if device == "cpu" else time.perf_counter
-    x, y = random_batch(graph, batch)
-    ex.train_step(x, y)                             # warm-up
-    ex.times = []
-    iters = measure_iterations(ex, x, y, repeat, clock if device == "cpu" else "wall")
-    # the fastest of the repeats per step, and of the iterations: on shared cores, the
-    # uncontended times (what the simulator predicts) are the minima
-    n = len(ex.steps)
-    per_step = [min(ex.times[r * n + k][1] for r in range(repeat)) for k in range(n)]
-    per_key: dict[str, list[float]] = {}
-    for step, dt in zip(ex.steps, per_step):
-        per_key.setdefault(layer_key(step.layer, step.phase, batch), []).append(dt)
-    entries = {k: statistics.median(v) for k, v in per_key.items()}
-    kernel_s = sum(per_step)
-    iteration_s = min(iters)
-    # everything the executor does around the kernels (pool, liveness, Python), per step
-    overhead = max(0.0, (iteration_s - kernel_s) / n)
-    spec = cpu_spec() if kind == "cpu" else device_spec(kind)
-    return {"format": "neuron-profile-1", "device": kind, "device_detail": spec.detail,
-            "dtype": str(np.dtype(dtype)), "model": model or graph.name, "batch": batch,
-            "repeat": repeat, "clock": clock, "measured_iteration_s": iteration_s,
-            "step_overhead_s": overhead, "copy_bandwidth": spec.copy_bandwidth,
-            "copy_latency": spec.copy_latency, "entries": entries,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    p = Profiler(graph, batch, device=device, dtype=dtype, clock=clock, model=model)
+    for _ in range(repeat):
+        p.round()
+    return p.result()
 
 
 def _gpu_kind() -> str:
