@@ -112,7 +112,10 @@ def main(argv=None):
             old = json.load(f)
         payload.update({k: old.get(k, []) for k in ("cpu", "gpu")})
     payload[key] = rows
-    payload[f"{key}_provenance"] = provenance(None if key == "cpu" else "cuda")
+    from neuron.memory.costmodel import cpu_detail
+    payload[f"{key}_provenance"] = provenance(
+        f"CPU ({cpu_detail()}, {os.cpu_count()} cores shared with other jobs), clock {clock}"
+        if key == "cpu" else "cuda")
     target = 0.10 if key == "cpu" else 0.05
     md = [f"# Simulated vs measured iteration time ({key})", "",
           f"{payload[f'{key}_provenance']}", "",
