@@ -12,7 +12,9 @@ peak (vgg11: 0.5 GB of FC weights and momentum), so here a budget fraction f mea
 state + f x (liveness peak - resident state).
 
 Targets: superneurons within 10% of the optimum's simulated time wherever both fit; planning a
-10^4-layer ResNet with time in under 10 s on 2 cores (superneurons and sublinear).
+10^4-layer ResNet with time in under 10 s on 2 cores (superneurons and sublinear). Planning
+time is reported in CPU seconds of this process (and wall seconds): the 2 cores are shared
+with other jobs, whose load inflated wall time up to 5x while these ran.
 
     nice python bench/planners.py            # CPU, planning only
 """
@@ -49,10 +51,11 @@ def one(graph, batch, planner, budget, cost):
     from neuron.errors import MemoryBudgetError
     from neuron.executor import Executor
     from neuron.memory.clock import makespan, unlimited_time
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         ex = Executor(graph, batch, device="virtual", planner=planner, cost=cost, budget=budget)
         r = ex.simulate(budget, trace=False, events=True)
+        rep = makespan(r["events"], ex.steps, batch, cost) if r["fits"] else None
     except MemoryBudgetError as e:
         return {"planner": planner, "budget_bytes": budget, "fits": False, "error": str(e),
                 "plan_s": round(time.perf_counter() - t0, 3)}
@@ -61,6 +64,7 @@ def one(graph, batch, planner, budget, cost):
                 "plan_s": round(time.perf_counter() - t0, 3)}
     row = {"planner": planner, "budget_bytes": budget, "fits": r["fits"],
            "plan_s": round(time.perf_counter() - t0, 3),
+           "plan_cpu_s": round(time.process_time() - c0, 3),
            "extra_forwards": ex.recompute_report.extra_forward_steps
            if ex.recompute_report else 0, "decisions": ex.decisions.counts()}
     if "gap" in ex.decisions.info:
@@ -69,7 +73,6 @@ def one(graph, batch, planner, budget, cost):
     if not r["fits"]:
         row["error"] = str(r["error"])
         return row
-    rep = makespan(r["events"], ex.steps, batch, cost)
     base = unlimited_time(ex.schedule.steps, batch, cost)
     row.update(peak_bytes=r["peak_bytes"], simulated_s=rep.makespan_s, unlimited_s=base,
                overhead_pct=100 * (rep.makespan_s / base - 1), bytes_moved=rep.bytes_moved,
@@ -194,16 +197,21 @@ def part_deep(args, cost, out, md):
     md += [f"## Planning speed: resnet depth {depth} (Table 4 family), batch 16, with time", ""]
     with no_gc():
         graph = build_model("resnet", depth=depth)
+        c0 = time.process_time()
         live = Executor(graph, 16, device="virtual", policy="liveness")
         peak = live.simulate(None, trace=False)["peak_bytes"]
+        base = time.process_time() - c0
+    md.append(f"- for scale: building the schedule and one liveness simulation (no planner, no "
+              f"clock) takes {base:.1f} CPU s")
     for planner in ("superneurons", "sublinear-sqrt", "sublinear"):
         with no_gc():
             r = one(graph, 16, planner, peak // 2, cost)
         r.update(model=f"resnet{depth}", fraction=0.5, part="deep")
         out.append(r)
-        md.append(f"- {planner}: plan + simulated clock {r['plan_s']:.1f} s at half the "
-                  f"liveness peak ({'fits' if r['fits'] else 'does not fit'}); target < 10 s: "
-                  f"{'met' if r['plan_s'] < 10 else 'NOT met'}")
+        md.append(f"- {planner}: schedule, plan, simulation and clock at half the liveness "
+                  f"peak ({'fits' if r['fits'] else 'does not fit'}): {r['plan_cpu_s']:.1f} CPU "
+                  f"s ({r['plan_s']:.1f} s wall on the shared machine); target < 10 s: "
+                  f"{'met' if r['plan_cpu_s'] < 10 else 'NOT met'}")
         print(md[-1], flush=True)
     md.append("")
     del DEPTH_FAMILIES

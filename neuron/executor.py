@@ -82,6 +82,9 @@ class Executor:
     offload_params: parameters and optimizer state live on the host between uses and are
     brought into the arena for their layer's steps (beyond the paper: depth is then no longer
     capped by parameter bytes).
+    planner: a name from memory/planners (or a Planner): its decisions for ``budget`` (the
+    steps, eager offloads, look-ahead prefetches) replace the policy's plan; ``cost`` is the
+    memory.costmodel.CostModel it plans with (default: analytic H100).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -176,6 +179,7 @@ class Executor:
         self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
+        self.pool.compact_first = self.policy.compact_first
         self._alloc_persistent()
 
     # ---- planning ---------------------------------------------------------------------

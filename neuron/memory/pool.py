@@ -46,6 +46,8 @@ class Pool:
         # compaction: when the free bytes suffice but no single hole does, slide every tensor
         # down (first-fit refills from the bottom) so the free space becomes one block
         self.compact_enabled = compact
+        # a planner's fallback eviction is for a real shortage, not for scattered free bytes
+        self.compact_first = False
         self.compactions = self.moved_bytes = 0
         self.offset: dict[int, int] = {}        # on device: tensor id -> arena offset
         self.live: dict[int, TensorInfo] = {}   # on device
@@ -96,6 +98,10 @@ class Pool:
         last resort: it walks every resident tensor."""
         h = self._h
         off = -1
+        if self.compact_first and self.compact_enabled and \
+                h.free_bytes >= -(-nbytes // self._block) * self._block:
+            self.compact()
+            off = h.try_alloc(nbytes)
         while off < 0 and self.evict_enabled and self._evict_one():
             off = h.try_alloc(nbytes)
         if off < 0 and self.compact_enabled and \

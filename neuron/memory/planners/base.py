@@ -27,7 +27,7 @@ KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
 
 #: the pool under a planner: free after last use, compaction, and LRU eviction only as the
 #: fallback when a planned move was not enough (so a plan never fails where bytes exist)
-PLANNED = Policy("planned", free_dead=True, offload=True, recompute=False,
+PLANNED = Policy("planned", free_dead=True, offload=True, recompute=False, compact_first=True,
                  description="a planner's decisions, LRU eviction as the fallback")
 PLANNED_NO_EVICT = Policy("planned-static", free_dead=True, offload=False, recompute=False,
                           description="a planner's decisions only")

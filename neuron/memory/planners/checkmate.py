@@ -24,33 +24,12 @@ import numpy as np
 from .base import Decisions, Planner, RECOMPUTE, SWAP
 from .capuchin import build
 from .costs import tensor_costs
+from .estimate import liveness_bytes
 from .rewrite import droppable
 
 MAX_STEPS = 400             # the model grows with steps x tensors; meant for ~150-step graphs
 TIME_LIMIT_S = 20.0
 MARGINS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
-
-
-def liveness_bytes(ex_steps, persistent, workspace_of, block: int) -> np.ndarray:
-    """Bytes resident during each step under liveness (heap-rounded)."""
-    rnd = lambda n: -(-max(n, 1) // block) * block       # noqa: E731
-    n = len(ex_steps)
-    first, last, size = {}, {}, {}
-    for i, s in enumerate(ex_steps):
-        for t in s.reads + s.writes:
-            if t.persistent:
-                continue
-            first.setdefault(t.id, i)
-            last[t.id] = i
-            size[t.id] = rnd(t.nbytes)
-    delta = np.zeros(n + 1)
-    for tid, a in first.items():
-        delta[a] += size[tid]
-        delta[last[tid] + 1] -= size[tid]
-    live = np.cumsum(delta[:n])
-    base = sum(rnd(t.nbytes) for t in persistent)
-    ws = np.array([rnd(workspace_of(s)) if workspace_of(s) else 0 for s in ex_steps])
-    return live + base + ws
 
 
 class Checkmate(Planner):

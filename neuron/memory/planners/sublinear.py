@@ -4,8 +4,9 @@
 - ``sublinear``: Algorithm 3 (memory planning with budget B: walk the route adding each
   output's bytes; at a candidate split point past B, keep it and start a new segment), with the
   paper's search over B: B = sqrt(x*y) from a B=0 run, then a 6-point grid on
-  [B/sqrt 2, sqrt 2 B]. Each candidate is simulated (the same executor): without a budget the
-  smallest peak wins; with one, the fastest simulated plan that fits it.
+  [B/sqrt 2, sqrt 2 B]. Candidates are ranked by a linear-sweep estimate of their peak (the
+  paper's static-allocation cost) and time; without a budget the smallest peak wins, with one
+  the fastest of the (up to three) best-ranked plans that the simulator says fit.
 
 Split points are where one tensor carries everything forward (the open set of the route is
 that tensor alone: block outputs of ResNet, transitions of DenseNet, every layer of VGG), so a
@@ -17,7 +18,8 @@ from __future__ import annotations
 import math
 
 from .base import KEEP, PLANNED_NO_EVICT, RECOMPUTE, Decisions, Planner
-from .rewrite import droppable, producers, recompute_rewrite
+from .estimate import liveness_bytes
+from .rewrite import droppable, recompute_rewrite
 
 
 def split_points(schedule) -> set:
@@ -70,25 +72,30 @@ class Sublinear(Planner):
         _, x, y = algorithm3(cands, split, 0)
         b = math.sqrt(x * y)
         grid = [b] + [b / math.sqrt(2) * 2 ** (k / 5) for k in range(6)]
-        best, best_key, tried = None, None, []
+        ex = ctx._ex
+        scored, seen = [], set()
         for g in grid:
-            keep, _, _ = algorithm3(cands, split, g)
+            keep = algorithm3(cands, split, g)[0]
+            if frozenset(keep) in seen:         # neighbouring B often give the same plan
+                continue
+            seen.add(frozenset(keep))
             d = self.decisions(ctx, cands, keep)
-            if ctx.budget is None:
-                r = ctx.simulate(d, None)
-                key = (r["peak_bytes"],)
-            else:
-                r = ctx.evaluate(d)
-                key = (not r["fits"], r["time_s"], r["peak_bytes"] or 0)
-            tried.append({"B": int(g), "checkpoints": len(keep), "fits": r["fits"],
-                          "peak_bytes": r["peak_bytes"]})
-            if best_key is None or key < best_key:
-                best, best_key = d, key
-        if ctx.budget is not None and best_key[0]:
-            # nothing on the grid fits: the plan with the smallest unbounded peak
-            best = min((self.decisions(ctx, cands, algorithm3(cands, split, g)[0])
-                        for g in grid), key=lambda d: ctx.simulate(d, None)["peak_bytes"])
-        best.info["search"] = tried
+            # rank by a linear sweep (the paper's static allocation estimate), simulate the
+            # best few: ten heap simulations of a 10^4-layer plan would cost tens of seconds
+            peak = int(liveness_bytes(d.steps, ex.persistent, lambda s: s.workspace_bytes,
+                                      ex.block).max())
+            t = sum(ctx.step_time(s) for s in d.steps)
+            key = (peak,) if ctx.budget is None else (peak > ctx.budget, t, peak)
+            scored.append((key, int(g), len(keep), peak, t, d))
+        scored.sort(key=lambda r: r[0])
+        best = scored[0][-1]
+        if ctx.budget is not None:
+            for r in scored[:3]:
+                if ctx.simulate(r[-1])["fits"]:
+                    best = r[-1]
+                    break
+        best.info["search"] = [{"B": g, "checkpoints": k, "estimated_peak_bytes": p,
+                                "estimated_time_s": t} for _, g, k, p, t, _ in scored]
         return best
 
 
