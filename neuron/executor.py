@@ -333,6 +333,7 @@ class Executor:
         the host. Leaving offloaded parameters cached across iterations would make each
         iteration's layout differ from the plan's."""
         pool = self.pool
+        pool.release_draining()
         for t in list(pool.live.values()) + [t for t, _ in list(pool.host.values())]:
             if not t.persistent:
                 pool.free(t)
@@ -362,6 +363,7 @@ class Executor:
                 and not self.tensor_cache:
             self._offload_after = _offload_points(steps)
         eager_act_offload = planned and bool(self._offload_after)
+        defer_offloads = self.decisions is not None
         ahead = self._prefetch_after if planned else None
         pending: list = []
         trace = [] if self.record_trace else None
@@ -399,9 +401,13 @@ class Executor:
                         if t.persistent and pool.resident(t):
                             pool.offload(t)
                 if eager_act_offload:
+                    # a planner's offloads keep their block for one more step (their copy
+                    # overlaps it); the no-tensor-cache policy frees at once, as it always did
+                    if pool.draining:
+                        pool.release_draining()
                     for t in self._offload_after.get(i, ()):
                         if t.id in pool.offset:
-                            pool.offload(t)
+                            pool.offload(t, defer=defer_offloads)
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
                                   len(pool.live), ws_bytes))

@@ -3,7 +3,7 @@
 The pool and executor record what they did, in order (memory/pool.py ``log``):
 ``("step", i, workspace)`` right before step i's kernel, ``("prefetch", tensor id, bytes)`` (a
 copy ahead of use), ``("fetch", ...)`` (a miss: the step waits for it), ``("offload", ...)``,
-``("compact", tensor id, bytes)``. This file replays that log on two streams with the
+``("compact", tensor id, bytes)``, ``("offload_async", ...)`` and ``("drain", tensor id, 0)``. This file replays that log on two streams with the
 dependencies the executor really creates (CudaDevice + Pool):
 
 - a prefetch or offload is enqueued on the copy stream after all compute queued so far (the
@@ -12,6 +12,8 @@ dependencies the executor really creates (CudaDevice + Pool):
 - a step's kernel waits for the prefetches of the tensors it reads;
 - a miss (fetch) and an offload make compute wait for the copy (the pool frees an offloaded
   block at once, so the next kernel, which may overwrite it, waits for the copy);
+- a planned offload (``offload_async``) keeps its block until the next step has run
+  (``drain``): the copy overlaps that step, and only then does compute wait for it;
 - compaction moves bytes on the compute stream.
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
@@ -58,6 +60,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
     busy = recompute = copy_busy = exposed = compaction = 0.0
     moved = 0
     ready: dict[int, float] = {}        # tensor id -> end of its prefetch
+    pending: dict[int, float] = {}      # tensor id -> end of its deferred offload
     tl = [] if timeline else None
     for ev in events:
         kind = ev[0]
@@ -76,6 +79,11 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
                 recompute += dt
             if tl is not None:
                 tl.append(("compute", start, compute, step.name))
+        elif kind == "drain":           # a deferred offload's block is reused: wait for it
+            r = pending.pop(ev[1], None)
+            if r is not None and r > compute:
+                exposed += r - compute
+                compute = r
         elif kind == "compact":
             dt = cost.move_time(ev[2])
             if tl is not None:
@@ -99,6 +107,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
                 tl.append(("copy", start, copy, kind))
             if kind == "prefetch":
                 ready[ev[1]] = copy
+            elif kind == "offload_async":
+                pending[ev[1]] = copy
             else:                       # fetch / offload: compute waits
                 exposed += copy - compute
                 compute = copy

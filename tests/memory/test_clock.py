@@ -59,6 +59,18 @@ def test_offload_and_miss_make_compute_wait_and_compaction_is_on_compute():
     assert r.bytes_moved == 2 * mib and r.compaction_s == pytest.approx(0.5)
 
 
+def test_a_deferred_offload_overlaps_the_next_step_and_its_reuse_waits():
+    steps, _ = _steps(3)
+    mib = 2**20
+    # offload of 1.5 s after step 0 overlaps step 1 (1 s); the drain after step 1 waits 0.5 s
+    ev = [("step", 0, 0), ("offload_async", 0, int(1.5 * mib)), ("step", 1, 0), ("drain", 0, 0),
+          ("step", 2, 0)]
+    r = makespan(ev, steps, 1, FixedCost(True))
+    assert r.makespan_s == pytest.approx(3.5) and r.exposed_copy_s == pytest.approx(0.5)
+    r = makespan(ev, steps, 1, FixedCost(False))
+    assert r.makespan_s == pytest.approx(4.5)
+
+
 def test_unlimited_liveness_time_is_the_sum_of_steps_and_budgets_cost_time():
     g = build_model("resnet_cifar", depth=20)
     cost = CostModel.analytic("h100")

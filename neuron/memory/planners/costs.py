@@ -38,10 +38,14 @@ def tensor_costs(ctx, cands) -> list[TensorCost]:
         swap = 2 * one
         layer = prod[t.id][0]
         ins = tuple(ctx.schedule.act[id(sym)].id for sym in layer.inputs)
-        # the pool frees an offloaded block at once, so the next kernel waits for the copy
-        # out (memory/clock.py); the copy back can hide in the free time before its use
-        exposed = (one if ctx.cost.spec.async_copies else swap) + (
-            max(0.0, one - free) if ctx.cost.spec.async_copies else 0.0)
+        # a planned offload overlaps the next step (its block is kept until then), the copy
+        # back the free time before the tensor's use (memory/clock.py); on a device without a
+        # copy stream both copies are exposed
+        if ctx.cost.spec.async_copies:
+            nxt = ctx.step_time(steps[f + 1]) if f + 1 < len(steps) else 0.0
+            exposed = max(0.0, one - nxt) + max(0.0, one - free)
+        else:
+            exposed = swap
         out.append(TensorCost(t, f, j, free, swap, exposed,
                               fwd_time.get(id(layer), 0.0), ins))
     return out

@@ -4,9 +4,10 @@
 - ``sublinear``: Algorithm 3 (memory planning with budget B: walk the route adding each
   output's bytes; at a candidate split point past B, keep it and start a new segment), with the
   paper's search over B: B = sqrt(x*y) from a B=0 run, then a 6-point grid on
-  [B/sqrt 2, sqrt 2 B]. Candidates are ranked by a linear-sweep estimate of their peak (the
-  paper's static-allocation cost) and time; without a budget the smallest peak wins, with one
-  the fastest of the (up to three) best-ranked plans that the simulator says fit.
+  [B/sqrt 2, sqrt 2 B]. Candidates are ranked by Algorithm 3's own estimate x + y (bytes of
+  the kept checkpoints + the largest segment); the best two are built and simulated (the same
+  executor), and the one that fits the budget (or has the smaller peak) wins. Every plan costs
+  about one extra forward, so the search is over memory, as in the paper.
 
 Split points are where one tensor carries everything forward (the open set of the route is
 that tensor alone: block outputs of ResNet, transitions of DenseNet, every layer of VGG), so a
@@ -18,7 +19,6 @@ from __future__ import annotations
 import math
 
 from .base import KEEP, PLANNED_NO_EVICT, RECOMPUTE, Decisions, Planner
-from .estimate import liveness_bytes
 from .rewrite import droppable, recompute_rewrite
 
 
@@ -72,30 +72,27 @@ class Sublinear(Planner):
         _, x, y = algorithm3(cands, split, 0)
         b = math.sqrt(x * y)
         grid = [b] + [b / math.sqrt(2) * 2 ** (k / 5) for k in range(6)]
-        ex = ctx._ex
-        scored, seen = [], set()
+        # rank the grid by Algorithm 3's own estimate, x + y (stored checkpoints + the
+        # largest segment), and build and simulate only the best two: each rewrite and heap
+        # simulation of a 10^4-layer plan costs seconds
+        ranked, seen = [], set()
         for g in grid:
-            keep = algorithm3(cands, split, g)[0]
-            if frozenset(keep) in seen:         # neighbouring B often give the same plan
-                continue
-            seen.add(frozenset(keep))
+            keep, gx, gy = algorithm3(cands, split, g)
+            if frozenset(keep) not in seen:     # neighbouring B often give the same plan
+                seen.add(frozenset(keep))
+                ranked.append((gx + gy, int(g), keep))
+        ranked.sort(key=lambda r: r[0])
+        tried, best, best_key = [], None, None
+        for est, g, keep in ranked[:2]:
             d = self.decisions(ctx, cands, keep)
-            # rank by a linear sweep (the paper's static allocation estimate), simulate the
-            # best few: ten heap simulations of a 10^4-layer plan would cost tens of seconds
-            peak = int(liveness_bytes(d.steps, ex.persistent, lambda s: s.workspace_bytes,
-                                      ex.block).max())
-            t = sum(ctx.step_time(s) for s in d.steps)
-            key = (peak,) if ctx.budget is None else (peak > ctx.budget, t, peak)
-            scored.append((key, int(g), len(keep), peak, t, d))
-        scored.sort(key=lambda r: r[0])
-        best = scored[0][-1]
-        if ctx.budget is not None:
-            for r in scored[:3]:
-                if ctx.simulate(r[-1])["fits"]:
-                    best = r[-1]
-                    break
-        best.info["search"] = [{"B": g, "checkpoints": k, "estimated_peak_bytes": p,
-                                "estimated_time_s": t} for _, g, k, p, t, _ in scored]
+            r = ctx.simulate(d)
+            key = (not r["fits"], r.get("peak_bytes") or 0)
+            tried.append({"B": g, "checkpoints": len(keep), "estimate_bytes": est,
+                          "fits": r["fits"], "peak_bytes": r.get("peak_bytes")})
+            if best_key is None or key < best_key:
+                best, best_key = d, key
+        best.info["search"] = tried + [{"B": g, "checkpoints": len(k), "estimate_bytes": e}
+                                       for e, g, k in ranked[2:]]
         return best
 
 
