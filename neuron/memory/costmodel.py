@@ -119,7 +119,8 @@ class CostModel:
         self.dtype = np.dtype(dtype)
         self.profile = profile
         self.source = source or ("profile" if profile else "analytic")
-        self._cache: dict[int, float] = {}
+        self._cache: dict[tuple, float] = {}
+        self._macs: dict[tuple, int] = {}      # forward and backward share a layer's count
         if profile is not None:
             self.step_overhead = float(profile.get("step_overhead_s", spec.launch_latency))
             self.copy_bandwidth = float(profile.get("copy_bandwidth", spec.copy_bandwidth))
@@ -178,10 +179,17 @@ class CostModel:
 
     def _analytic(self, step, batch) -> float:
         layer = step.layer
-        macs = layer.flops(batch)
+        key = id(layer), batch
+        macs = self._macs.get(key)
+        if macs is None:
+            macs = self._macs[key] = layer.flops(batch)
         # backward computes data and weight gradients: about twice the forward arithmetic
         flops = 2.0 * macs * (2.0 if step.phase == "B" else 1.0)
-        moved = sum(t.nbytes for t in step.reads) + sum(t.nbytes for t in step.writes)
+        moved = 0
+        for t in step.reads:
+            moved += t.nbytes
+        for t in step.writes:
+            moved += t.nbytes
         s = self.spec
         return max(flops / s.flops, moved / s.mem_bandwidth)
 
