@@ -279,7 +279,8 @@ def _search_cmd(args, kind: str) -> int:
     for p in r["probes"]:
         print(f"| {p[label]} | {'yes' if p['fits'] else 'no'} | {p['seconds']} |")
     ans = r[key]
-    print(f"{kind} {args.model} under {fmt_bytes(budget)} ({r['policy']}"
+    print(f"{kind} {args.model} under {fmt_bytes(budget)} "
+          f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
           f"{', offload-params' if r['offload_params'] else ''}): "
           f"{ans if ans is not None else 'nothing fits'}")
     if args.confirm and ans is not None:
