@@ -76,7 +76,7 @@ class Pool:
         # planned offloads whose arena block is kept until the next step has run, so that the
         # copy overlaps that step instead of stalling it: (tensor, offset, event)
         self.draining: list = []
-        # the simulated clock's input (memory/events.py): copies and compactions as they happen
+        # the simulated clock's input (memory/clock.py): copies and compactions as they happen
         self.log: list | None = None
 
     # ---- allocation -------------------------------------------------------------------
