@@ -192,7 +192,6 @@ def part_small(args, cost, out, md):
 def part_deep(args, cost, out, md):
     from neuron.executor import Executor, no_gc
     from neuron.models import build_model
-    from neuron.plan import DEPTH_FAMILIES
     depth = args.deep_depth
     md += [f"## Planning speed: resnet depth {depth} (Table 4 family), batch 16, with time", ""]
     with no_gc():
@@ -214,7 +213,6 @@ def part_deep(args, cost, out, md):
                   f"{'met' if r['plan_cpu_s'] < 10 else 'NOT met'}")
         print(md[-1], flush=True)
     md.append("")
-    del DEPTH_FAMILIES
 
 
 def main(argv=None):

@@ -472,6 +472,8 @@ def _offload_points(steps) -> dict[int, list]:
         if tid in used_in_bwd:
             out.setdefault(i, []).append(t)
     return out
+
+
 def _prefetch_in_order(pool, pending: list) -> list:
     """Start planned prefetches in the plan's order while each fits without evicting; the rest
     wait for a later step (a tensor no longer on the host was brought back by a miss)."""
