@@ -203,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     _device_arg(wd)
     _policy_args(wd, "superneurons", budget_required=True)
 
+    # time and planners (issue 12): cli_planning.py
+    from .cli_planning import add_planner_arg, add_profile_command, add_time_args
+    add_time_args(pl)
+    add_profile_command(sub)
+    for cmd in (pl, dp, wd, t):
+        add_planner_arg(cmd)
+
     m = sub.add_parser("models", help="list the model names")
     _json_arg(m)
     return ap
@@ -260,10 +267,13 @@ def cmd_summary(args) -> int:
 
 
 def _policy_kw(args, host_default=None) -> dict:
+    from .memory.planners import get_planner
     from .memory.policy import get_policy
     get_policy(args.policy)                      # unknown policy: error before any work
+    if args.planner:
+        get_planner(args.planner)                # unknown planner: the error lists the names
     hb = args.host_budget or host_default
-    return dict(policy=args.policy, offload_params=args.offload_params,
+    return dict(policy=args.policy, planner=args.planner, offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None,
@@ -279,12 +289,15 @@ def cmd_plan(args) -> int:
             raise ImportError("--plot needs matplotlib: pip install 'neuron[plot]'") from None
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
+    from .cli_planning import cost_model, print_time
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
-             model=args.model, **_policy_kw(args))
+             model=args.model, cost=cost_model(args) if args.time or args.planner else None,
+             **_policy_kw(args))
     from .distributed.launch import plan_allreduce
     plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
-    print(f"{args.model} batch {args.batch}, policy {r['policy']}"
+    how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
+    print(f"{args.model} batch {args.batch}, {how}"
           f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
           f"{r['num_steps']} steps, {r['params']:,} parameters")
     print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}")
@@ -307,10 +320,16 @@ def cmd_plan(args) -> int:
         print(f"  all-reduce (ring, {d['world_size']} ranks, {d['link_gbps']:g} Gbit/s)  "
               f"{fmt_bytes(d['allreduce_bytes'])} in {d['allreduce_calls']} calls: "
               f"{d['allreduce_time_s'] * 1e3:.3f} ms per iteration")
+    print_time(r)
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
-    if args.plot and r.get("steps"):
+    timeline = r.pop("timeline", None)
+    if args.plot and timeline and r.get("steps"):
+        from .memory.clock_plot import plot_timeline
+        plot_timeline(timeline, r["steps"], args.plot, title=f"{args.model} batch {args.batch}")
+        print(f"  memory and streams drawn to {args.plot}")
+    elif args.plot and r.get("steps"):
         from .report import plot_trace
         plot_trace({r["policy"]: r["steps"]}, args.plot,
                    title=f"{args.model} batch {args.batch}")
@@ -345,7 +364,8 @@ def _search_cmd(args, kind: str) -> int:
     for p in r["probes"]:
         print(f"| {p[label]} | {'yes' if p['fits'] else 'no'} | {p['seconds']} |")
     ans = r[key]
-    print(f"{kind} {args.model} under {fmt_bytes(budget)} ({r['policy']}"
+    print(f"{kind} {args.model} under {fmt_bytes(budget)} "
+          f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
           f"{', offload-params' if r['offload_params'] else ''}): "
           f"{ans if ans is not None else 'nothing fits'}")
     if args.confirm and ans is not None:
@@ -372,6 +392,11 @@ def _confirm(args, kind, ans, budget, kw) -> dict:
     losses = [ex.train_step(x, y) for _ in range(2)]
     return {"iterations": 2, "final_loss": losses[-1], "peak_bytes": ex.pool.high_water,
             "device": ex.device.name}
+
+
+def _cmd_profile(args) -> int:
+    from .cli_planning import cmd_profile
+    return cmd_profile(args)
 
 
 def cmd_deepest(args) -> int:
@@ -409,11 +434,12 @@ def cmd_train(args) -> int:
               nesterov=args.nesterov)
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
-                      seed=args.seed, budget=budget, offload_params=args.offload_params)
+                      seed=args.seed, budget=budget, offload_params=args.offload_params,
+                      planner=args.planner)
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False)["min_budget_bytes"]
+                    trace=False, planner=args.planner)["min_budget_bytes"]
         raise MemoryBudgetError(f"{e}; the smallest budget in which policy {args.policy} "
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
                                 ) from None
@@ -451,7 +477,7 @@ def cmd_train(args) -> int:
 
 
 COMMANDS.update(train=cmd_train, summary=cmd_summary, models=cmd_models, plan=cmd_plan,
-                deepest=cmd_deepest, widest=cmd_widest)
+                deepest=cmd_deepest, widest=cmd_widest, profile=_cmd_profile)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,9 @@ class Executor:
     offload_params: parameters and optimizer state live on the host between uses and are
     brought into the arena for their layer's steps (beyond the paper: depth is then no longer
     capped by parameter bytes).
+    planner: a name from memory/planners (or a Planner): its decisions for ``budget`` (the
+    steps, eager offloads, look-ahead prefetches) replace the policy's plan; ``cost`` is the
+    memory.costmodel.CostModel it plans with (default: analytic H100).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -96,7 +99,8 @@ class Executor:
                  offload_params: bool = False, recompute_strategy: str = "cost",
                  host_budget: int | None = None, tensor_cache: bool = True,
                  compact: bool | None = None,
-                 block: int = 1024, strategy: str = "first_fit", _plan_from=None):
+                 block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
+                 _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         self.graph = graph
@@ -112,6 +116,10 @@ class Executor:
         # compaction defaults to the policy's (on for all but baseline)
         self.compact = self.policy.compact if compact is None else bool(compact)
         self.block, self.strategy = block, strategy
+        # a planner (memory/planners) decides for this budget; it replaces the policy's plan
+        self.planner, self.cost, self._compact_arg = planner, cost, compact
+        self._plan_budget = budget if budget is not None else (
+            device.arena_bytes if isinstance(device, Device) else None)
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
         else:
@@ -167,20 +175,39 @@ class Executor:
         self._offload_after = None          # without the tensor cache: step -> tensors
         self.persistent = self.schedule.persistent()
         self.state_tensors = self.schedule.state_tensors()
+        self._prefetch_after = None         # planned look-ahead prefetches: step -> tensors
+        self.decisions = None
+        if self.planner is not None:
+            from .memory.planners import PlanContext, get_planner
+            planner = get_planner(self.planner)
+            self._apply_decisions(planner.plan(PlanContext(self, self._plan_budget, self.cost)))
+
+    def _apply_decisions(self, d):
+        """A planner's decisions: the steps to run and the moves the pool makes on schedule."""
+        self.policy = d.policy
+        self.compact = d.policy.compact if self._compact_arg is None else bool(self._compact_arg)
+        self.steps, self.recompute_report = d.steps, d.recompute_report
+        self.frees = frees_for(d.steps, d.policy.free_dead)
+        self._offload_after = d.offload_after or None
+        self._prefetch_after = d.prefetch_after or None
+        self.decisions = d
 
     def _new_pool(self):
         self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
+        self.pool.compact_first = self.policy.compact_first
         self._alloc_persistent()
 
     # ---- planning ---------------------------------------------------------------------
-    def simulate(self, arena_bytes: int | None = None, trace: bool = True) -> dict:
-        """One iteration on a virtual device of the given arena size (same code path)."""
+    def simulate(self, arena_bytes: int | None = None, trace: bool = True,
+                 events: bool = False) -> dict:
+        """One iteration on a virtual device of the given arena size (same code path).
+        ``events``: also return the event log the simulated clock times (memory/clock.py)."""
         with no_gc():
-            return self._simulate(arena_bytes, trace)
+            return self._simulate(arena_bytes, trace, events)
 
-    def _simulate(self, arena_bytes, trace=True):
+    def _simulate(self, arena_bytes, trace=True, events=False):
         try:
             v = Executor(self.graph, self.batch,
                          device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
@@ -192,11 +219,14 @@ class Executor:
                          block=self.block,
                          strategy=self.strategy, _plan_from=self)
             v.record_trace = trace
+            if events:
+                v.pool.log = []
             v.train_step(None, None)
         except MemoryBudgetError as e:
             return {"fits": False, "error": e}
         return {"fits": True, "error": None, "peak_bytes": v.pool.high_water,
                 "arena_bytes": v.pool.max_extent, "trace": v.last_trace, "executor": v,
+                "events": v.pool.log,
                 "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
                 **v.pool.counters()}
 
@@ -365,6 +395,7 @@ class Executor:
         the host. Leaving offloaded parameters cached across iterations would make each
         iteration's layout differ from the plan's."""
         pool = self.pool
+        pool.release_draining()
         for t in list(pool.live.values()) + [t for t, _ in list(pool.host.values())]:
             if not t.persistent:
                 pool.free(t)
@@ -387,13 +418,18 @@ class Executor:
         # offloaded parameters go back to the host right after each use: caching them in the
         # arena between a layer's forward and its backward only fragments it
         eager_param_offload = self.offload_params
-        eager_act_offload = (self.policy.offload and not self.tensor_cache
-                             and steps is self.steps)
-        if eager_act_offload and self._offload_after is None:
+        planned = steps is self.steps
+        if planned and self._offload_after is None and self.policy.offload \
+                and not self.tensor_cache:
             self._offload_after = _offload_points(steps)
+        eager_act_offload = planned and bool(self._offload_after)
+        defer_offloads = self.decisions is not None
+        ahead = self._prefetch_after if planned else None
+        pending: list = []
         trace = [] if self.record_trace else None
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
         ws_off = None
+        log = pool.log
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
                 if check_loss and step.phase == "B":    # before any update
@@ -409,6 +445,8 @@ class Executor:
                         dev.kernels, "F" if step.phase != "B" else "B", self.batch, self.dtype,
                         pool.heap.largest_free if self.policy.free_dead else ws_bytes)
                 ws_off = pool.alloc_bytes(ws_bytes, None, step) if ws_bytes else None
+                if log is not None:
+                    log.append(("step", i, ws_bytes))
                 if compute:
                     ws = dev.view(ws_off, (ws_bytes,), np.uint8) if ws_off is not None else None
                     self._compute(step, ctx, ws)
@@ -425,12 +463,20 @@ class Executor:
                         if t.persistent and pool.resident(t):
                             pool.offload(t)
                 if eager_act_offload:
+                    # a planner's offloads keep their block for one more step (their copy
+                    # overlaps it); the no-tensor-cache policy frees at once, as it always did
+                    if pool.draining:
+                        pool.release_draining()
                     for t in self._offload_after.get(i, ()):
                         if t.id in pool.offset:
-                            pool.offload(t)
+                            pool.offload(t, defer=defer_offloads)
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
                                   len(pool.live), ws_bytes))
+                if ahead is not None:       # the plan's look-ahead prefetches, in its order
+                    pending.extend(ahead.get(i, ()))
+                    if pending and pool.host:
+                        pending = _prefetch_in_order(pool, pending)
                 if pool.host and i + 1 < len(steps):  # prefetch the next step's reads if they fit
                     host = pool.host
                     for t in steps[i + 1].reads:
@@ -505,6 +551,18 @@ def _offload_points(steps) -> dict[int, list]:
         if tid in used_in_bwd:
             out.setdefault(i, []).append(t)
     return out
+
+
+def _prefetch_in_order(pool, pending: list) -> list:
+    """Start planned prefetches in the plan's order while each fits without evicting; the rest
+    wait for a later step (a tensor no longer on the host was brought back by a miss)."""
+    host = pool.host
+    for k, t in enumerate(pending):
+        if t.id in host and not pool.prefetch(t):
+            return [u for u in pending[k:] if u.id in host]
+    return []
+
+
 _PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
                 "logits_tensor", "_eval_frees", "persistent", "state_tensors",
-                "_offload_after")
+                "_offload_after", "_prefetch_after", "decisions")

@@ -154,19 +154,22 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
          host_budget: int | None = None, tensor_cache: bool = True,
          compact: bool | None = None, dtype=np.float32,
          search_min: bool = True,
-         model: str | None = None, trace: bool = True) -> dict:
+         model: str | None = None, trace: bool = True, cost=None, planner=None) -> dict:
+    """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``).
+    ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy."""
     t0 = time.perf_counter()
     ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
                   recompute_strategy=recompute_strategy, host_budget=host_budget,
-                  tensor_cache=tensor_cache, compact=compact, dtype=dtype)
+                  tensor_cache=tensor_cache, compact=compact, dtype=dtype,
+                  planner=planner, cost=cost, budget=budget if planner else None)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
     lb, max_step = lower_bound(ex)
     mb = min_budget(ex, unbounded, lb) if search_min else None
     run = unbounded
-    if budget is not None:
-        run = ex.simulate(budget, trace=trace)
+    if budget is not None or cost is not None:
+        run = ex.simulate(budget, trace=trace, events=cost is not None)
     fits = run["fits"]
     rep = ex.recompute_report
     out = {
@@ -190,6 +193,12 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         "num_steps": len(ex.steps), "num_layers": len(ex.train_graph.route),
         "error": str(run["error"]) if not fits else None,
     }
+    if ex.decisions is not None:
+        from .memory.planners.report import decisions_report
+        out.update(decisions_report(ex, planner))
+    if cost is not None and fits:
+        from .memory.clock import time_report
+        out.update(time_report(ex, run, cost, timeline=trace))
     if trace and fits:
         out["steps"] = [r.as_dict() for r in run["trace"]]
     out["plan_seconds"] = round(time.perf_counter() - t0, 3)
@@ -198,7 +207,9 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
 
 def fits(graph: Graph, batch: int, budget: int, **kw) -> bool:
     try:
-        ex = Executor(graph, batch, device="virtual", **kw)
+        # a planner decides for the budget it is asked about
+        ex = Executor(graph, batch, device="virtual",
+                      budget=budget if kw.get("planner") else None, **kw)
     except MemoryBudgetError:
         return False
     return ex.simulate(budget, trace=False)["fits"]
@@ -292,5 +303,5 @@ def widest(model: str, budget: int, *, depth: int | None = None, progress=None, 
 
 
 def _kw_report(kw) -> dict:
-    return {"policy": kw.get("policy", "superneurons"),
+    return {"policy": kw.get("policy", "superneurons"), "planner": kw.get("planner"),
             "offload_params": kw.get("offload_params", False)}

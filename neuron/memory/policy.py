@@ -11,6 +11,7 @@ class Policy:
     offload: bool = False       # unified tensor pool: LRU eviction to host when short
     recompute: bool = False     # cost-aware recomputation of cheap segments
     compact: bool = True        # slide tensors together when free bytes are scattered
+    compact_first: bool = False  # compact before evicting (planners: evict only real shortage)
     description: str = ""
 
 

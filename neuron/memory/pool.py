@@ -46,6 +46,8 @@ class Pool:
         # compaction: when the free bytes suffice but no single hole does, slide every tensor
         # down (first-fit refills from the bottom) so the free space becomes one block
         self.compact_enabled = compact
+        # a planner's fallback eviction is for a real shortage, not for scattered free bytes
+        self.compact_first = False
         self.compactions = self.moved_bytes = 0
         self.offset: dict[int, int] = {}        # on device: tensor id -> arena offset
         self.live: dict[int, TensorInfo] = {}   # on device
@@ -71,6 +73,11 @@ class Pool:
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
             attach(self.heap)
+        # planned offloads whose arena block is kept until the next step has run, so that the
+        # copy overlaps that step instead of stalling it: (tensor, offset, event)
+        self.draining: list = []
+        # the simulated clock's input (memory/clock.py): copies and compactions as they happen
+        self.log: list | None = None
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
@@ -94,6 +101,10 @@ class Pool:
         last resort: it walks every resident tensor."""
         h = self._h
         off = -1
+        if self.compact_first and self.compact_enabled and \
+                h.free_bytes >= -(-nbytes // self._block) * self._block:
+            self.compact()
+            off = h.try_alloc(nbytes)
         while off < 0 and self.evict_enabled and self._evict_one():
             off = h.try_alloc(nbytes)
         if off < 0 and self.compact_enabled and \
@@ -121,6 +132,8 @@ class Pool:
                 dev.move(off, new, t.nbytes)
                 self.offset[tid] = new
                 self.moved_bytes += t.nbytes
+                if self.log is not None:
+                    self.log.append(("compact", tid, t.nbytes))
 
     def _rounded(self, nbytes: int) -> int:
         b = self._block
@@ -317,6 +330,8 @@ class Pool:
             self.host_pool.put(buf)
         self.prefetch_bytes += t.nbytes
         self.prefetch_count += 1
+        if self.log is not None:
+            self.log.append(("prefetch" if ahead else "fetch", t.id, t.nbytes))
 
     def prefetch(self, t: TensorInfo) -> bool:
         """Bring t back ahead of use if that needs no eviction."""
@@ -329,28 +344,48 @@ class Pool:
             self.evict_enabled = saved
         return True
 
-    def offload(self, t: TensorInfo) -> None:
-        """Move a device tensor to a host buffer and free its arena block."""
+    def offload(self, t: TensorInfo, defer: bool = False) -> None:
+        """Move a device tensor to a host buffer and free its arena block (``defer``: keep
+        the block until ``release_draining``, so the copy can overlap the next kernel)."""
         if self.inflight:
             self._settle(t)
         buf = self.host_pool.get(t.nbytes)
         off = self.offset.pop(t.id)
         view = self.device.view(off, t.shape, t.dtype)
+        ev = None
         if self.async_copies:
-            # copy stream, after the producer; compute waits for the copy on the GPU before any
-            # later kernel (which may overwrite the block), so the host never blocks and the
-            # block can be reused at once
-            self.device.compute_wait(self.device.offload(view, buf[:t.nbytes]))
+            # copy stream, after the producer; unless deferred, compute waits for the copy on
+            # the GPU before any later kernel (which may overwrite the block), so the host
+            # never blocks and the block can be reused at once
+            ev = self.device.offload(view, buf[:t.nbytes])
+            if not defer:
+                self.device.compute_wait(ev)
         else:
             self.device.copy_to_host(view, buf, t.nbytes)
-        self._account_tensor(t, -1)
-        self._h.free(off)
+        if defer:
+            self.draining.append((t, off, ev))
+        else:
+            self._account_tensor(t, -1)
+            self._h.free(off)
         del self.live[t.id]
         self.lru.pop(t.id, None)
         self.pinned.discard(t.id)
         self.host[t.id] = (t, buf)
         self.offload_bytes += t.nbytes
         self.offload_count += 1
+        if self.log is not None:
+            self.log.append(("offload_async" if defer else "offload", t.id, t.nbytes))
+
+    def release_draining(self) -> None:
+        """Free the blocks of deferred offloads; later kernels wait for their copies."""
+        for t, off, ev in self.draining:
+            if ev is not None:
+                self.device.compute_wait(ev)
+            self._account_tensor(t, -1)
+            self._h.free(off)
+            if self.log is not None:
+                self.log.append(("drain", t.id, 0))
+        self.draining.clear()
 
     def place_on_host(self, t: TensorInfo, value=None) -> None:
         """Create t directly on the host (parameters under --offload-params)."""

@@ -1,0 +1,133 @@
+"""Simulated against measured iteration time (issue 12): is the simulated clock right?
+
+For each model: profile its kernels (`neuron profile`: liveness, per-layer times, the executor's per-step
+overhead, memcpy bandwidth) and, round-robin with the profiling iterations, run real training
+iterations of each policy on the device; compare the measured iteration with the makespan the
+simulated clock computes from that policy's event log on the profile. On shared cores the
+minimum over repeats is used for both (uncontended times), per kernel and per iteration, and
+by default the clock is the process's CPU time with single-threaded BLAS (--clock cpu): on
+cores shared with other jobs, wall time varied by 2x between consecutive runs here. Policies: liveness
+(unbounded arena) and superneurons at half the liveness peak (or at its own minimum budget
+where the resident parameters alone exceed that) (offload, recompute and
+compaction all exercised). Target: within 10% on the CPU device, 5% on a GPU.
+
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 nice python bench/simulator_error.py   # CPU
+    python bench/simulator_error.py --device cuda           # GPU (unverified in this session)
+
+Writes bench/results/simulator_error.{json,md}: {"cpu": [{"model", "policy", "simulated_s",
+"measured_s", "rel_error"}, ...], "gpu": [...]} (a device's list is kept from an earlier run
+when this run is on the other device).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import RESULTS, arg_parser, provenance, write  # noqa: E402
+
+#: (name, model, batch, input side): DenseNet-121 at 112 too, to keep the CPU run in minutes
+MODELS = [("resnet50", 8, 112), ("densenet121", 8, 112)]
+
+
+def parse_args(argv=None):
+    ap = arg_parser(__doc__)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--repeat", type=int, default=3, help="timed iterations per case")
+    ap.add_argument("--models", default=",".join(m for m, _, _ in MODELS))
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="CPU device: the process's CPU seconds (default; single-threaded BLAS, "
+                    "so that other users of shared cores do not inflate them) or wall seconds")
+    return ap.parse_args(argv)
+
+
+def make_case(graph, batch, policy, budget, device):
+    from neuron.executor import Executor
+    from neuron.memory.profile import random_batch
+    ex = Executor(graph, batch, device=device, policy=policy, budget=budget)
+    x, y = random_batch(graph, batch)
+    ex.train_step(x, y)                                  # warm-up
+    return {"ex": ex, "x": x, "y": y, "policy": policy, "budget": budget, "times": []}
+
+
+def finish_case(case, batch, cost):
+    from neuron.memory.clock import makespan
+    ex, budget = case["ex"], case["budget"]
+    measured = min(case["times"])                        # uncontended, as the profile
+    sim = ex.simulate(budget, trace=False, events=True)
+    rep = makespan(sim["events"], ex.steps, batch, cost)
+    return {"policy": case["policy"], "budget_bytes": budget, "simulated_s": rep.makespan_s,
+            "measured_s": measured, "rel_error": rep.makespan_s / measured - 1.0,
+            "bytes_moved": rep.bytes_moved, "recompute_s": rep.recompute_s,
+            "compaction_s": rep.compaction_s, "copy_s": rep.copy_s,
+            "measured_all_s": case["times"]}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from neuron.executor import Executor
+    from neuron.memory.costmodel import CostModel
+    from neuron.memory.profile import Profiler, measure_iterations
+    from neuron.models import build_model
+    from neuron.plan import plan
+    clock = args.clock if args.device == "cpu" else "wall"
+    rows = []
+    wanted = args.models.split(",")
+    for name, batch, side in MODELS:
+        if name not in wanted:
+            continue
+        graph = build_model(name, in_shape=(3, side, side))
+        live_peak = Executor(graph, batch, device="virtual",
+                             policy="liveness").simulate(None, trace=False)["peak_bytes"]
+        # half the liveness peak, or superneurons' minimum where parameters alone exceed it
+        sn_min = plan(graph, batch, policy="superneurons", trace=False)["min_budget_bytes"]
+        cases = [make_case(graph, batch, "liveness", None, args.device),
+                 make_case(graph, batch, "superneurons", max(live_peak // 2, sn_min),
+                           args.device)]
+        prof = Profiler(graph, batch, device=args.device, clock=clock, model=name)
+        for _ in range(args.repeat):        # round-robin: every run sees the same contention
+            prof.round()
+            for c in cases:
+                c["times"] += measure_iterations(c["ex"], c["x"], c["y"], 1, clock)
+        prof = prof.result()
+        path = os.path.join(RESULTS, f"profile_{name}_b{batch}_{side}_{prof['device']}.json")
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(prof, f, indent=1)
+        cost = CostModel.from_profile(path)
+        for c in cases:
+            r = finish_case(c, batch, cost)
+            r.update(model=f"{name} b{batch} {side}x{side}", profile=os.path.basename(path),
+                     clock=clock)
+            rows.append(r)
+            print(f"{r['model']} {r['policy']}: simulated {r['simulated_s']:.3f} s, measured "
+                  f"{r['measured_s']:.3f} s ({100 * r['rel_error']:+.1f}%)", flush=True)
+        del cases
+    key = "cpu" if args.device == "cpu" else "gpu"
+    out_path = os.path.join(RESULTS, "simulator_error.json")
+    payload = {"cpu": [], "gpu": []}
+    if os.path.exists(out_path):
+        with open(out_path) as f:
+            old = json.load(f)
+        payload.update({k: old.get(k, []) for k in ("cpu", "gpu")})
+    payload[key] = rows
+    from neuron.memory.costmodel import cpu_detail
+    payload[f"{key}_provenance"] = provenance(
+        f"CPU ({cpu_detail()}, {os.cpu_count()} cores shared with other jobs), clock {clock}"
+        if key == "cpu" else "cuda")
+    target = 0.10 if key == "cpu" else 0.05
+    md = [f"# Simulated vs measured iteration time ({key})", "",
+          f"{payload[f'{key}_provenance']}", "",
+          "| model | policy | budget | simulated s | measured s | error | within target |",
+          "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = "unbounded" if r["budget_bytes"] is None else f"{r['budget_bytes'] / 2**20:.0f} MiB"
+        md.append(f"| {r['model']} | {r['policy']} | {b} | {r['simulated_s']:.3f} | "
+                  f"{r['measured_s']:.3f} | {100 * r['rel_error']:+.1f}% | "
+                  f"{'yes' if abs(r['rel_error']) <= target else 'NO'} (±{100 * target:.0f}%) |")
+    write("simulator_error", payload, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

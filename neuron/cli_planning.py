@@ -1,0 +1,84 @@
+"""CLI pieces for time and planners: `neuron profile`, `plan --time`, `--planner NAME`.
+
+Kept apart from cli.py so that the commands there only gain a line or two each.
+"""
+from __future__ import annotations
+
+import json
+
+
+def add_planner_arg(p) -> None:
+    p.add_argument("--planner", default=None, metavar="NAME",
+                   help="memory planner (see neuron/memory/planners): superneurons, sublinear, "
+                   "sublinear-sqrt, sublinear-log, vdnn, vdnn-conv, capuchin, checkmate; "
+                   "overrides --policy")
+
+
+def add_time_args(p) -> None:
+    p.add_argument("--time", action="store_true",
+                   help="also simulate the iteration's time on two streams (compute, copy)")
+    p.add_argument("--profile", default=None, metavar="FILE.json",
+                   help="measured per-layer times from `neuron profile` (default: analytic "
+                   "estimate from FLOPs and bytes)")
+    p.add_argument("--cost-device", default="h100", choices=["cpu", "h100", "h200"],
+                   help="device of the analytic cost model (default h100)")
+
+
+def add_profile_command(sub) -> None:
+    pr = sub.add_parser("profile", help="time each layer's kernels once, for plan --time",
+                        description="Run MODEL's training steps on a device, time every kernel "
+                        "and save the times keyed by layer geometry, dtype and device.")
+    from .cli import _positive
+    pr.add_argument("model", help="model name (see `neuron models`)")
+    pr.add_argument("--depth", type=_positive("--depth"), default=None,
+                    help="depth, for the models that take one (default: the model's own)")
+    pr.add_argument("--batch", type=_positive("--batch"), default=32, help="batch size")
+    pr.add_argument("--image-size", type=_positive("--image-size"), default=None,
+                    help="input height and width (default: the model's)")
+    pr.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="device whose kernels are timed")
+    pr.add_argument("--repeat", type=_positive("--repeat"), default=3,
+                    help="timed iterations")
+    pr.add_argument("-o", "--output", required=True, metavar="FILE.json",
+                    help="where the profile is written (JSON)")
+
+
+def cost_model(args, dtype=None):
+    """The cost model a command asked for, or None without --time/--planner."""
+    import numpy as np
+    from .memory.costmodel import CostModel
+    dtype = dtype or np.float32
+    if getattr(args, "profile", None):
+        return CostModel.from_profile(args.profile, dtype=dtype)
+    return CostModel.analytic(getattr(args, "cost_device", None) or "h100", dtype=dtype)
+
+
+def cmd_profile(args) -> int:
+    from .memory.profile import profile_model
+    from .models import build_model
+    in_shape = None
+    if args.image_size:
+        g = build_model(args.model, depth=args.depth)
+        in_shape = (g.inputs[0].shape[0], args.image_size, args.image_size)
+    graph = build_model(args.model, depth=args.depth, in_shape=in_shape)
+    prof = profile_model(graph, args.batch, device=args.device, repeat=args.repeat,
+                         model=args.model)
+    with open(args.output, "w") as f:
+        json.dump(prof, f, indent=1)
+    print(f"{args.model} batch {args.batch} on {prof['device']} ({prof['device_detail']}): "
+          f"{len(prof['entries'])} layer geometries, iteration "
+          f"{prof['measured_iteration_s']:.3f} s, written to {args.output}")
+    return 0
+
+
+def print_time(r: dict) -> None:
+    if r.get("simulated_time_s") is None:
+        return
+    hid = r.get("copy_hidden_fraction")
+    print(f"  simulated iteration     {r['simulated_time_s'] * 1e3:.3f} ms on "
+          f"{r['cost_device']} ({r['cost_source']}); unlimited memory "
+          f"{r['unlimited_time_s'] * 1e3:.3f} ms; overhead {r['overhead_pct']:.1f}%")
+    print(f"  copies                  {r['bytes_moved'] / 2**20:.1f} MiB moved, "
+          f"{r['copy_s'] * 1e3:.3f} ms on the copy stream, "
+          f"{'-' if hid is None else f'{100 * hid:.0f}%'} hidden under compute; "
+          f"recompute {r['recompute_s'] * 1e3:.3f} ms")

@@ -1,0 +1,135 @@
+"""The simulated clock: an iteration's makespan from the executor's event log.
+
+The pool and executor record what they did, in order (memory/pool.py ``log``):
+``("step", i, workspace)`` right before step i's kernel, ``("prefetch", tensor id, bytes)`` (a
+copy ahead of use), ``("fetch", ...)`` (a miss: the step waits for it), ``("offload", ...)``,
+``("compact", tensor id, bytes)``, ``("offload_async", ...)`` and ``("drain", tensor id, 0)``. This file replays that log on two streams with the
+dependencies the executor really creates (CudaDevice + Pool):
+
+- a prefetch or offload is enqueued on the copy stream after all compute queued so far (the
+  block it fills may still be read by the previous kernel; the offload reads the producer's
+  result);
+- a step's kernel waits for the prefetches of the tensors it reads;
+- a miss (fetch) and an offload make compute wait for the copy (the pool frees an offloaded
+  block at once, so the next kernel, which may overwrite it, waits for the copy);
+- a planned offload (``offload_async``) keeps its block until the next step has run
+  (``drain``): the copy overlaps that step, and only then does compute wait for it;
+- compaction moves bytes on the compute stream.
+
+On a device without a copy stream (the CPU device) every copy runs on the compute thread.
+Keeping this a pure function of the log keeps "planning is the executor": the times are those
+of the very decisions the executor made.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TimeReport:
+    makespan_s: float
+    compute_s: float                # kernels + per-step overhead (recomputes included)
+    recompute_s: float              # of which re-run forwards ("R" steps)
+    copy_s: float                   # busy time of the copy stream
+    exposed_copy_s: float           # compute waiting for copies
+    compaction_s: float
+    bytes_moved: int
+    source: str
+    timeline: list = field(default_factory=list)    # (stream, start, end, what)
+
+    @property
+    def hidden_fraction(self) -> float | None:
+        """Share of copy time that overlapped compute (None when nothing was copied)."""
+        if self.copy_s <= 0:
+            return None
+        return max(0.0, 1.0 - self.exposed_copy_s / self.copy_s)
+
+    def as_dict(self) -> dict:
+        return {"simulated_time_s": self.makespan_s, "compute_s": self.compute_s,
+                "recompute_s": self.recompute_s, "copy_s": self.copy_s,
+                "exposed_copy_s": self.exposed_copy_s, "compaction_s": self.compaction_s,
+                "bytes_moved": self.bytes_moved, "copy_hidden_fraction": self.hidden_fraction,
+                "cost_source": self.source}
+
+
+def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeReport:
+    """Replay an event log (from ``Executor.simulate(..., events=True)``) on the cost model."""
+    spec = cost.spec
+    overlap = spec.async_copies
+    compute = copy = 0.0
+    busy = recompute = copy_busy = exposed = compaction = 0.0
+    moved = 0
+    ready: dict[int, float] = {}        # tensor id -> end of its prefetch
+    pending: dict[int, float] = {}      # tensor id -> end of its deferred offload
+    tl = [] if timeline else None
+    for ev in events:
+        kind = ev[0]
+        if kind == "step":
+            step = steps[ev[1]]
+            start = compute
+            for t in step.reads:
+                r = ready.pop(t.id, None)
+                if r is not None and r > start:
+                    start = r
+            exposed += start - compute
+            dt = cost.step_time(step, batch) + cost.step_overhead
+            compute = start + dt
+            busy += dt
+            if step.phase == "R":
+                recompute += dt
+            if tl is not None:
+                tl.append(("compute", start, compute, step.name))
+        elif kind == "drain":           # a deferred offload's block is reused: wait for it
+            r = pending.pop(ev[1], None)
+            if r is not None and r > compute:
+                exposed += r - compute
+                compute = r
+        elif kind == "compact":
+            dt = cost.move_time(ev[2])
+            if tl is not None:
+                tl.append(("compute", compute, compute + dt, "compact"))
+            compute += dt
+            compaction += dt
+        else:                           # a copy: prefetch, fetch or offload
+            nbytes = ev[2]
+            moved += nbytes
+            dt = cost.copy_time(nbytes)
+            copy_busy += dt
+            if not overlap:             # the CPU device copies on the compute thread
+                if tl is not None:
+                    tl.append(("copy", compute, compute + dt, kind))
+                compute += dt
+                exposed += dt
+                continue
+            start = max(copy, compute)
+            copy = start + dt
+            if tl is not None:
+                tl.append(("copy", start, copy, kind))
+            if kind == "prefetch":
+                ready[ev[1]] = copy
+            elif kind == "offload_async":
+                pending[ev[1]] = copy
+            else:                       # fetch / offload: compute waits
+                exposed += copy - compute
+                compute = copy
+    return TimeReport(max(compute, copy), busy, recompute, copy_busy, exposed, compaction,
+                      moved, cost.source, tl or [])
+
+
+def unlimited_time(steps, batch: int, cost) -> float:
+    """The same network with unlimited memory: every step once, nothing moved or recomputed."""
+    return sum(cost.step_time(s, batch) + cost.step_overhead for s in steps)
+
+
+def time_report(ex, run: dict, cost, timeline: bool = False) -> dict:
+    """``neuron plan --time``: this plan's simulated iteration against unlimited memory
+    (``timeline``: also the streams' intervals, under the key ``timeline``)."""
+    rep = makespan(run["events"], run["executor"].steps, ex.batch, cost, timeline=timeline)
+    base = unlimited_time(ex.schedule.steps, ex.batch, cost)
+    out = rep.as_dict()
+    out["unlimited_time_s"] = base
+    out["overhead_pct"] = 100.0 * (rep.makespan_s / base - 1.0) if base > 0 else None
+    out["cost_device"] = cost.spec.name
+    if timeline:
+        out["timeline"] = rep.timeline
+    return out

@@ -1,0 +1,205 @@
+"""How long a step, a copy and a compaction take: the simulator's cost model.
+
+Two sources, and every report says which was used:
+- ``analytic``: FLOPs and bytes of each step against a device's peaks (a roofline: the slower
+  of arithmetic and memory traffic, plus a launch latency). GPUs from their stated peaks; the
+  CPU from a micro-benchmark run once per process (NumPy matmul rate, memcpy bandwidth).
+- ``profile``: each step's kernel timed on the device (``neuron profile``, memory/profile.py),
+  looked up by layer geometry. A profile from another device, dtype or geometry is refused.
+
+Copies: bandwidth + latency per transfer. ``async_copies`` says whether the device has a copy
+stream beside compute (the GPU) or copies on the compute thread (the CPU device).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import NeuronError
+
+
+class ProfileError(NeuronError, ValueError):
+    """A profile that does not describe this device, dtype or network."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    flops: float                # fp32 FLOP/s (non-tensor-core for GPUs: the kernels are fp32)
+    mem_bandwidth: float        # device memory, bytes/s
+    copy_bandwidth: float       # host <-> device, pinned, bytes/s per direction
+    copy_latency: float         # seconds per transfer
+    launch_latency: float       # seconds per step (kernel launch; the CPU: Python overhead)
+    async_copies: bool          # a copy stream beside compute
+    detail: str = ""            # what identifies the physical device (profiles must match it)
+
+
+#: stated peaks (vendor data sheets, SXM parts); host link PCIe Gen5 x16 at ~55 GB/s achieved
+DEVICES = {
+    "h100": DeviceSpec("h100", flops=67e12, mem_bandwidth=3.35e12, copy_bandwidth=55e9,
+                       copy_latency=10e-6, launch_latency=5e-6, async_copies=True,
+                       detail="NVIDIA H100 80GB HBM3 (stated peaks)"),
+    "h200": DeviceSpec("h200", flops=67e12, mem_bandwidth=4.8e12, copy_bandwidth=55e9,
+                       copy_latency=10e-6, launch_latency=5e-6, async_copies=True,
+                       detail="NVIDIA H200 141GB HBM3e (stated peaks)"),
+}
+
+
+def cpu_detail() -> str:
+    """The CPU model string: a CPU profile is only valid on the same processor."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_spec() -> DeviceSpec:
+    """The CPU device measured by a micro-benchmark (under a second, once per process).
+
+    Timed in the process's CPU seconds, best of several rounds: on cores shared with other
+    jobs, wall time measures the other jobs (it gave 1 GB/s for a 7 GB/s memcpy here)."""
+    clock = time.process_time
+    a = np.ones((384, 384), np.float32)
+    a @ a
+    best = float("inf")
+    for _ in range(3):
+        t0 = clock()
+        for _ in range(4):
+            a @ a
+        best = min(best, (clock() - t0) / 4)
+    flops = 2 * 384 ** 3 / max(best, 1e-9)
+    src = np.ones(32 << 20, np.uint8)
+    dst = np.empty_like(src)
+    dst[...] = src                      # first touch of the destination pages
+    best = float("inf")
+    for _ in range(5):
+        t0 = clock()
+        dst[...] = src
+        best = min(best, clock() - t0)
+    bw = src.nbytes / max(best, 1e-9)
+    # the arena's compaction moves overlapping ranges through a temporary: two copies
+    return DeviceSpec("cpu", flops=flops, mem_bandwidth=bw, copy_bandwidth=bw,
+                      copy_latency=2e-6, launch_latency=20e-6, async_copies=False,
+                      detail=cpu_detail())
+
+
+def device_spec(name: str) -> DeviceSpec:
+    if name == "cpu":
+        return cpu_spec()
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise ValueError(f"unknown cost-model device {name!r}; choose one of cpu, "
+                         f"{', '.join(DEVICES)}") from None
+
+
+def layer_key(layer, phase: str, batch: int) -> str:
+    """A step's geometry: what its kernel's time depends on (recompute = forward)."""
+    ins = [list(s) for s in layer.in_shapes(batch)]
+    outs = [list(s) for s in layer.out_shapes(batch)]
+    return f"{'B' if phase == 'B' else 'F'}|{layer.describe()}|{ins}->{outs}"
+
+
+class CostModel:
+    """Seconds per step, per copy and per compaction on one device."""
+
+    def __init__(self, spec: DeviceSpec, profile: dict | None = None, dtype=np.float32,
+                 source: str | None = None):
+        self.spec = spec
+        self.dtype = np.dtype(dtype)
+        self.profile = profile
+        self.source = source or ("profile" if profile else "analytic")
+        self._cache: dict[tuple, float] = {}
+        self._macs: dict[tuple, int] = {}      # forward and backward share a layer's count
+        if profile is not None:
+            self.step_overhead = float(profile.get("step_overhead_s", spec.launch_latency))
+            self.copy_bandwidth = float(profile.get("copy_bandwidth", spec.copy_bandwidth))
+            self.copy_latency = float(profile.get("copy_latency", spec.copy_latency))
+        else:
+            self.step_overhead = spec.launch_latency
+            self.copy_bandwidth, self.copy_latency = spec.copy_bandwidth, spec.copy_latency
+
+    @classmethod
+    def analytic(cls, device: str = "h100", dtype=np.float32) -> "CostModel":
+        return cls(device_spec(device), dtype=dtype)
+
+    @classmethod
+    def from_profile(cls, path: str, dtype=np.float32) -> "CostModel":
+        try:
+            with open(path) as f:
+                prof = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ProfileError(f"cannot read profile {path}: {e}") from None
+        if prof.get("format") != "neuron-profile-1":
+            raise ProfileError(f"{path} is not a neuron profile (format {prof.get('format')!r})")
+        dev = prof.get("device")
+        if dev not in ("cpu", *DEVICES):
+            raise ProfileError(f"{path}: measured on unknown device {dev!r}")
+        spec = device_spec(dev)
+        # a CPU profile holds only on the same processor (GPU profiles name the GPU kind)
+        if dev == "cpu" and prof.get("device_detail") != spec.detail:
+            raise ProfileError(f"{path} was measured on {prof.get('device_detail')!r}; this "
+                               f"machine is {spec.detail!r}: re-run `neuron profile` here")
+        if np.dtype(prof.get("dtype", "float32")) != np.dtype(dtype):
+            raise ProfileError(f"{path} was measured in {prof.get('dtype')}, the plan uses "
+                               f"{np.dtype(dtype)}")
+        m = cls(spec, profile=prof, dtype=dtype, source=f"profile:{path}")
+        m.path = path
+        return m
+
+    # ---- per step -----------------------------------------------------------------------
+    def step_time(self, step, batch: int) -> float:
+        """Seconds of one step's kernel (not counting the per-step overhead)."""
+        key = id(step.layer), step.phase == "B", batch
+        t = self._cache.get(key)
+        if t is None:
+            t = self._cache[key] = (self._profiled(step, batch) if self.profile is not None
+                                    else self._analytic(step, batch))
+        return t
+
+    def _profiled(self, step, batch) -> float:
+        key = layer_key(step.layer, step.phase, batch)
+        try:
+            return self.profile["entries"][key]
+        except KeyError:
+            raise ProfileError(
+                f"profile {getattr(self, 'path', '')} has no entry for step {step.name} "
+                f"(geometry {key}); it was measured for {self.profile.get('model')} batch "
+                f"{self.profile.get('batch')}: profile this network and batch") from None
+
+    def _analytic(self, step, batch) -> float:
+        layer = step.layer
+        key = id(layer), batch
+        macs = self._macs.get(key)
+        if macs is None:
+            macs = self._macs[key] = layer.flops(batch)
+        # backward computes data and weight gradients: about twice the forward arithmetic
+        flops = 2.0 * macs * (2.0 if step.phase == "B" else 1.0)
+        moved = 0
+        for t in step.reads:
+            moved += t.nbytes
+        for t in step.writes:
+            moved += t.nbytes
+        s = self.spec
+        return max(flops / s.flops, moved / s.mem_bandwidth)
+
+    def copy_time(self, nbytes: int) -> float:
+        return self.copy_latency + nbytes / self.copy_bandwidth
+
+    def move_time(self, nbytes: int) -> float:
+        """Compaction: device-to-device, read and write."""
+        return 2.0 * nbytes / self.spec.mem_bandwidth
+
+    def describe(self) -> dict:
+        return {"source": self.source, "device": self.spec.name, "detail": self.spec.detail,
+                "async_copies": self.spec.async_copies}

@@ -1,0 +1,94 @@
+"""The planner interface: (schedule, budget, cost model) -> decisions the one executor runs.
+
+A planner returns ``Decisions``: the steps to run (the schedule, possibly rewritten with "R"
+recompute steps), the pool's behaviour (a Policy: free after last use, LRU eviction as the
+fallback, compaction), and per step the tensors to offload after it and the tensors whose
+prefetch starts after it. ``tensors`` records the per-tensor choice (KEEP, SWAP, RECOMPUTE)
+for reports. Every plan is checked by the same simulation (``PlanContext.simulate``) and runs
+for real through the same executor, so planners differ only in what they decide.
+
+To add a planner: subclass ``Planner`` in a file of this package and register it in
+``__init__.py``. ``PlanContext`` gives the schedule, the budget, the cost model and a
+simulator of candidate decisions (peak and time), which search-based planners use as their
+fitness function.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..clock import makespan
+from ..costmodel import CostModel
+from ..policy import Policy
+from ..schedule import Step
+
+KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
+
+#: the pool under a planner: free after last use, compaction, and LRU eviction only as the
+#: fallback when a planned move was not enough (so a plan never fails where bytes exist)
+PLANNED = Policy("planned", free_dead=True, offload=True, recompute=False, compact_first=True,
+                 description="a planner's decisions, LRU eviction as the fallback")
+PLANNED_NO_EVICT = Policy("planned-static", free_dead=True, offload=False, recompute=False,
+                          description="a planner's decisions only")
+
+
+@dataclass
+class Decisions:
+    steps: list[Step]
+    policy: Policy = PLANNED
+    offload_after: dict = field(default_factory=dict)    # step position -> [TensorInfo]
+    prefetch_after: dict = field(default_factory=dict)   # step position -> [TensorInfo]
+    recompute_report: object = None
+    tensors: dict = field(default_factory=dict)          # tensor name -> KEEP | SWAP | RECOMPUTE
+    info: dict = field(default_factory=dict)             # planner-specific (e.g. MILP gap)
+
+    def counts(self) -> dict:
+        out = {KEEP: 0, SWAP: 0, RECOMPUTE: 0}
+        for v in self.tensors.values():
+            out[v] += 1
+        return out
+
+
+class PlanContext:
+    """What a planner sees: the schedule, the budget (bytes or None), the cost model, and a
+    simulator of candidate decisions on this executor's virtual twin."""
+
+    def __init__(self, ex, budget: int | None, cost: CostModel | None = None):
+        self._ex = ex
+        self.schedule = ex.schedule
+        self.batch = ex.batch
+        self.budget = budget
+        self.cost = cost or CostModel.analytic("h100", dtype=ex.dtype)
+
+    def step_time(self, step) -> float:
+        return self.cost.step_time(step, self.batch) + self.cost.step_overhead
+
+    def simulate(self, d: Decisions, arena="budget", events: bool = False) -> dict:
+        """One iteration of these decisions in an arena (default: the budget; None:
+        unbounded)."""
+        v = copy.copy(self._ex)
+        v.planner = None
+        v._apply_decisions(d)
+        return v.simulate(self.budget if arena == "budget" else arena, trace=False,
+                          events=events)
+
+    def evaluate(self, d: Decisions, arena="budget", static: bool = False) -> dict:
+        """fits, peak and simulated seconds of a candidate (the planners' fitness).
+        ``static``: without the LRU fallback, so only the planned moves count."""
+        if static:
+            d = dataclasses.replace(d, policy=PLANNED_NO_EVICT)
+        r = self.simulate(d, arena, events=True)
+        if not r["fits"]:
+            return {"fits": False, "peak_bytes": None, "time_s": float("inf"),
+                    "error": r["error"]}
+        t = makespan(r["events"], d.steps, self.batch, self.cost).makespan_s
+        return {"fits": True, "peak_bytes": r["peak_bytes"], "time_s": t, "error": None}
+
+
+class Planner:
+    name = ""
+    description = ""
+
+    def plan(self, ctx: PlanContext) -> Decisions:
+        raise NotImplementedError

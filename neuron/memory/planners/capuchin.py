@@ -1,0 +1,66 @@
+"""Capuchin (Peng et al. 2020)-style planning from measured costs.
+
+Per tensor that backward reads: the seconds a swap costs (compute waits for the copy out,
+since the pool reuses the block at once; the copy back hides in the free time between its last
+forward use and its first backward use, or is exposed for the rest) against the seconds its
+recompute costs; the cheaper wins. Tensors are taken cheapest
+first (the seconds a choice costs per byte it frees) until the plan fits the budget: the
+number taken grows (x1.5) from the bytes the liveness peak exceeds the budget by, each
+candidate checked by the simulator. Swaps are offloaded during forward and prefetched by
+time (swap.py); without a budget nothing is moved.
+"""
+from __future__ import annotations
+
+from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
+from .costs import tensor_costs
+from .rewrite import droppable, recompute_rewrite
+from .swap import swap_schedule
+
+
+def build(ctx, cands, choice: dict) -> Decisions:
+    """Decisions from a per-tensor choice (tensor id -> SWAP | RECOMPUTE; absent: KEEP)."""
+    drop = {tid for tid, c in choice.items() if c == RECOMPUTE}
+    steps, report = recompute_rewrite(ctx.schedule, drop) if drop else (
+        list(ctx.schedule.steps), None)
+    swap = [t for t in cands if choice.get(t.id) == SWAP]
+    offload_after, prefetch_after = swap_schedule(steps, swap, ctx)
+    return Decisions(steps, policy=PLANNED, offload_after=offload_after,
+                     prefetch_after=prefetch_after, recompute_report=report,
+                     tensors={t.name: choice.get(t.id, KEEP) for t in cands})
+
+
+class Capuchin(Planner):
+    name = "capuchin"
+    description = "swap what hides under compute, recompute what is cheaper than its exposed copy"
+
+    def plan(self, ctx) -> Decisions:
+        cands = droppable(ctx.schedule)
+        if ctx.budget is None:
+            return build(ctx, cands, {})
+        costs = tensor_costs(ctx, cands)
+        choice_of, price = {}, {}
+        for c in costs:
+            if c.exposed_s <= c.recompute_s:
+                choice_of[c.tensor.id], p = SWAP, c.exposed_s
+            else:
+                choice_of[c.tensor.id], p = RECOMPUTE, c.recompute_s
+            price[c.tensor.id] = p / max(c.tensor.nbytes, 1)
+        order = sorted(costs, key=lambda c: (price[c.tensor.id], -c.tensor.nbytes))
+        peak = ctx.simulate(build(ctx, cands, {}), None)["peak_bytes"]
+        target = max(0, peak - ctx.budget)
+        d, taken, tried = None, 0.0, []
+        while True:
+            chosen, acc = {}, 0
+            for c in order:
+                if acc >= target * (1.5 ** taken):
+                    break
+                chosen[c.tensor.id] = choice_of[c.tensor.id]
+                acc += c.tensor.nbytes
+            d = build(ctx, cands, chosen)
+            r = ctx.evaluate(d, static=True)
+            tried.append({"tensors": len(chosen), "fits": r["fits"], "time_s": r["time_s"]})
+            if r["fits"] or len(chosen) == len(order):
+                break
+            taken += 1
+        d.info["search"] = tried
+        return d

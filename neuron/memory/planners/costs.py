@@ -1,0 +1,51 @@
+"""Per-tensor costs from the cost model, shared by Capuchin and the MILP: how long a swap
+takes, how much of it compute waits for, what a recompute costs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .rewrite import producers
+from .swap import uses
+
+
+@dataclass
+class TensorCost:
+    tensor: object
+    last_fwd: int           # position of its last forward use
+    first_bwd: int          # position of its first backward (or recompute) use
+    free_s: float           # compute seconds between them (Capuchin's "free time")
+    swap_s: float           # out and back on the copy stream
+    exposed_s: float        # swap time compute waits for (see below)
+    recompute_s: float      # its producer's forward once more
+    inputs: tuple           # ids of the activations its producer reads
+
+
+def tensor_costs(ctx, cands) -> list[TensorCost]:
+    steps = ctx.schedule.steps
+    last_fwd, first_bwd = uses(steps)
+    cum = [0.0]
+    for s in steps:
+        cum.append(cum[-1] + ctx.step_time(s))
+    fwd_time = {id(s.layer): ctx.step_time(s) for s in steps if s.phase == "F"}
+    prod = producers(ctx.schedule)
+    out = []
+    for t in cands:
+        f, j = last_fwd.get(t.id), first_bwd.get(t.id)
+        if f is None or j is None:
+            continue
+        free = cum[j] - cum[f + 1]
+        one = ctx.cost.copy_time(t.nbytes)
+        swap = 2 * one
+        layer = prod[t.id][0]
+        ins = tuple(ctx.schedule.act[id(sym)].id for sym in layer.inputs)
+        # a planned offload overlaps the next step (its block is kept until then), the copy
+        # back the free time before the tensor's use (memory/clock.py); on a device without a
+        # copy stream both copies are exposed
+        if ctx.cost.spec.async_copies:
+            nxt = ctx.step_time(steps[f + 1]) if f + 1 < len(steps) else 0.0
+            exposed = max(0.0, one - nxt) + max(0.0, one - free)
+        else:
+            exposed = swap
+        out.append(TensorCost(t, f, j, free, swap, exposed,
+                              fwd_time.get(id(layer), 0.0), ins))
+    return out

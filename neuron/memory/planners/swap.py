@@ -1,0 +1,56 @@
+"""When to offload and when to start a prefetch, by time (shared by the swapping planners).
+
+A swapped tensor is offloaded right after its last forward use (eager, during forward: the
+plan, not a shortage, decides). Its prefetch starts after the latest step from which the
+compute still ahead of its first backward use covers the copy, so that the copy ends before
+the step that reads it, however many steps back that is; vDNN instead starts it a fixed
+number of steps ahead.
+"""
+from __future__ import annotations
+
+import bisect
+
+
+def uses(steps) -> tuple[dict, dict]:
+    """tensor id -> position of its last forward use, and of its first later (R/B) use."""
+    last_fwd, first_bwd = {}, {}
+    for i, s in enumerate(steps):
+        for t in s.reads + s.writes:
+            if s.phase == "F":
+                last_fwd[t.id] = i
+            elif t.id in last_fwd and t.id not in first_bwd:
+                first_bwd[t.id] = i
+    return last_fwd, first_bwd
+
+
+def free_window(steps, ctx, f: int, j: int) -> float:
+    """Compute seconds strictly between positions f and j."""
+    return sum(ctx.step_time(steps[k]) for k in range(f + 1, j))
+
+
+def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, dict]:
+    """offload_after and prefetch_after for the tensors to swap. ``ahead``: start each
+    prefetch that many steps before its use (vDNN) instead of by time."""
+    last_fwd, first_bwd = uses(steps)
+    offload_after: dict[int, list] = {}
+    prefetch_after: dict[int, list] = {}
+    cost = ctx.cost
+    cum = [0.0]                 # cum[k]: compute seconds of steps[:k] (bisected per tensor)
+    if ahead is None:
+        for s in steps:
+            cum.append(cum[-1] + ctx.step_time(s))
+    for t in tensors:
+        f, j = last_fwd.get(t.id), first_bwd.get(t.id)
+        if f is None or j is None:
+            continue
+        offload_after.setdefault(f, []).append(t)
+        if ahead is not None:
+            p = max(f + 1, j - 1 - ahead)
+        else:
+            # the latest p whose following steps up to j-1 take at least the copy's time
+            p = bisect.bisect_right(cum, cum[j] - cost.copy_time(t.nbytes)) - 2
+            p = min(j - 1, max(f + 1, p))
+        prefetch_after.setdefault(p, []).append(t)
+    for lst in prefetch_after.values():         # earliest use first
+        lst.sort(key=lambda t: first_bwd[t.id])
+    return offload_after, prefetch_after

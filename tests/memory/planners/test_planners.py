@@ -1,0 +1,156 @@
+"""Every planner behind the one interface: its plan runs on the CPU device and trains
+bit-identically to liveness; bad names and budgets are clear errors (issue 12)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import neuron as nn
+from neuron.errors import MemoryBudgetError
+from neuron.executor import Executor
+from neuron.memory.costmodel import CostModel
+from neuron.memory.planners import PlanContext, get_planner, planner_names
+from neuron.memory.planners.checkmate import MAX_STEPS
+from neuron.memory.planners.sublinear import split_points
+from neuron.memory.planners.swap import uses
+from neuron.models import build_model
+from neuron.models.densenet import densenet
+
+PLANNERS = planner_names()
+STEPS = 2
+
+
+def resnet20():
+    return build_model("resnet_cifar", depth=20, in_shape=(3, 8, 8)), 4
+
+
+def small_densenet():
+    return densenet(block_config=(2, 2), growth_rate=4, num_init_features=8,
+                    in_shape=(3, 16, 16), num_classes=10, stem="cifar"), 4
+
+
+MODELS = {"resnet20": resnet20, "densenet": small_densenet}
+_cache: dict = {}
+
+
+def model(name):
+    if name not in _cache:
+        _cache[name] = MODELS[name]()
+    return _cache[name]
+
+
+def make(graph, batch, **kw):
+    return Executor(graph, batch, optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
+                    seed=3, **kw)
+
+
+def train(ex, graph, batch):
+    losses = []
+    for i in range(STEPS):
+        rng = np.random.default_rng(1000 + i)
+        x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
+        losses.append(ex.train_step(x, rng.integers(0, graph.outputs[0].shape[0], batch)))
+    return losses, ex.state_dict()
+
+
+_ref: dict = {}
+
+
+def reference(name):
+    if name not in _ref:
+        graph, batch = model(name)
+        ex = make(graph, batch, policy="liveness")
+        _ref[name] = (train(ex, graph, batch), ex.planned["peak_bytes"])
+    return _ref[name]
+
+
+def budget_for(name, planner):
+    """0.8 of the liveness peak where the planner's plan fits it, else no budget."""
+    graph, batch = model(name)
+    _, peak = reference(name)
+    b = int(peak * 0.8)
+    v = Executor(graph, batch, device="virtual", planner=planner, budget=b)
+    return b if v.simulate(b, trace=False)["fits"] else None
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_every_planner_trains_bit_identically_to_liveness(name, planner):
+    (ref_losses, ref_state), _ = reference(name)
+    graph, batch = model(name)
+    budget = budget_for(name, planner)
+    ex = make(graph, batch, device="cpu", planner=planner, budget=budget)
+    losses, state = train(ex, graph, batch)
+    assert losses == ref_losses
+    differ = [k for k in ref_state if ref_state[k].tobytes() != state[k].tobytes()]
+    assert not differ, f"{planner}: {len(differ)} tensors differ, e.g. {differ[:3]}"
+    # the plan did something: it moved or recomputed bytes, as it decided
+    counts = ex.decisions.counts()
+    if planner not in ("capuchin", "checkmate") or budget is not None:
+        assert counts["swap"] + counts["recompute"] > 0, counts
+    assert ex.pool.high_water == ex.planned["peak_bytes"]
+
+
+def test_unknown_planner_lists_the_names():
+    graph, batch = model("resnet20")
+    with pytest.raises(ValueError, match="choose one of superneurons, sublinear"):
+        Executor(graph, batch, device="virtual", planner="nope")
+
+
+@pytest.mark.parametrize("planner", ["sublinear", "vdnn", "capuchin"])
+def test_budget_below_the_planners_minimum_names_step_tensor_and_bytes(planner):
+    from neuron.plan import lower_bound
+    graph, batch = model("resnet20")
+    lb, _ = lower_bound(Executor(graph, batch, device="virtual", policy="liveness"))
+    with pytest.raises(MemoryBudgetError, match=r"step [FBR]\d+:.*cannot allocate .* bytes"):
+        make(graph, batch, device="cpu", planner=planner, budget=lb - 4096)
+
+
+def test_vdnn_prefetches_one_layer_ahead_and_time_based_prefetch_looks_further():
+    graph, batch = model("resnet20")
+    cost = CostModel.analytic("h100")
+    ex = Executor(graph, batch, device="virtual", planner="vdnn", cost=cost)
+    last_fwd, first_bwd = uses(ex.steps)
+    pos = {t.id: p for p, ts in ex.decisions.prefetch_after.items() for t in ts}
+    assert pos and all(pos[i] == max(last_fwd[i] + 1, first_bwd[i] - 2) for i in pos)
+    # a slow link: the time-based schedule starts copies several steps before their use
+    slow = CostModel(cost.spec, dtype=np.float32)
+    slow.copy_bandwidth = 1e6
+    b = int(reference("resnet20")[1] * 0.8)
+    ex = Executor(graph, batch, device="virtual", planner="capuchin", cost=slow, budget=b)
+    _, first_bwd = uses(ex.steps)
+    ahead = [first_bwd[t.id] - p for p, ts in ex.decisions.prefetch_after.items() for t in ts]
+    assert not ahead or max(ahead) > 2
+
+
+def test_sublinear_sqrt_keeps_about_sqrt_n_checkpoints_and_lowers_the_peak():
+    graph = build_model("resnet_cifar", depth=56, in_shape=(3, 8, 8))
+    ex = Executor(graph, 4, device="virtual", planner="sublinear-sqrt")
+    c = ex.decisions.counts()
+    n = c["keep"] + c["recompute"]
+    assert 0.5 * n ** 0.5 <= c["keep"] <= 2 * n ** 0.5
+    live = Executor(graph, 4, device="virtual", policy="liveness").simulate(None)
+    assert ex.simulate(None)["peak_bytes"] < live["peak_bytes"]
+    assert split_points(ex.schedule)
+
+
+def test_checkmate_reports_solver_status_and_gap_and_refuses_large_graphs():
+    graph, batch = model("resnet20")
+    b = int(reference("resnet20")[1] * 0.9)
+    ex = Executor(graph, batch, device="virtual", planner="checkmate", budget=b)
+    info = ex.decisions.info
+    assert info["attempts"] and "time_limit_s" in info
+    assert any(a.get("fits") for a in info["attempts"])
+    assert info["gap"] is not None and info["gap"] <= 1e-3
+    deep = build_model("resnet_cifar", depth=6 * (MAX_STEPS // 30) + 2, in_shape=(3, 8, 8))
+    with pytest.raises(ValueError, match="checkmate: .* steps"):
+        Executor(deep, 2, device="virtual", planner="checkmate", budget=1 << 30)
+
+
+def test_planner_context_evaluates_time_and_peak():
+    graph, batch = model("resnet20")
+    ex = Executor(graph, batch, device="virtual", planner="superneurons")
+    ctx = PlanContext(ex, None, CostModel.analytic("h200"))
+    r = ctx.evaluate(ex.decisions, None)
+    assert r["fits"] and r["time_s"] > 0 and r["peak_bytes"] == ex.simulate(None)["peak_bytes"]
+    assert get_planner("vdnn-conv").conv_only

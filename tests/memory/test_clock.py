@@ -1,0 +1,122 @@
+"""The simulated clock, the cost model and profiles (issue 12)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from neuron.memory.clock import makespan
+from neuron.memory.costmodel import CostModel, DeviceSpec, ProfileError, layer_key
+from neuron.models import build_model
+from neuron.plan import plan
+
+
+class FixedCost:
+    """1 s per step, 1 s per MiB copied, nothing else: times a reader can check by hand."""
+    def __init__(self, async_copies):
+        self.spec = DeviceSpec("test", 1, 1, 1, 0, 0, async_copies)
+        self.step_overhead, self.source = 0.0, "test"
+
+    def step_time(self, step, batch):
+        return 1.0
+
+    def copy_time(self, nbytes):
+        return nbytes / 2**20
+
+    def move_time(self, nbytes):
+        return 0.5
+
+
+def _steps(n):
+    t = [SimpleNamespace(id=i) for i in range(n)]
+    return [SimpleNamespace(reads=[t[i]], name=f"s{i}", phase="F") for i in range(n)], t
+
+
+def test_prefetch_hides_under_compute_on_two_streams():
+    steps, _ = _steps(3)
+    mib = 2**20
+    # prefetch of tensor 2 issued after step 0 (2 s copy) overlaps step 1, step 2 waits 1 s
+    ev = [("step", 0, 0), ("prefetch", 2, 2 * mib), ("step", 1, 0), ("step", 2, 0)]
+    r = makespan(ev, steps, 1, FixedCost(True))
+    assert r.makespan_s == pytest.approx(4.0)
+    assert r.copy_s == pytest.approx(2.0) and r.exposed_copy_s == pytest.approx(1.0)
+    assert r.hidden_fraction == pytest.approx(0.5)
+    # the same log on a device that copies on the compute thread: nothing hides
+    r = makespan(ev, steps, 1, FixedCost(False))
+    assert r.makespan_s == pytest.approx(5.0) and r.hidden_fraction == pytest.approx(0.0)
+
+
+def test_offload_and_miss_make_compute_wait_and_compaction_is_on_compute():
+    steps, _ = _steps(2)
+    mib = 2**20
+    ev = [("step", 0, 0), ("offload", 0, mib), ("compact", 1, 10), ("fetch", 0, mib),
+          ("step", 1, 0)]
+    r = makespan(ev, steps, 1, FixedCost(True))
+    # 1 (step) + 1 (offload, waited) + 0.5 (compaction) + 1 (miss) + 1 (step)
+    assert r.makespan_s == pytest.approx(4.5)
+    assert r.bytes_moved == 2 * mib and r.compaction_s == pytest.approx(0.5)
+
+
+def test_a_deferred_offload_overlaps_the_next_step_and_its_reuse_waits():
+    steps, _ = _steps(3)
+    mib = 2**20
+    # offload of 1.5 s after step 0 overlaps step 1 (1 s); the drain after step 1 waits 0.5 s
+    ev = [("step", 0, 0), ("offload_async", 0, int(1.5 * mib)), ("step", 1, 0), ("drain", 0, 0),
+          ("step", 2, 0)]
+    r = makespan(ev, steps, 1, FixedCost(True))
+    assert r.makespan_s == pytest.approx(3.5) and r.exposed_copy_s == pytest.approx(0.5)
+    r = makespan(ev, steps, 1, FixedCost(False))
+    assert r.makespan_s == pytest.approx(4.5)
+
+
+def test_unlimited_liveness_time_is_the_sum_of_steps_and_budgets_cost_time():
+    g = build_model("resnet_cifar", depth=20)
+    cost = CostModel.analytic("h100")
+    free = plan(g, 8, policy="liveness", cost=cost, search_min=False, trace=False)
+    assert free["simulated_time_s"] == pytest.approx(free["unlimited_time_s"])
+    assert free["overhead_pct"] == pytest.approx(0.0)
+    tight = plan(g, 8, policy="superneurons", budget=int(free["peak_bytes"] * 0.6),
+                 cost=cost, search_min=False, trace=False)
+    assert tight["fits"]
+    assert tight["bytes_moved"] == tight["offload_bytes"] + tight["prefetch_bytes"] > 0
+    assert tight["simulated_time_s"] > free["simulated_time_s"]
+    assert 0.0 <= (tight["copy_hidden_fraction"] or 0.0) <= 1.0
+
+
+def _profile_for(g, batch, tmp_path, **over):
+    from neuron.memory.costmodel import cpu_spec
+    from neuron.executor import Executor
+    ex = Executor(g, batch, device="virtual", policy="liveness")
+    entries = {layer_key(s.layer, s.phase, batch): 1e-3 for s in ex.steps}
+    prof = {"format": "neuron-profile-1", "device": "cpu", "device_detail": cpu_spec().detail,
+            "dtype": "float32", "model": "resnet_cifar", "batch": batch, "entries": entries,
+            "step_overhead_s": 0.0, **over}
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(prof))
+    return str(p)
+
+
+def test_profile_times_are_used_and_other_geometry_or_device_is_refused(tmp_path):
+    g = build_model("resnet_cifar", depth=20, in_shape=(3, 8, 8))
+    cost = CostModel.from_profile(_profile_for(g, 4, tmp_path))
+    r = plan(g, 4, policy="liveness", cost=cost, search_min=False, trace=False)
+    assert r["simulated_time_s"] == pytest.approx(1e-3 * r["num_steps"])
+    with pytest.raises(ProfileError, match="no entry for step .* batch 4"):
+        plan(g, 8, policy="liveness", cost=cost, search_min=False, trace=False)
+    with pytest.raises(ProfileError, match="measured on 'another cpu'"):
+        CostModel.from_profile(_profile_for(g, 4, tmp_path, device_detail="another cpu"))
+    with pytest.raises(ProfileError, match="float16"):
+        CostModel.from_profile(_profile_for(g, 4, tmp_path), dtype=np.float16)
+
+
+def test_neuron_profile_measures_every_step_geometry(tmp_path):
+    from neuron.memory.profile import profile_model
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 8, 8))
+    prof = profile_model(g, 2, repeat=1)
+    from neuron.executor import Executor
+    ex = Executor(g, 2, device="virtual", policy="superneurons")
+    keys = {layer_key(s.layer, s.phase, 2) for s in ex.steps}
+    assert keys <= set(prof["entries"]) and all(v > 0 for v in prof["entries"].values())
+    assert prof["measured_iteration_s"] > 0
