@@ -11,6 +11,7 @@ _REGISTRY = {
     "vdnn-conv": ("vdnn", "VdnnConv"),
     "capuchin": ("capuchin", "Capuchin"),
     "checkmate": ("checkmate", "Checkmate"),
+    "home": ("home", "Home"),
 }
 
 
@@ -19,8 +20,10 @@ def planner_names() -> list[str]:
 
 
 def get_planner(name_or_planner) -> Planner:
+    """A planner by name; "name:key=value,..." passes options (e.g. "home:seed=3")."""
     if isinstance(name_or_planner, Planner):
         return name_or_planner
+    name_or_planner, _, opts = str(name_or_planner).partition(":")
     try:
         module, cls = _REGISTRY[name_or_planner]
     except KeyError:
@@ -28,7 +31,28 @@ def get_planner(name_or_planner) -> Planner:
                          f"{', '.join(_REGISTRY)}") from None
     import importlib
     path = module if "." in module else f"{__name__}.{module}"
-    return getattr(importlib.import_module(path), cls)()
+    cls = getattr(importlib.import_module(path), cls)
+    try:
+        return cls(**parse_options(name_or_planner, opts))
+    except TypeError as e:          # an option the planner does not take
+        raise ValueError(f"planner {name_or_planner!r}: {e}") from None
+
+
+def parse_options(name: str, opts: str) -> dict:
+    """"seed=3,search_seconds=20" -> {"seed": 3, "search_seconds": 20.0}."""
+    out = {}
+    for item in filter(None, opts.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"planner {name!r}: option {item!r} is not key=value")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
 
 
 def register(name: str, module: str, cls: str) -> None:
