@@ -273,7 +273,8 @@ def _policy_kw(args, host_default=None) -> dict:
     if args.planner:
         get_planner(args.planner)                # unknown planner: the error lists the names
     hb = args.host_budget or host_default
-    return dict(policy=args.policy, planner=args.planner, offload_params=args.offload_params,
+    from .cli_planning import planner_spec
+    return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None,
@@ -417,6 +418,7 @@ def cmd_train(args) -> int:
     from .distributed.launch import make_train_comm, stop_all_ranks_on_error
     from .errors import UsageError
     comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
+    from .cli_planning import planner_spec
     budget = parse_bytes(args.budget) if args.budget else None
     if args.checkpoint:             # a bad target costs nothing yet
         check_checkpoint_target(args.checkpoint)
@@ -435,11 +437,11 @@ def cmd_train(args) -> int:
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
-                      planner=args.planner)
+                      planner=planner_spec(args))
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False, planner=args.planner)["min_budget_bytes"]
+                    trace=False, planner=planner_spec(args))["min_budget_bytes"]
         raise MemoryBudgetError(f"{e}; the smallest budget in which policy {args.policy} "
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
                                 ) from None

@@ -10,8 +10,26 @@ import json
 def add_planner_arg(p) -> None:
     p.add_argument("--planner", default=None, metavar="NAME",
                    help="memory planner (see neuron/memory/planners): superneurons, sublinear, "
-                   "sublinear-sqrt, sublinear-log, vdnn, vdnn-conv, capuchin, checkmate; "
+                   "sublinear-sqrt, sublinear-log, vdnn, vdnn-conv, capuchin, checkmate, home; "
                    "overrides --policy")
+    # options of the search planners (issue 13); train already has its own --seed
+    if "--seed" not in p._option_string_actions:
+        p.add_argument("--seed", type=int, default=0, help="random seed of a search planner")
+    p.add_argument("--search-seconds", type=float, default=None, metavar="T",
+                   help="home: stop the swarm search after T seconds (default 30)")
+
+
+def planner_spec(args) -> str | None:
+    """--planner with its options as get_planner reads them ("home:seed=3,...")."""
+    name = getattr(args, "planner", None)
+    if not name:
+        return None
+    opts = {}
+    if name == "home":
+        opts["seed"] = args.seed
+        if args.search_seconds is not None:
+            opts["search_seconds"] = args.search_seconds
+    return name + ":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else name
 
 
 def add_time_args(p) -> None:
