@@ -53,7 +53,8 @@ def ms(r):
 
 def main(argv=None):
     ap = arg_parser(__doc__)
-    ap.add_argument("--search-seconds", type=float, default=30.0)
+    ap.add_argument("--search-seconds", type=float, default=30.0,
+                    help="HOME search limit in CPU seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="small,big")
     args = ap.parse_args(argv)
@@ -106,7 +107,7 @@ def main(argv=None):
             i = h.get("info", {})
             curves[name] = i.get("convergence", [])
             md.append(f"| {name} | {ms(sn)} | {ms(h)} | {i.get('search_s')} s wall, "
-                      f"{h.get('plan_cpu_s')} CPU s (limit {args.search_seconds:g} s) | "
+                      f"{i.get('search_cpu_s')} CPU s (limit {args.search_seconds:g} s) | "
                       f"{i.get('swarm')} x {i.get('iterations')} | {i.get('evaluations')} | "
                       f"{i.get('chosen')} |")
             print(md[-1], flush=True)

@@ -16,7 +16,7 @@ def add_planner_arg(p) -> None:
     if "--seed" not in p._option_string_actions:
         p.add_argument("--seed", type=int, default=0, help="random seed of a search planner")
     p.add_argument("--search-seconds", type=float, default=None, metavar="T",
-                   help="home: stop the swarm search after T seconds (default 30)")
+                   help="home: stop the swarm search after T CPU seconds (default 30)")
 
 
 def planner_spec(args) -> str | None:
