@@ -15,6 +15,10 @@ def add_planner_arg(p) -> None:
     # options of the search planners (issue 13); train already has its own --seed
     if "--seed" not in p._option_string_actions:
         p.add_argument("--seed", type=int, default=0, help="random seed of a search planner")
+    p.add_argument("--compress", type=int, choices=[2, 4], default=None,
+                   help="FreeLunch: feature maps go to the host compressed, 2 (bf16) or 4 "
+                   "(8-bit block floating point); lossy, off by default; without --planner "
+                   "it applies to superneurons")
     p.add_argument("--search-seconds", type=float, default=None, metavar="T",
                    help="home: stop the swarm search after T CPU seconds (default 30)")
 
@@ -22,13 +26,17 @@ def add_planner_arg(p) -> None:
 def planner_spec(args) -> str | None:
     """--planner with its options as get_planner reads them ("home:seed=3,...")."""
     name = getattr(args, "planner", None)
-    if not name:
+    rate = getattr(args, "compress", None)
+    if not name and not rate:
         return None
+    name = name or "superneurons"
     opts = {}
     if name == "home":
         opts["seed"] = args.seed
         if args.search_seconds is not None:
             opts["search_seconds"] = args.search_seconds
+    if rate:
+        opts["compress"] = rate
     return name + ":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else name
 
 

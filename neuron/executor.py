@@ -197,6 +197,9 @@ class Executor:
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
         self.pool.compact_first = self.policy.compact_first
+        if self.decisions is not None and self.decisions.compress:    # FreeLunch COMPRESS
+            from .memory.codecs import get_codec
+            self.pool.codecs = {i: get_codec(r) for i, r in self.decisions.compress.items()}
         self._alloc_persistent()
 
     # ---- planning ---------------------------------------------------------------------

@@ -14,7 +14,10 @@ dependencies the executor really creates (CudaDevice + Pool):
   block at once, so the next kernel, which may overwrite it, waits for the copy);
 - a planned offload (``offload_async``) keeps its block until the next step has run
   (``drain``): the copy overlaps that step, and only then does compute wait for it;
-- compaction moves bytes on the compute stream.
+- compaction moves bytes on the compute stream;
+- ("encode" | "decode", tensor id, bytes touched) (COMPRESS, memory/compressed_swap.py): the
+  codec on its own stream, its passes over memory at the device's bandwidth; an offload
+  copies after its encode, a decode runs after its copy back and the reader waits for it.
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
 Keeping this a pure function of the log keeps "planning is the executor": the times are those
@@ -36,6 +39,7 @@ class TimeReport:
     bytes_moved: int
     source: str
     timeline: list = field(default_factory=list)    # (stream, start, end, what)
+    codec_s: float = 0.0            # busy time of the codec stream (COMPRESS)
 
     @property
     def hidden_fraction(self) -> float | None:
@@ -48,7 +52,8 @@ class TimeReport:
         return {"simulated_time_s": self.makespan_s, "compute_s": self.compute_s,
                 "recompute_s": self.recompute_s, "copy_s": self.copy_s,
                 "exposed_copy_s": self.exposed_copy_s, "compaction_s": self.compaction_s,
-                "bytes_moved": self.bytes_moved, "copy_hidden_fraction": self.hidden_fraction,
+                "bytes_moved": self.bytes_moved, "codec_s": self.codec_s,
+                "copy_hidden_fraction": self.hidden_fraction,
                 "cost_source": self.source}
 
 
@@ -61,6 +66,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
     moved = 0
     ready: dict[int, float] = {}        # tensor id -> end of its prefetch
     pending: dict[int, float] = {}      # tensor id -> end of its deferred offload
+    codec = codec_busy = 0.0            # the codec stream (COMPRESS)
+    encoded: dict[int, float] = {}      # tensor id -> end of its encode
     tl = [] if timeline else None
     for ev in events:
         kind = ev[0]
@@ -90,6 +97,24 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
                 tl.append(("compute", compute, compute + dt, "compact"))
             compute += dt
             compaction += dt
+        elif kind in ("encode", "decode"):
+            dt = ev[2] / spec.mem_bandwidth + spec.launch_latency
+            codec_busy += dt
+            if not overlap:             # the CPU device: on the compute thread
+                compute += dt
+                continue
+            after = ready.get(ev[1], compute) if kind == "decode" else compute
+            start = max(codec, after)
+            codec = start + dt
+            if tl is not None:
+                tl.append(("codec", start, codec, kind))
+            if kind == "encode":
+                encoded[ev[1]] = codec
+            elif ev[1] in ready:        # a prefetch: its reader waits for the decode
+                ready[ev[1]] = codec
+            else:                       # a fetch: compute waits now
+                exposed += max(0.0, codec - compute)
+                compute = max(compute, codec)
         else:                           # a copy: prefetch, fetch or offload
             nbytes = ev[2]
             moved += nbytes
@@ -101,7 +126,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
                 compute += dt
                 exposed += dt
                 continue
-            start = max(copy, compute)
+            start = max(copy, compute, encoded.pop(ev[1], 0.0))
             copy = start + dt
             if tl is not None:
                 tl.append(("copy", start, copy, kind))
@@ -112,8 +137,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
             else:                       # fetch / offload: compute waits
                 exposed += copy - compute
                 compute = copy
-    return TimeReport(max(compute, copy), busy, recompute, copy_busy, exposed, compaction,
-                      moved, cost.source, tl or [])
+    return TimeReport(max(compute, copy, codec), busy, recompute, copy_busy, exposed,
+                      compaction, moved, cost.source, tl or [], codec_busy)
 
 
 def unlimited_time(steps, batch: int, cost) -> float:

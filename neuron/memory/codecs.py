@@ -30,8 +30,6 @@ def _xp(x):
 class Codec:
     name = ""
     rate = 1
-    #: memory passes of encode + decode over the raw bytes, for the cost model's estimate
-    passes = 1.0
 
     def nbytes(self, num_elements: int) -> int:
         raise NotImplementedError
@@ -50,7 +48,7 @@ class Codec:
 
 
 class Bf16(Codec):
-    name, rate, passes = "bf16", 2, 3.0
+    name, rate = "bf16", 2
 
     def nbytes(self, num_elements: int) -> int:
         return 2 * num_elements
@@ -71,7 +69,7 @@ class Bf16(Codec):
 
 
 class Bfp8(Codec):
-    name, rate, passes = "bfp8", 4, 8.0
+    name, rate = "bfp8", 4
 
     def nbytes(self, num_elements: int) -> int:
         blocks = -(-num_elements // BLOCK)

@@ -78,6 +78,8 @@ class Pool:
         self.draining: list = []
         # the simulated clock's input (memory/clock.py): copies and compactions as they happen
         self.log: list | None = None
+        # COMPRESS (memory/compressed_swap.py): tensor id -> codec, for what goes to the host
+        self.codecs: dict = {}
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
@@ -310,6 +312,9 @@ class Pool:
         self._bring_back(t, step)
 
     def _bring_back(self, t: TensorInfo, step, ahead: bool = False) -> None:
+        if t.id in self.codecs:
+            from .compressed_swap import bring_back_compressed
+            return bring_back_compressed(self, t, step, ahead, self.codecs[t.id])
         _, buf = self.host[t.id]
         n = t.nbytes or 1
         off = self._take(n, t, step)
@@ -347,6 +352,9 @@ class Pool:
     def offload(self, t: TensorInfo, defer: bool = False) -> None:
         """Move a device tensor to a host buffer and free its arena block (``defer``: keep
         the block until ``release_draining``, so the copy can overlap the next kernel)."""
+        if t.id in self.codecs:         # encoded synchronously: the block is free at once
+            from .compressed_swap import offload_compressed
+            return offload_compressed(self, t, self.codecs[t.id])
         if self.inflight:
             self._settle(t)
         buf = self.host_pool.get(t.nbytes)

@@ -20,7 +20,8 @@ def planner_names() -> list[str]:
 
 
 def get_planner(name_or_planner) -> Planner:
-    """A planner by name; "name:key=value,..." passes options (e.g. "home:seed=3")."""
+    """A planner by name; "name:key=value,..." passes options (e.g. "home:seed=3";
+    "compress=2" on any planner adds FreeLunch compression, planners/compress.py)."""
     if isinstance(name_or_planner, Planner):
         return name_or_planner
     name_or_planner, _, opts = str(name_or_planner).partition(":")
@@ -32,10 +33,16 @@ def get_planner(name_or_planner) -> Planner:
     import importlib
     path = module if "." in module else f"{__name__}.{module}"
     cls = getattr(importlib.import_module(path), cls)
+    opts = parse_options(name_or_planner, opts)
+    rate = opts.pop("compress", None)       # FreeLunch COMPRESS over any planner
     try:
-        return cls(**parse_options(name_or_planner, opts))
+        planner = cls(**opts)
     except TypeError as e:          # an option the planner does not take
         raise ValueError(f"planner {name_or_planner!r}: {e}") from None
+    if rate is None:
+        return planner
+    from .compress import Compressed
+    return Compressed(planner, rate)
 
 
 def parse_options(name: str, opts: str) -> dict:

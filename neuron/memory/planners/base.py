@@ -24,6 +24,7 @@ from ..policy import Policy
 from ..schedule import Step
 
 KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
+COMPRESS = "compress"        # swapped, compressed at a fixed rate (planners/compress.py)
 
 #: the pool under a planner: free after last use, compaction, and LRU eviction only as the
 #: fallback when a planned move was not enough (so a plan never fails where bytes exist)
@@ -42,11 +43,12 @@ class Decisions:
     recompute_report: object = None
     tensors: dict = field(default_factory=dict)          # tensor name -> KEEP | SWAP | RECOMPUTE
     info: dict = field(default_factory=dict)             # planner-specific (e.g. MILP gap)
+    compress: dict = field(default_factory=dict)         # tensor id -> codec rate (2 or 4)
 
     def counts(self) -> dict:
         out = {KEEP: 0, SWAP: 0, RECOMPUTE: 0}
         for v in self.tensors.values():
-            out[v] += 1
+            out[v] = out.get(v, 0) + 1
         return out
 
 

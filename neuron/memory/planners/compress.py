@@ -1,0 +1,35 @@
+"""COMPRESS as a fourth decision (FreeLunch, seed 002), over any planner's decisions.
+
+``--compress 2|4`` (planner option ``compress=2``): every float32 feature map that backward
+reads goes to the host compressed whenever it goes there at all, by the planner's own
+offload or the pool's LRU fallback (memory/compressed_swap.py), at a fixed rate, so its
+compressed size is known at plan time: bf16 (2x) or 8-bit block floating point (3.88x). The
+tensors the planner swaps are reported as COMPRESS. Lossy, so never on by default.
+
+The wrapped planner still plans with full-size copies (a compressed swap only costs less), so
+its plans stay valid; the simulated time then counts compressed bytes and the codec passes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..codecs import get_codec
+from .base import COMPRESS, SWAP, Decisions, Planner
+from .rewrite import droppable
+
+
+class Compressed(Planner):
+    def __init__(self, inner: Planner, rate: int):
+        self.inner, self.rate = inner, get_codec(rate).rate
+        self.name = f"{inner.name}+compress{self.rate}"
+        self.description = f"{inner.description}; feature maps to the host at {self.rate}x"
+
+    def plan(self, ctx) -> Decisions:
+        d = self.inner.plan(ctx)
+        f32 = [t for t in droppable(ctx.schedule) if np.dtype(t.dtype) == np.float32]
+        d.compress = {t.id: self.rate for t in f32}
+        names = {t.name for t in f32}
+        d.tensors = {k: COMPRESS if v == SWAP and k in names else v for k, v in d.tensors.items()}
+        d.info["compress_rate"] = self.rate
+        d.info["codec"] = get_codec(self.rate).name
+        return d
