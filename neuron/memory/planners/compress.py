@@ -1,8 +1,9 @@
 """COMPRESS as a fourth decision (FreeLunch, seed 002), over any planner's decisions.
 
-``--compress 2|4`` (planner option ``compress=2``): every float32 feature map that backward
-reads goes to the host compressed whenever it goes there at all, by the planner's own
-offload or the pool's LRU fallback (memory/compressed_swap.py), at a fixed rate, so its
+``--compress 2|4`` (planner option ``compress=2``): every float32 feature map (activation,
+recomputed ones included; never a gradient, parameter or the data batch) goes to the host
+compressed whenever it goes there at all, by the planner's own offload or the pool's LRU
+fallback (memory/compressed_swap.py), at a fixed rate, so its
 compressed size is known at plan time: bf16 (2x) or 8-bit block floating point (3.88x). The
 tensors the planner swaps are reported as COMPRESS. Lossy, so never on by default.
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..codecs import get_codec
+from ..tensors import Kind
 from .base import COMPRESS, SWAP, Decisions, Planner
-from .rewrite import droppable
 
 
 class Compressed(Planner):
@@ -26,9 +27,10 @@ class Compressed(Planner):
 
     def plan(self, ctx) -> Decisions:
         d = self.inner.plan(ctx)
-        f32 = [t for t in droppable(ctx.schedule) if np.dtype(t.dtype) == np.float32]
-        d.compress = {t.id: self.rate for t in f32}
-        names = {t.name for t in f32}
+        f32 = {t.id: t for s in d.steps for t in s.reads + s.writes
+               if t.kind == Kind.ACTIVATION and np.dtype(t.dtype) == np.float32}
+        d.compress = {i: self.rate for i in f32}
+        names = {t.name for t in f32.values()}
         d.tensors = {k: COMPRESS if v == SWAP and k in names else v for k, v in d.tensors.items()}
         d.info["compress_rate"] = self.rate
         d.info["codec"] = get_codec(self.rate).name
