@@ -10,8 +10,8 @@ from hypothesis.extra.numpy import arrays
 
 from neuron.memory.codecs import BLOCK, Bf16, Bfp8, get_codec
 
-normal = st.floats(min_value=-2.0 ** 100, max_value=2.0 ** 100, allow_nan=False, allow_infinity=False,
-                   width=32).filter(lambda v: v == 0 or abs(v) > 1e-30)
+normal = st.floats(min_value=-2.0 ** 100, max_value=2.0 ** 100, allow_nan=False,
+                   allow_infinity=False, width=32).filter(lambda v: v == 0 or abs(v) > 1e-30)
 
 
 def roundtrip(codec, x):
