@@ -8,10 +8,10 @@ import json
 
 
 def add_planner_arg(p) -> None:
+    from .memory.planners import planner_names
     p.add_argument("--planner", default=None, metavar="NAME",
-                   help="memory planner (see neuron/memory/planners): superneurons, sublinear, "
-                   "sublinear-sqrt, sublinear-log, vdnn, vdnn-conv, capuchin, checkmate, home; "
-                   "overrides --policy")
+                   help="memory planner (neuron/memory/planners): "
+                   f"{', '.join(planner_names())}; overrides --policy")
     # options of the search planners (issue 13); train already has its own --seed
     if "--seed" not in p._option_string_actions:
         p.add_argument("--seed", type=int, default=0, help="random seed of a search planner")
