@@ -515,14 +515,13 @@ class Executor:
                 undo.check_finite(params[n] for n in buffers)
             return
         dins = [None] * len(layer.inputs)
-        for i, g, tmp in step.grad_targets:
-            dins[i] = view(tmp if tmp is not None else g)
+        for i, g, _ in step.grad_targets:
+            dins[i] = view(g)
+        ctx.accumulate = frozenset(i for i, _, acc in step.grad_targets if acc)
         dparams = {pname: view(g) for pname, _, g, _ in step.updates}
         layer.backward(k, [opt(t) for t in step.ins], [opt(t) for t in step.outs],
                        [opt(t) for t in step.douts], dins, params, dparams, aux, ws, ctx)
-        for i, g, tmp in step.grad_targets:
-            if tmp is not None:
-                k.add_inplace(view(g), view(tmp))
+        ctx.accumulate = frozenset()
         if self.dp is not None:     # average this layer's gradients over the ranks
             self.dp.reduce_gradients(step, dparams)
         if undo is not None:

@@ -328,9 +328,13 @@ def test_backward_route_is_the_mirror():
     assert route_[-1].name == "loss"
     assert {"data", "labels"} <= {l.name for l in route_ if isinstance(l, Input)}
     assert not any(isinstance(s.layer, Input) for s in steps if s.phase == "B")
-    # the tensor a fans out to two consumers: its gradient is accumulated through a temporary
-    tmps = [t for s in steps for _, _, t in s.grad_targets if t is not None]
-    assert len(tmps) == 1 and "a" in tmps[0].name
+    # the tensor a fans out to two consumers: the second adds its share in place (it reads the
+    # started gradient and writes no temporary)
+    acc = [(s, g) for s in steps for _, g, a in s.grad_targets if a]
+    assert len(acc) == 1 and "a" in acc[0][1].name
+    s, g = acc[0]
+    assert g in s.reads and g not in s.writes
+    assert not any(t.name.startswith("gradtmp") for t in ex.schedule.registry.tensors)
 
 
 # ---------------------------------------------------------------- bad arguments, reuse

@@ -73,7 +73,7 @@ class SyncBatchNormKernels:
                 running_var += momentum * (var * (m / max(m - 1, 1)))
 
     def batchnorm_backward(self, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
-                           eps=1e-5):
+                           eps=1e-5, accumulate=False):
         # eps: the layer's (cuDNN's backward takes it); the saved inverse std already holds it
         xp = _xp(x)
         axes, bshape = _axes(x)
@@ -95,4 +95,7 @@ class SyncBatchNormKernels:
         g = save_invstd if gamma is None else gamma * save_invstd
         out = dy - (sum_dy / m).reshape(bshape) - xhat * (sum_dy_xhat / m).reshape(bshape)
         out *= g.reshape(bshape)
-        dx[...] = out
+        if accumulate:          # a fan-out input whose gradient another layer began
+            dx += out
+        else:
+            dx[...] = out

@@ -140,7 +140,8 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
                        1.0, 1.0)
 
 
-def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace):
+def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace,
+                    accumulate=False):
     stride, padding, dilation, wd, cd = _conv_setup(x, w, stride, padding, dilation, groups)
     dyd = _td(dy)
     h = _h()
@@ -163,12 +164,14 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         dxd = _td(dx)
         key = conv_geometry_key("bwd_data", x.shape, w.shape, stride, padding, dilation,
                                 groups, x.dtype)
+        # accumulating: no measuring call on dx (FindEx would overwrite the partial sum)
         choice = _choose("bwd_data", key, dxd, wd, cd, dyd, ws_bytes,
-                         (_ptr(dx), _ptr(w), _ptr(dy)), (ws_ptr, ws_bytes))
+                         None if accumulate else (_ptr(dx), _ptr(w), _ptr(dy)),
+                         (ws_ptr, ws_bytes))
         _record("bwd_data", key, choice, ws_bytes)
         cd.set_math_type(choice.math_type)
         dnn.convolution_backward_data(h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
-                                      ws_bytes, dxd, _ptr(dx))
+                                      ws_bytes, dxd, _ptr(dx), beta=1.0 if accumulate else 0.0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -240,7 +243,8 @@ def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
                                     float(eps))
 
 
-def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5):
+def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
+                       accumulate=False):
     cp = _cp()
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, save_mean=save_mean, save_invstd=save_invstd,
@@ -256,7 +260,8 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
                            dnn.bias_descriptor(c, pdt), _ptr(scale), _ptr(_contig(dg)),
                            _ptr(_contig(dbt)), float(eps),
                            _ptr(save_mean) if have_saved else 0,
-                           _ptr(save_invstd) if have_saved else 0)
+                           _ptr(save_invstd) if have_saved else 0,
+                           beta_data=1.0 if accumulate and dx is not None else 0.0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -271,12 +276,13 @@ def relu_forward(x, y):
     _act_forward(dnn.CUDNN_ACTIVATION_RELU, x, y)
 
 
-def relu_backward(y, dy, dx):
+def relu_backward(y, dy, dx, accumulate=False):
     # cuDNN's ReLU backward tests x > 0; y > 0 is the same predicate, so y stands in for the
     # input the layer did not keep
     yd = _td(y)
     dnn.activation_backward(_h(), dnn.activation_descriptor(dnn.CUDNN_ACTIVATION_RELU), yd,
-                            _ptr(y), _td(dy), _ptr(dy), yd, _ptr(y), _td(dx), _ptr(dx))
+                            _ptr(y), _td(dy), _ptr(dy), yd, _ptr(y), _td(dx), _ptr(dx),
+                            beta=1.0 if accumulate else 0.0)
 
 
 def sigmoid_forward(x, y):
@@ -287,21 +293,21 @@ def tanh_forward(x, y):
     _act_forward(dnn.CUDNN_ACTIVATION_TANH, x, y)
 
 
-def sigmoid_backward(y, dy, dx):
+def sigmoid_backward(y, dy, dx, accumulate=False):
     # CuPy, not cuDNN: cuDNN's activation backward takes x as well, which the layer dropped
-    _k_sigmoid_bwd()(y, dy, dx)
+    _grad_into(dx, accumulate, lambda out: _k_sigmoid_bwd()(y, dy, out))
 
 
-def tanh_backward(y, dy, dx):
-    _k_tanh_bwd()(y, dy, dx)
+def tanh_backward(y, dy, dx, accumulate=False):
+    _grad_into(dx, accumulate, lambda out: _k_tanh_bwd()(y, dy, out))
 
 
 def leaky_relu_forward(x, y, slope):
     _k_leaky()[0](x, y.dtype.type(slope), y)
 
 
-def leaky_relu_backward(y, dy, dx, slope):
-    _k_leaky()[1](y, dy, dx.dtype.type(slope), dx)
+def leaky_relu_backward(y, dy, dx, slope, accumulate=False):
+    _grad_into(dx, accumulate, lambda out: _k_leaky()[1](y, dy, dx.dtype.type(slope), out))
 
 
 # ------------------------------------------------------------------------------------------
@@ -330,6 +336,17 @@ def _ccontig(a):
     return _cp().ascontiguousarray(a)
 
 
+def _grad_into(dx, accumulate, fn):
+    """Run ``fn(dst)`` writing an input gradient: into dx, or (accumulating, for the CuPy
+    kernels that have no beta) into a CuPy temporary that is then added into dx."""
+    if not accumulate:
+        fn(dx)
+        return
+    tmp = _cp().empty(dx.shape, dx.dtype)
+    fn(tmp)
+    _cp().add(dx, tmp, out=dx)
+
+
 def _run_into(out, fn):
     """Run ``fn(dst)`` into ``out``, through a contiguous temporary when out is a strided view
     (the raw-indexing kernels assume C order)."""
@@ -352,15 +369,17 @@ def maxpool_forward(x, y, kernel, stride, padding):
     _run_into(y, lambda out: _k_pool()[0](xc, x.dtype.type(-np.inf), *g, out))
 
 
-def maxpool_backward(x, y, dy, dx, kernel, stride, padding):
+def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     if _floor_shape(x, y, kernel, stride, padding):
         dnn.pooling_backward(_h(), _pool_desc(_max_mode(), kernel, stride, padding), _td(y),
-                             _ptr(y), _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx))
+                             _ptr(y), _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),
+                             beta=1.0 if accumulate else 0.0)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
     xc, yc, dyc = _ccontig(x), _ccontig(y), _ccontig(dy)
-    _run_into(dx, lambda out: _k_pool()[1](xc, yc, dyc, *g, out))
+    _grad_into(dx, accumulate,
+               lambda d: _run_into(d, lambda out: _k_pool()[1](xc, yc, dyc, *g, out)))
 
 
 def avgpool_forward(x, y, kernel, stride, padding):
@@ -377,21 +396,22 @@ def avgpool_forward(x, y, kernel, stride, padding):
     _run_into(y, lambda out: _k_pool()[2](xc, *g, out))
 
 
-def avgpool_backward(dy, dx, kernel, stride, padding):
+def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     # CuPy, not cuDNN: cudnnPoolingBackward takes x and y, which AvgPool2d does not keep
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     g = _geo(dx.shape[2:], dy.shape[2:], kernel, stride, padding)
     dyc = _ccontig(dy)
-    _run_into(dx, lambda out: _k_pool()[3](dyc, *g, out))
+    _grad_into(dx, accumulate, lambda d: _run_into(d, lambda out: _k_pool()[3](dyc, *g, out)))
 
 
 def global_avgpool_forward(x, y):
     _cp().mean(x, axis=(2, 3), out=y)
 
 
-def global_avgpool_backward(dy, dx):
+def global_avgpool_backward(dy, dx, accumulate=False):
     h, w = dx.shape[2:]
-    _cp().multiply(dy[:, :, None, None], dx.dtype.type(1.0 / (h * w)), out=dx)
+    _grad_into(dx, accumulate, lambda out: _cp().multiply(
+        dy[:, :, None, None], dx.dtype.type(1.0 / (h * w)), out=out))
 
 
 # ------------------------------------------------------------------------------------------
@@ -408,9 +428,9 @@ def linear_forward(x, w, b, y):
         _cp().add(y, b, out=y)
 
 
-def linear_backward(x, w, dy, dx, dw, db):
+def linear_backward(x, w, dy, dx, dw, db, accumulate=False):
     if dx is not None:
-        _matmul(dy, w, dx)
+        _grad_into(dx, accumulate, lambda out: _matmul(dy, w, out))
     if dw is not None:
         _matmul(dy.T, x, dw)
     if db is not None:
@@ -442,8 +462,8 @@ def dropout_apply(x, y, mask, p):
     _k_dropout()[1](x, mask, y.dtype.type(scale), y)
 
 
-def dropout_backward(dy, mask, dx, p):
-    dropout_apply(dy, dx, mask, p)
+def dropout_backward(dy, mask, dx, p, accumulate=False):
+    _grad_into(dx, accumulate, lambda out: dropout_apply(dy, out, mask, p))
 
 
 # ------------------------------------------------------------------------------------------
@@ -477,15 +497,17 @@ def lrn_forward(x, y, size, alpha, beta, k):
     _run_into(y, lambda out: _k_lrn()[0](xc, *args, out))
 
 
-def lrn_backward(x, y, dy, dx, size, alpha, beta, k):
+def lrn_backward(x, y, dy, dx, size, alpha, beta, k, accumulate=False):
     if _lrn_cudnn_ok(size, alpha, beta, k):
         dnn.lrn_backward(_h(), dnn.lrn_descriptor(size, alpha, beta, k), _td(y), _ptr(y),
-                         _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx))
+                         _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),
+                         beta=1.0 if accumulate else 0.0)
         return
     xc, yc, dyc = _ccontig(x), _ccontig(y), _ccontig(dy)
     args = _lrn_args(x, size, alpha, beta, k)
     coef = x.dtype.type(-2.0 * alpha * beta / size)
-    _run_into(dx, lambda out: _k_lrn()[1](xc, yc, dyc, *args, coef, out))
+    _grad_into(dx, accumulate,
+               lambda d: _run_into(d, lambda out: _k_lrn()[1](xc, yc, dyc, *args, coef, out)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -506,15 +528,18 @@ def add_forward(xs, y):
 concat_forward = numpy_ref.concat_forward
 
 
-def concat_backward(dy, dxs, widths=None):
+def concat_backward(dy, dxs, widths=None, accumulate=()):
     cp = _cp()
     widths = numpy_ref.concat_widths(dy, dxs, widths)
     if widths is None:
         return
     o = 0
-    for d, c in zip(dxs, widths):
+    for i, (d, c) in enumerate(zip(dxs, widths)):
         if d is not None:
-            cp.copyto(d, dy[:, o:o + c])
+            if i in accumulate:
+                cp.add(d, dy[:, o:o + c], out=d)
+            else:
+                cp.copyto(d, dy[:, o:o + c])
         o += c
     assert o == dy.shape[1]
 
@@ -534,10 +559,11 @@ def softmax_xent_forward(logits, labels, probs):
     return float(rows.mean())       # the one device->host sync of an iteration
 
 
-def softmax_xent_backward(probs, labels, dlogits):
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False):
     n, k = probs.shape
-    _k_xent()[1](probs, _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
-                 dlogits.dtype.type(1.0 / n), dlogits)
+    _grad_into(dlogits, accumulate, lambda out: _k_xent()[1](
+        probs, _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
+        dlogits.dtype.type(1.0 / n), out))
 
 
 # ------------------------------------------------------------------------------------------

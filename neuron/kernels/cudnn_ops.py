@@ -153,12 +153,13 @@ def batchnorm_forward_inference(handle, x, x_ptr, y, y_ptr, bn, scale_ptr, bias_
 
 def batchnorm_backward(handle, x, x_ptr, dy, dy_ptr, dx, dx_ptr, bn, scale_ptr, dscale_ptr,
                        dbias_ptr, eps, save_mean_ptr, save_invvar_ptr,
-                       mode=CUDNN_BATCHNORM_SPATIAL):
-    """Overwrites dx, dscale, dbias (alpha 1, beta 0 for both data and parameter gradients)."""
+                       mode=CUDNN_BATCHNORM_SPATIAL, beta_data=0.0):
+    """Overwrites dscale, dbias; dx = result + beta_data*dx (1: accumulate into dx)."""
     vp = ctypes.c_void_p
     one, zero = scalar(1.0, dx.dtype), scalar(0.0, dx.dtype)
+    bdata = scalar(beta_data, dx.dtype)
     call("cudnnBatchNormalizationBackward", handle.ptr, int(mode), ctypes.byref(one),
-         ctypes.byref(zero), ctypes.byref(one), ctypes.byref(zero), x.ptr, vp(x_ptr), dy.ptr,
+         ctypes.byref(bdata), ctypes.byref(one), ctypes.byref(zero), x.ptr, vp(x_ptr), dy.ptr,
          vp(dy_ptr), dx.ptr, vp(dx_ptr), bn.ptr, vp(scale_ptr), vp(dscale_ptr), vp(dbias_ptr),
          ctypes.c_double(eps), vp(save_mean_ptr or None), vp(save_invvar_ptr or None))
 
@@ -173,11 +174,11 @@ def pooling_forward(handle, pool, x, x_ptr, y, y_ptr):
          vp(x_ptr), ctypes.byref(scalar(0.0, y.dtype)), y.ptr, vp(y_ptr))
 
 
-def pooling_backward(handle, pool, y, y_ptr, dy, dy_ptr, x, x_ptr, dx, dx_ptr):
+def pooling_backward(handle, pool, y, y_ptr, dy, dy_ptr, x, x_ptr, dx, dx_ptr, beta=0.0):
     vp = ctypes.c_void_p
     call("cudnnPoolingBackward", handle.ptr, pool.ptr, ctypes.byref(scalar(1.0, dx.dtype)),
          y.ptr, vp(y_ptr), dy.ptr, vp(dy_ptr), x.ptr, vp(x_ptr),
-         ctypes.byref(scalar(0.0, dx.dtype)), dx.ptr, vp(dx_ptr))
+         ctypes.byref(scalar(beta, dx.dtype)), dx.ptr, vp(dx_ptr))
 
 
 def activation_forward(handle, act, x, x_ptr, y, y_ptr):
@@ -186,11 +187,11 @@ def activation_forward(handle, act, x, x_ptr, y, y_ptr):
          x.ptr, vp(x_ptr), ctypes.byref(scalar(0.0, y.dtype)), y.ptr, vp(y_ptr))
 
 
-def activation_backward(handle, act, y, y_ptr, dy, dy_ptr, x, x_ptr, dx, dx_ptr):
+def activation_backward(handle, act, y, y_ptr, dy, dy_ptr, x, x_ptr, dx, dx_ptr, beta=0.0):
     vp = ctypes.c_void_p
     call("cudnnActivationBackward", handle.ptr, act.ptr, ctypes.byref(scalar(1.0, dx.dtype)),
          y.ptr, vp(y_ptr), dy.ptr, vp(dy_ptr), x.ptr, vp(x_ptr),
-         ctypes.byref(scalar(0.0, dx.dtype)), dx.ptr, vp(dx_ptr))
+         ctypes.byref(scalar(beta, dx.dtype)), dx.ptr, vp(dx_ptr))
 
 
 def softmax_forward(handle, x, x_ptr, y, y_ptr, algo=CUDNN_SOFTMAX_ACCURATE,
@@ -209,8 +210,8 @@ def lrn_forward(handle, lrn, x, x_ptr, y, y_ptr):
          ctypes.byref(scalar(0.0, y.dtype)), y.ptr, vp(y_ptr))
 
 
-def lrn_backward(handle, lrn, y, y_ptr, dy, dy_ptr, x, x_ptr, dx, dx_ptr):
+def lrn_backward(handle, lrn, y, y_ptr, dy, dy_ptr, x, x_ptr, dx, dx_ptr, beta=0.0):
     vp = ctypes.c_void_p
     call("cudnnLRNCrossChannelBackward", handle.ptr, lrn.ptr, CUDNN_LRN_CROSS_CHANNEL_DIM1,
          ctypes.byref(scalar(1.0, dx.dtype)), y.ptr, vp(y_ptr), dy.ptr, vp(dy_ptr), x.ptr,
-         vp(x_ptr), ctypes.byref(scalar(0.0, dx.dtype)), dx.ptr, vp(dx_ptr))
+         vp(x_ptr), ctypes.byref(scalar(beta, dx.dtype)), dx.ptr, vp(dx_ptr))

@@ -6,9 +6,11 @@ Conventions
   checks).  Kernels WRITE INTO caller-provided output arrays (views into the
   runtime's arena) and never return large new arrays.  Outputs may be
   non-contiguous views.
-* Backward kernels OVERWRITE their outputs (dx, dw, db, ...); accumulation of
-  gradients is the caller's business.  Any output given as ``None`` is
-  simply not computed.
+* Backward kernels OVERWRITE their outputs (dx, dw, db, ...), except that
+  ``accumulate=True`` ADDS the input gradient into dx (cuDNN's beta = 1): a
+  tensor that feeds several layers gets its gradient summed in place, with
+  no gradient-sized temporary in the arena.  Any output given as ``None``
+  is simply not computed.
 * Small temporaries (per-channel vectors, at most a few activation-sized
   buffers) are allocated internally; convolution keeps its im2col columns in
   the caller-provided ``workspace`` (a 1-D uint8 array).
@@ -67,6 +69,17 @@ def _valid_range(out_len, in_len, stride, pad, offset):
     hi = (in_len - 1 - start) // stride + 1 if in_len - 1 - start >= 0 else 0
     hi = min(hi, out_len)
     return lo, hi, lo * stride + start
+
+
+def _grad_target(dx, accumulate):
+    """Where a kernel writes its input gradient: dx itself, or (accumulating) a NumPy
+    temporary that _grad_finish adds into dx (the reference's stand-in for beta = 1)."""
+    return np.empty_like(dx) if accumulate else dx
+
+
+def _grad_finish(dx, t, accumulate):
+    if accumulate:
+        np.add(dx, t, out=dx)
 
 
 def _in_slice(first, count, stride):
@@ -169,12 +182,13 @@ def _im2col(x, cols6, stride, padding, dilation):
             dst[:, :, oh, ow] = xt[:, :, ih, iw]
 
 
-def _col2im(cols6, dx, stride, padding, dilation):
-    """dx (N, C, H, W) <- scatter-add of cols6 (C, kh, kw, N, Ho, Wo)."""
+def _col2im(cols6, dx, stride, padding, dilation, accumulate=False):
+    """dx (N, C, H, W) <- (or +=, accumulating) scatter-add of cols6 (C, kh, kw, N, Ho, Wo)."""
     _, _, h, w = dx.shape
     _, kh, kw, _, ho, wo = cols6.shape
     dh, dw = dilation
-    dx[...] = 0
+    if not accumulate:
+        dx[...] = 0
     dxt = dx.transpose(1, 0, 2, 3)
     for i in range(kh):
         for j in range(kw):
@@ -213,8 +227,10 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
             np.add(tmp, b.reshape(1, k, 1, 1), out=yc)
 
 
-def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace):
-    """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip).
+def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace,
+                    accumulate=False):
+    """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip); with
+    ``accumulate`` dx is added to, in place.
 
     dW is summed chunk by chunk in a fixed order (see CONV_CHUNK_BYTES)."""
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
@@ -251,7 +267,7 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         if dx is not None:
             # column gradients overwrite the columns in the same workspace
             np.matmul(wgt, dyt, out=colsg)
-            _col2im(cols6, dx[n0:n0 + m], stride, padding, dilation)
+            _col2im(cols6, dx[n0:n0 + m], stride, padding, dilation, accumulate)
 
 
 # --------------------------------------------------------------------------
@@ -309,16 +325,18 @@ def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
     y += shift.reshape(bshape).astype(y.dtype, copy=False)
 
 
-def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5):
+def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
+                       accumulate=False):
     """Training-mode BN backward (batch statistics depend on x). ``eps`` is the layer's: the
-    saved inverse std already contains it here, but cuDNN's backward takes it again."""
+    saved inverse std already contains it here, but cuDNN's backward takes it again. With
+    ``accumulate`` dx is added to."""
     axes, bshape = _bn_axes(x)
     m = x.size // x.shape[1]
     mean = save_mean.reshape(bshape)
     invstd = save_invstd.reshape(bshape)
     sum_dy = np.sum(dy, axis=axes)
     # xhat lives in dx unless dx aliases dy (in-place backward)
-    inplace = dx is not None and np.may_share_memory(dx, dy)
+    inplace = dx is not None and (accumulate or np.may_share_memory(dx, dy))
     xhat = dx if (dx is not None and not inplace) else np.empty_like(x)
     np.subtract(x, mean, out=xhat)
     xhat *= invstd
@@ -335,7 +353,9 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
     xhat -= (sum_dy / m).reshape(bshape)
     g = save_invstd if gamma is None else gamma * save_invstd
     xhat *= g.reshape(bshape)
-    if xhat is not dx:
+    if accumulate:
+        np.add(dx, xhat, out=dx)
+    elif xhat is not dx:
         np.copyto(dx, xhat)
 
 
@@ -347,16 +367,22 @@ def relu_forward(x, y):
     np.maximum(x, 0, out=y)
 
 
-def relu_backward(y, dy, dx):
-    np.multiply(dy, y > 0, out=dx)
+def relu_backward(y, dy, dx, accumulate=False):
+    t = _grad_target(dx, accumulate)
+    np.multiply(dy, y > 0, out=t)
+    _grad_finish(dx, t, accumulate)
 
 
 def leaky_relu_forward(x, y, slope):
     np.copyto(y, np.where(x > 0, x, x * slope))
 
 
-def leaky_relu_backward(y, dy, dx, slope):
-    np.copyto(dx, np.where(y > 0, dy, dy * slope))
+def leaky_relu_backward(y, dy, dx, slope, accumulate=False):
+    g = np.where(y > 0, dy, dy * slope)
+    if accumulate:
+        np.add(dx, g, out=dx)
+    else:
+        np.copyto(dx, g)
 
 
 def sigmoid_forward(x, y):
@@ -367,20 +393,24 @@ def sigmoid_forward(x, y):
     np.reciprocal(y, out=y)
 
 
-def sigmoid_backward(y, dy, dx):
+def sigmoid_backward(y, dy, dx, accumulate=False):
     t = 1 - y
     t *= y
-    np.multiply(dy, t, out=dx)
+    o = _grad_target(dx, accumulate)
+    np.multiply(dy, t, out=o)
+    _grad_finish(dx, o, accumulate)
 
 
 def tanh_forward(x, y):
     np.tanh(x, out=y)
 
 
-def tanh_backward(y, dy, dx):
+def tanh_backward(y, dy, dx, accumulate=False):
     t = np.square(y)
     np.subtract(1, t, out=t)
-    np.multiply(dy, t, out=dx)
+    o = _grad_target(dx, accumulate)
+    np.multiply(dy, t, out=o)
+    _grad_finish(dx, o, accumulate)
 
 
 # --------------------------------------------------------------------------
@@ -422,14 +452,15 @@ def maxpool_forward(x, y, kernel, stride, padding):
             np.maximum(yv, x[:, :, ih, iw], out=yv)
 
 
-def maxpool_backward(x, y, dy, dx, kernel, stride, padding):
+def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
     """Routes each dy to the FIRST maximum of its window in row-major order
     (the element torch's CPU kernel records as index)."""
     kh, kw = _pair(kernel)
     stride, padding = _pair(stride), _pair(padding)
     h, w = x.shape[2:]
     ho, wo = y.shape[2:]
-    dx[...] = 0
+    if not accumulate:
+        dx[...] = 0
     taken = np.zeros(y.shape, dtype=bool)     # window already routed
     hit = np.empty(y.shape, dtype=bool)
     # x gathered per tap into a contiguous output-shaped buffer, so that all
@@ -480,12 +511,13 @@ def avgpool_forward(x, y, kernel, stride, padding):
     y /= _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, y.dtype)
 
 
-def avgpool_backward(dy, dx, kernel, stride, padding):
+def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     h, w = dx.shape[2:]
     ho, wo = dy.shape[2:]
     g = dy / _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dy.dtype)
-    dx[...] = 0
+    if not accumulate:
+        dx[...] = 0
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
@@ -499,9 +531,13 @@ def global_avgpool_forward(x, y):
     np.mean(x, axis=(2, 3), out=y)
 
 
-def global_avgpool_backward(dy, dx):
+def global_avgpool_backward(dy, dx, accumulate=False):
     h, w = dx.shape[2:]
-    np.copyto(dx, (dy * (1.0 / (h * w))).astype(dx.dtype, copy=False)[:, :, None, None])
+    g = (dy * (1.0 / (h * w))).astype(dx.dtype, copy=False)[:, :, None, None]
+    if accumulate:
+        np.add(dx, g, out=dx)
+    else:
+        np.copyto(dx, g)
 
 
 # --------------------------------------------------------------------------
@@ -515,9 +551,11 @@ def linear_forward(x, w, b, y):
         y += b
 
 
-def linear_backward(x, w, dy, dx, dw, db):
+def linear_backward(x, w, dy, dx, dw, db, accumulate=False):
     if dx is not None:
-        np.matmul(dy, w, out=dx)
+        t = _grad_target(dx, accumulate)
+        np.matmul(dy, w, out=t)
+        _grad_finish(dx, t, accumulate)
     if dw is not None:
         np.matmul(dy.T, x, out=dw)
     if db is not None:
@@ -552,8 +590,10 @@ def dropout_apply(x, y, mask, p):
         y *= 1.0 / (1.0 - p)
 
 
-def dropout_backward(dy, mask, dx, p):
-    dropout_apply(dy, dx, mask, p)
+def dropout_backward(dy, mask, dx, p, accumulate=False):
+    t = _grad_target(dx, accumulate)
+    dropout_apply(dy, t, mask, p)
+    _grad_finish(dx, t, accumulate)
 
 
 # --------------------------------------------------------------------------
@@ -590,7 +630,7 @@ def lrn_forward(x, y, size, alpha, beta, k):
     np.multiply(x, scale, out=y)
 
 
-def lrn_backward(x, y, dy, dx, size, alpha, beta, k):
+def lrn_backward(x, y, dy, dx, size, alpha, beta, k, accumulate=False):
     scale = _lrn_scale(x, size, alpha, k)
     # t = dy * y / scale, summed over the channels whose window contains c
     t = dy * y
@@ -600,8 +640,13 @@ def lrn_backward(x, y, dy, dx, size, alpha, beta, k):
     acc *= x
     acc *= -2.0 * alpha * beta / size
     np.power(scale, -beta, out=scale)
-    np.multiply(dy, scale, out=dx)
-    dx += acc
+    if accumulate:
+        scale *= dy
+        acc += scale
+        np.add(dx, acc, out=dx)
+    else:
+        np.multiply(dy, scale, out=dx)
+        dx += acc
 
 
 # --------------------------------------------------------------------------
@@ -643,15 +688,19 @@ def concat_widths(dy, dxs, widths=None):
     return known
 
 
-def concat_backward(dy, dxs, widths=None):
-    """dxs[i] <- its channel slice of dy.  None entries are skipped (see concat_widths)."""
+def concat_backward(dy, dxs, widths=None, accumulate=()):
+    """dxs[i] <- (or += for i in ``accumulate``) its channel slice of dy.  None entries are
+    skipped (see concat_widths)."""
     widths = concat_widths(dy, dxs, widths)
     if widths is None:
         return
     o = 0
-    for d, c in zip(dxs, widths):
+    for i, (d, c) in enumerate(zip(dxs, widths)):
         if d is not None:
-            np.copyto(d, dy[:, o:o + c])
+            if i in accumulate:
+                np.add(d, dy[:, o:o + c], out=d)
+            else:
+                np.copyto(d, dy[:, o:o + c])
         o += c
     assert o == dy.shape[1]
 
@@ -674,11 +723,13 @@ def softmax_xent_forward(logits, labels, probs):
     return float(np.mean(loss))
 
 
-def softmax_xent_backward(probs, labels, dlogits):
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False):
     n = probs.shape[0]
-    np.copyto(dlogits, probs)
-    dlogits[np.arange(n), labels] -= 1
-    dlogits *= 1.0 / n
+    t = _grad_target(dlogits, accumulate)
+    np.copyto(t, probs)
+    t[np.arange(n), labels] -= 1
+    t *= 1.0 / n
+    _grad_finish(dlogits, t, accumulate)
 
 
 # --------------------------------------------------------------------------

@@ -143,3 +143,9 @@ class Context:
     iteration: int = 0
     feed: dict = field(default_factory=dict)
     losses: dict = field(default_factory=dict)
+    # backward: indices of the inputs whose gradient an earlier step already started; the
+    # kernel adds its share into it (beta = 1) instead of overwriting
+    accumulate: frozenset = frozenset()
+
+    def acc(self, i: int = 0) -> bool:
+        return i in self.accumulate

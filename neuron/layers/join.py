@@ -19,9 +19,10 @@ class Add(Layer):
         k.add_forward(list(ins), outs[0])
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
-        for d in dins:
+        for i, d in enumerate(dins):
             if d is not None:
-                k.copy(d, douts[0])
+                # the same tensor may be several inputs: its later shares add in place
+                (k.add_inplace if ctx.acc(i) else k.copy)(d, douts[0])
 
 
 class Concat(Layer):
@@ -39,4 +40,7 @@ class Concat(Layer):
         k.concat_forward(list(ins), outs[0])
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
-        k.concat_backward(douts[0], list(dins))
+        if ctx.accumulate:
+            k.concat_backward(douts[0], list(dins), accumulate=ctx.accumulate)
+        else:
+            k.concat_backward(douts[0], list(dins))

@@ -28,7 +28,8 @@ class SoftmaxCrossEntropy(Layer):
         ctx.losses[self.name] = float(loss)
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
-        k.softmax_xent_backward(aux["probs"], ins[1], dins[0])
+        if dins[0] is not None:
+            k.softmax_xent_backward(aux["probs"], ins[1], dins[0], accumulate=ctx.acc(0))
 
 
 # Backward reads the labels (input 1) but not the logits.

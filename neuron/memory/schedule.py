@@ -29,8 +29,8 @@ class Step:
     params: dict = field(default_factory=dict)     # local name -> TensorInfo
     aux: dict = field(default_factory=dict)
     douts: list = field(default_factory=list)      # backward: output gradients
-    # backward: (input index, gradient tensor, temp or None); a temp is added into the gradient
-    # after the step because another consumer already started it (fan-out)
+    # backward: (input index, gradient tensor, accumulate); accumulate: another consumer of the
+    # input (fan-out) already started its gradient, so this step adds its share in place
     grad_targets: list = field(default_factory=list)
     updates: list = field(default_factory=list)    # (local name, param, grad, [state tensors])
     workspace_bytes: int = 0
@@ -59,14 +59,12 @@ class Step:
             for t in self.params.values():
                 b = t.storage
                 reads[b.id] = b
-            started = {g.id for _, g, tmp in self.grad_targets if tmp is None}
-            for _, g, tmp in self.grad_targets:
-                if tmp is None:
+            started = {g.id for _, g, acc in self.grad_targets if not acc}
+            for _, g, acc in self.grad_targets:
+                if not acc:
                     writes[g.id] = g
-                else:
-                    writes[tmp.id] = tmp
-                    if g.id not in started:     # begun by an earlier step: must be resident
-                        reads[g.id] = g
+                elif g.id not in started:       # begun by an earlier step: must be resident
+                    reads[g.id] = g
             for _, _, g, states in self.updates:
                 writes[g.id] = g
                 for s in states:
@@ -170,11 +168,10 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
             if g is None:
                 continue
             if id(t) in started:
-                tmp = reg.add(f"gradtmp:{t.name}@{layer.name}#{i}", Kind.GRADIENT, g.shape, dtype)
-                s.grad_targets.append((i, g, tmp))
+                s.grad_targets.append((i, g, True))
             else:
                 started.add(id(t))
-                s.grad_targets.append((i, g, None))
+                s.grad_targets.append((i, g, False))
         for pname, p in params.get(layer.name, {}).items():
             qname = f"{layer.name}.{pname}"
             if qname in param_grads:
