@@ -304,9 +304,12 @@ def cmd_plan(args) -> int:
     print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}")
     if mb is not None:
         print(f"  minimum budget          {fmt_bytes(mb)}  ({mb / r['lower_bound_bytes']:.3f} x "
-              "lower bound)")
-    print(f"  lower bound             {fmt_bytes(r['lower_bound_bytes'])}  (largest step "
-          f"{fmt_bytes(r['max_step_bytes'])} + resident state)")
+              f"neuron's bound, {mb / r['ideal_bound_bytes']:.3f} x ideal bound)")
+    print(f"  neuron's layer bound    {fmt_bytes(r['lower_bound_bytes'])}  (largest step "
+          f"{fmt_bytes(r['max_step_bytes'])} with its preferred workspace + resident state)")
+    print(f"  ideal layer bound       {fmt_bytes(r['ideal_bound_bytes'])}  (largest step "
+          f"{fmt_bytes(r['ideal_max_step_bytes'])}: the layer's inputs, outputs, gradients, "
+          "parameters; no workspace)")
     print(f"  extra forward steps     {r['extra_forward_steps']}")
     if budget is not None:
         if r["fits"]:

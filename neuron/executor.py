@@ -228,6 +228,7 @@ class Executor:
         except MemoryBudgetError as e:
             return {"fits": False, "error": e}
         return {"fits": True, "error": None, "peak_bytes": v.pool.high_water,
+                "tensor_peak_bytes": v.pool.tensor_high_water,
                 "arena_bytes": v.pool.max_extent, "trace": v.last_trace, "executor": v,
                 "events": v.pool.log,
                 "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
@@ -433,6 +434,10 @@ class Executor:
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
         ws_off = None
         log = pool.log
+        # baseline (nothing freed): one workspace, the largest any step asks for, shared by all
+        # steps (the papers' baseline), allocated at the first step that needs one
+        shared_ws = None if self.policy.free_dead else [None, max(
+            (s.workspace_bytes for s in steps), default=0)]
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
                 if check_loss and step.phase == "B":    # before any update
@@ -442,22 +447,34 @@ class Executor:
                 pool.ensure_all(step.reads, step)
                 pool.alloc_all(step.writes, step)
                 ws_bytes = step.workspace_bytes
-                if ws_bytes and dynamic_ws:     # choose under what is free right now (§3.5)
-                    # (a policy that holds workspaces to the end stays within the planned ones)
-                    ws_bytes = step.layer.workspace_request(
-                        dev.kernels, "F" if step.phase != "B" else "B", self.batch, self.dtype,
-                        pool.heap.largest_free if self.policy.free_dead else ws_bytes)
-                ws_off = pool.alloc_bytes(ws_bytes, None, step) if ws_bytes else None
+                ws_at = None                    # where this step's workspace is
+                if ws_bytes and shared_ws is not None:
+                    if shared_ws[0] is None:
+                        shared_ws[0] = pool.alloc_bytes(shared_ws[1], None, step)
+                        pool.hold_bytes(shared_ws[0])
+                    ws_at = shared_ws[0]
+                    if dynamic_ws:
+                        ws_bytes = step.layer.workspace_request(
+                            dev.kernels, "F" if step.phase != "B" else "B",
+                            step.chunk.size if step.chunk else self.batch, self.dtype,
+                            shared_ws[1])
+                elif ws_bytes:
+                    free = pool.heap.largest_free
+                    if dynamic_ws:              # choose under what is free right now (§3.5)
+                        ws_bytes = step.layer.workspace_request(
+                            dev.kernels, "F" if step.phase != "B" else "B",
+                            step.chunk.size if step.chunk else self.batch, self.dtype, free)
+                    elif ws_bytes > free and step.layer.workspace_shrinks():
+                        ws_bytes = 0            # no workspace rather than evicting for one
+                    if ws_bytes:
+                        ws_off = ws_at = pool.alloc_bytes(ws_bytes, None, step)
                 if log is not None:
                     log.append(("step", i, ws_bytes))
                 if compute:
-                    ws = dev.view(ws_off, (ws_bytes,), np.uint8) if ws_off is not None else None
+                    ws = dev.view(ws_at, (ws_bytes,), np.uint8) if ws_bytes else None
                     self._compute(step, ctx, ws)
                 if ws_off is not None:
-                    if self.policy.free_dead:
-                        pool.free_bytes(ws_off)
-                    else:
-                        pool.hold_bytes(ws_off)
+                    pool.free_bytes(ws_off)
                     ws_off = None
                 pool.free_all(dead)
                 pool.unlock(step.ids)

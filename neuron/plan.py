@@ -20,17 +20,25 @@ from .memory.tensors import Kind
 MIN_BUDGET_TOLERANCE = 0.01
 
 
-def lower_bound(ex: Executor) -> tuple[int, int]:
-    """Layer-granularity lower bound: max over steps of the bytes that step needs resident,
-    plus what stays resident all iteration (parameters and optimizer state unless offloaded).
-    Returns (bound, max_step_bytes)."""
+def lower_bound(ex: Executor, *, ideal: bool = False) -> tuple[int, int]:
+    """Layer-granularity bound: max over steps of the bytes that step needs resident, plus
+    what stays resident all iteration (parameters and optimizer state unless offloaded).
+    Returns (bound, max_step_bytes).
+
+    neuron's own (default): its steps as they run (recompute steps included), each with the
+    workspace it prefers. ``ideal``: the bound of the mathematics, over the forward and
+    backward steps of the layers, each holding only the tensors the layer reads and writes
+    (with its parameters and their gradients): no temporaries, no workspace. Convolution
+    workspaces shrink to none when they do not fit, so the ideal bound is also a true lower
+    bound on neuron's minimum budget."""
     block = ex.block
     rnd = lambda n: -(-max(n, 1) // block) * block       # noqa: E731 (heap rounding)
     resident = 0 if ex.offload_params else sum(rnd(t.nbytes) for t in ex.persistent)
     per_step = 0
-    for s in ex.steps:
+    for s in (ex.schedule.steps if ideal else ex.steps):
         b = sum(rnd(t.nbytes) for t in s.tensors() if ex.offload_params or not t.persistent)
-        b += rnd(s.workspace_bytes) if s.workspace_bytes else 0
+        if s.workspace_bytes and not ideal:
+            b += rnd(s.workspace_bytes)
         per_step = max(per_step, b)
     return per_step + resident, per_step
 
@@ -44,9 +52,9 @@ def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     differently and can fragment less), so a still smaller arena may happen to work: the
     answer is a tight, verified budget, not a proof that nothing smaller fits.
 
-    Without eviction a first-fit run in an arena of the unbounded run's extent makes exactly
-    the same choices, and any smaller arena fails at the allocation that reached that extent:
-    the answer is the extent. With eviction, search upward from the lower bound: grow the
+    Baseline (no eviction, no compaction, one workspace that never shrinks) makes the same
+    choices in any arena that holds its unbounded extent, and any smaller arena fails at the
+    allocation that reached it: the answer is the extent. Otherwise, search upward from the lower bound: grow the
     excess exponentially until a simulation fits, then narrow the bracket. Large plans test
     two candidates at a time in two forked processes (the search is the cost of planning a
     10^4-layer network; the simulations are independent)."""
@@ -54,11 +62,16 @@ def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     if not ex.policy.offload:
         if ex.compact:
             # compaction makes the free space one block whenever it is short, and without
-            # eviction the bytes in use do not depend on the arena: the peak is exact
-            peak = unbounded["peak_bytes"]
-            if ex.simulate(peak, trace=False)["fits"]:
-                return peak
-        return extent
+            # eviction the tensor bytes in use do not depend on the arena; a workspace that
+            # does not fit shrinks to none: the tensors' own high-water mark is exact
+            for cand in (unbounded["tensor_peak_bytes"], unbounded["peak_bytes"]):
+                if ex.simulate(cand, trace=False)["fits"]:
+                    return cand
+            return extent
+        if not ex.policy.free_dead:
+            return extent           # baseline: one shared workspace that never shrinks
+        # first-fit without compaction: a smaller arena shrinks workspaces differently, so
+        # the run's layout changes with the arena: search as under eviction
     block = ex.block
     with _ParallelMap(lambda a: ex.simulate(a, trace=False)["fits"],
                       parallel=len(ex.steps) >= PARALLEL_MIN_STEPS) as fits_all:
@@ -166,7 +179,8 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
     lb, max_step = lower_bound(ex)
-    mb = min_budget(ex, unbounded, lb) if search_min else None
+    ideal, ideal_step = lower_bound(ex, ideal=True)
+    mb = min_budget(ex, unbounded, ideal) if search_min else None
     run = unbounded
     if budget is not None or cost is not None:
         run = ex.simulate(budget, trace=trace, events=cost is not None)
@@ -180,6 +194,9 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         "peak_bytes": run["peak_bytes"] if fits else None,
         "unbounded_peak_bytes": unbounded["peak_bytes"],
         "min_budget_bytes": mb, "lower_bound_bytes": lb, "max_step_bytes": max_step,
+        "ideal_bound_bytes": ideal, "ideal_max_step_bytes": ideal_step,
+        "min_budget_vs_lower_bound": round(mb / lb, 4) if mb else None,
+        "min_budget_vs_ideal_bound": round(mb / ideal, 4) if mb else None,
         "params": graph.num_params(),
         "extra_forward_steps": rep.extra_forward_steps if rep else 0,
         "offload_bytes": run.get("offload_bytes", 0) if fits else None,

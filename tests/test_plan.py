@@ -89,7 +89,7 @@ def test_plan_with_a_budget():
     assert r["fits"] and r["budget_bytes"] == b and r["peak_bytes"] <= b
     assert r["offload_bytes"] > 0 and r["prefetch_bytes"] > 0
     assert r["unbounded_peak_bytes"] == free["peak_bytes"]
-    bad = plan(g, 4, policy="superneurons", budget=r["lower_bound_bytes"] - 1)
+    bad = plan(g, 4, policy="superneurons", budget=r["ideal_bound_bytes"] - 1)
     assert bad["fits"] is False
     assert bad["peak_bytes"] is None and bad["offload_bytes"] is None and "steps" not in bad
     assert "cannot allocate" in bad["error"]
@@ -116,29 +116,36 @@ def test_lower_bound_le_min_budget_le_extent(name, policy, offload_params):
     unbounded = ex.simulate(None)
     lb, max_step = lower_bound(ex)
     assert 0 < max_step <= lb
-    mb = min_budget(ex, unbounded, lb)
-    assert lb <= mb <= unbounded["arena_bytes"]
+    ideal, ideal_step = lower_bound(ex, ideal=True)
+    assert 0 < ideal_step <= max_step and ideal <= lb
+    mb = min_budget(ex, unbounded, ideal)
+    assert ideal <= mb <= unbounded["arena_bytes"]
     assert unbounded["peak_bytes"] <= unbounded["arena_bytes"]
     assert ex.simulate(mb)["fits"]
-    assert not ex.simulate(lb - 1)["fits"]                 # a bound indeed
+    assert not ex.simulate(ideal - 1)["fits"]              # a bound indeed
     if policy not in EVICTING:
-        # without eviction the bytes in use do not depend on the arena, and compaction makes
-        # the free bytes one block when they are short: the minimum is exactly the peak
-        assert mb == (unbounded["peak_bytes"] if ex.compact else unbounded["arena_bytes"])
+        # without eviction the tensor bytes in use do not depend on the arena, compaction
+        # makes the free bytes one block when they are short, and a workspace that does not
+        # fit shrinks to none: the minimum is exactly the tensors' peak
+        assert mb == (unbounded["tensor_peak_bytes"] if ex.compact
+                      else unbounded["arena_bytes"])
         assert not ex.simulate(mb - 1)["fits"]
         assert not ex.simulate(mb - 2 * ex.block)["fits"]
-        # without compaction (the paper's pool) a first-fit run is the same in any arena that
-        # holds it: the minimum is exactly the unbounded run's extent
+        # without compaction (the paper's pool) the layout depends on the arena (workspaces
+        # shrink where they do not fit): the search gives a verified budget within the extent
         nc = Executor(graph(name), 4, device="virtual", policy=policy,
                       offload_params=offload_params, compact=False)
         unc = nc.simulate(None)
-        mnc = min_budget(nc, unc, lb)
-        assert mnc == unc["arena_bytes"] >= mb
-        assert not nc.simulate(mnc - 1)["fits"]
+        mnc = min_budget(nc, unc, ideal)
+        assert mb <= mnc <= unc["arena_bytes"] and nc.simulate(mnc)["fits"]
+        if policy == "baseline":        # one shared workspace, never shrunk: exactly the extent
+            assert mnc == unc["arena_bytes"] and not nc.simulate(mnc - 1)["fits"]
     # plan() reports the same numbers
     r = plan(graph(name), 4, policy=policy, offload_params=offload_params, trace=False)
     assert (r["lower_bound_bytes"], r["max_step_bytes"], r["min_budget_bytes"]) == \
         (lb, max_step, mb)
+    assert (r["ideal_bound_bytes"], r["ideal_max_step_bytes"]) == (ideal, ideal_step)
+    assert r["min_budget_vs_ideal_bound"] == round(mb / ideal, 4)
 
 
 def test_lower_bound_counts_resident_state_unless_offloaded():
@@ -162,7 +169,7 @@ def test_no_budget_below_min_budget_fits():
                                              (20, 32, 8, True), (20, 8, 4, True)]:
         g = build_model("resnet_cifar", depth=depth, in_shape=(3, hw, hw))
         r = plan(g, batch, policy="superneurons", offload_params=offload_params, trace=False)
-        lb, mb = r["lower_bound_bytes"], r["min_budget_bytes"]
+        lb, mb = r["ideal_bound_bytes"], r["min_budget_bytes"]
         ex = Executor(g, batch, device="virtual", policy="superneurons",
                       offload_params=offload_params)
         top = int(mb * (1 - MIN_BUDGET_TOLERANCE)) - 2 * ex.block
@@ -262,7 +269,7 @@ def test_cli_plan_json(capsys):
     want = plan(build_model("resnet_cifar", depth=8), 2, policy="liveness")
     for k in ("peak_bytes", "min_budget_bytes", "lower_bound_bytes", "bytes_by_kind", "steps"):
         assert r[k] == want[k], k
-    assert "minimum budget" in out and "lower bound" in out
+    assert "minimum budget" in out and "ideal layer bound" in out
 
 
 def test_cli_plan_budget_that_does_not_fit(capsys):

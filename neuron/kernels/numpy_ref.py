@@ -112,25 +112,29 @@ def conv2d_out_hw(h, w, kh, kw, stride, padding, dilation):
     return ho, wo
 
 
-#: im2col columns are built for this many bytes' worth of samples at a time. The chunk depends
-#: only on the layer's shape, never on the memory available, so results are bit-identical under
-#: every memory policy, and the workspace stays small (the CPU's stand-in for cuDNN's choice of
-#: a low-workspace algorithm).
-CONV_CHUNK_BYTES = 32 << 20
+#: im2col columns are built for this many bytes' worth of samples at a time (a sub-block;
+#: at least one sample). The sub-block depends only on the layer's shape, never on the memory
+#: available, and every matmul (forward, dW partial, dX columns) runs on exactly one sub-block,
+#: with dW summed over sub-blocks in batch order: so results are bit-identical whether the
+#: step got its workspace or not, under every memory policy and budget.
+CONV_CHUNK_BYTES = 4 << 20
 
 
 def conv2d_chunk(n, c, kh, kw, ho, wo, itemsize) -> int:
-    """Samples per im2col chunk for a batch of n."""
+    """Samples per im2col sub-block for a batch of n."""
     per_sample = c * kh * kw * ho * wo * itemsize
     return max(1, min(n, CONV_CHUNK_BYTES // max(per_sample, 1)))
 
 
 def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, itemsize):
-    """Bytes of workspace needed by conv2d_forward and conv2d_backward.
+    """Bytes of workspace conv2d_forward and conv2d_backward prefer (0 also works).
 
-    The column matrix of one chunk of samples has C*kh*kw rows and chunk*Ho*Wo columns; the same
-    buffer is reused in backward (columns for dW, then column-gradients for dX). A small slack of
-    64 bytes lets the columns be 64-byte aligned whatever the alignment of the workspace slice.
+    The column matrix of one sub-block of samples has C*kh*kw rows and block*Ho*Wo columns;
+    the same buffer is reused in backward (columns for dW, then column-gradients for dX). A
+    small slack of 64 bytes lets the columns be 64-byte aligned whatever the alignment of the
+    workspace slice. Given no workspace (None), the kernels build each sub-block's columns in
+    a NumPy temporary instead: the same arithmetic, so the same bits (the CPU's stand-in for
+    cuDNN's zero-workspace algorithms).
     """
     n, c, h, w = x_shape
     _, _, kh, kw = w_shape
@@ -212,7 +216,7 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
     assert (ho, wo) == conv2d_out_hw(h, wd, kh, kw, stride, padding, dilation)
     m = conv2d_chunk(n, c, kh, kw, ho, wo, x.dtype.itemsize)
     wg = w.reshape(g, kg, cg * kh * kw)
-    for n0 in range(0, n, m):
+    for n0 in range(0, n, m):          # one sub-block at a time (see CONV_CHUNK_BYTES)
         xc, yc = x[n0:n0 + m], y[n0:n0 + m]
         nc = xc.shape[0]
         p = nc * ho * wo
@@ -232,7 +236,7 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
     """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip); with
     ``accumulate`` dx is added to, in place.
 
-    dW is summed chunk by chunk in a fixed order (see CONV_CHUNK_BYTES)."""
+    dW is summed sub-block by sub-block in a fixed order (see CONV_CHUNK_BYTES)."""
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     n, c, h, wd = x.shape
     k, cg, kh, kw = w.shape

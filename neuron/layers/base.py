@@ -103,6 +103,11 @@ class Layer:
         """The workspace this step plans for (a ceiling on devices that choose dynamically)."""
         return 0
 
+    def workspace_shrinks(self) -> bool:
+        """Whether this layer's kernels also run, with the same results, on no workspace (the
+        executor then gives a step none when its preferred one does not fit in one free block)."""
+        return False
+
     def workspace_request(self, k, phase: str, batch: int, dtype, limit: int) -> int:
         """Bytes to give this step's kernel when ``limit`` bytes are free in one block.
 

@@ -69,6 +69,11 @@ class Conv2d(Layer):
                 itemsize)
         return cache[key]
 
+    def workspace_shrinks(self):
+        # NumPy: the same sub-blocks with their columns in a temporary; cuDNN: an algorithm
+        # with no workspace (IMPLICIT_GEMM and friends)
+        return True
+
     def workspace_request(self, k, phase, batch, dtype, limit):
         choose = getattr(k, "conv2d_workspace_request", None)
         if choose is None:          # NumPy: the fixed im2col chunk

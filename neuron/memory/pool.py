@@ -63,6 +63,7 @@ class Pool:
         self.by_kind = [0] * len(Kind)          # bytes on device by kind index, now
         self._peak_kinds = list(self.by_kind)
         self._peak_used = 0
+        self.tensor_high_water = 0      # the high-water mark of everything but workspaces
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
         self.hits = self.misses = 0
@@ -149,6 +150,8 @@ class Pool:
             if u >= self._peak_used:        # a new high-water mark: remember its make-up
                 self._peak_used = u
                 self._peak_kinds = list(bk)
+            if kind_index != _WS and u - bk[_WS] > self.tensor_high_water:
+                self.tensor_high_water = u - bk[_WS]
 
     def _account_tensor(self, t: TensorInfo, sign: int) -> None:
         b = self._block

@@ -251,7 +251,7 @@ def test_budget_below_minimum_fails_before_any_state(monkeypatch, policy, offloa
     real = executor_mod.make_device
     monkeypatch.setattr(executor_mod, "make_device",
                         lambda *a, **k: made.append(a) or real(*a, **k))
-    too_small = [p["lower_bound_bytes"] - 1, p["min_budget_bytes"] // 2]
+    too_small = [p["ideal_bound_bytes"] - 1, p["min_budget_bytes"] // 2]
     if policy not in EVICTING:          # without eviction the minimum is exact
         too_small.append(p["min_budget_bytes"] - 1)
     for budget in too_small:
