@@ -74,9 +74,25 @@ def _policy_args(p, default: str, budget_required: bool = False):
     p.add_argument("--no-tensor-cache", action="store_true",
                    help="offload every activation backward needs right after its last forward "
                    "use (vDNN-style) instead of only when the arena is short")
+    p.add_argument("--chunks", default="1", type=_chunks_arg,
+                   help="split every layer's step along the batch into N chunks, or 'auto': "
+                   "the smallest count that fits the budget (default 1)")
     p.add_argument("--host-budget", default=None,
                    help="host memory for offloaded tensors (default: unlimited for plan, "
                    "128GiB for deepest/widest)")
+
+
+def _chunks_arg(s):
+    if s == "auto":
+        return s
+    try:
+        v = int(s)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"--chunks must be a positive integer or 'auto', "
+                                         f"got {s!r}")
+    return v
 
 
 def _integer(name, minimum: int):
@@ -277,7 +293,7 @@ def _policy_kw(args, host_default=None) -> dict:
     return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
-                compact=False if args.no_compact else None,
+                compact=False if args.no_compact else None, chunks=args.chunks,
                 host_budget=parse_bytes(hb) if hb else None)
 
 
@@ -311,6 +327,9 @@ def cmd_plan(args) -> int:
           f"{fmt_bytes(r['ideal_max_step_bytes'])}: the layer's inputs, outputs, gradients, "
           "parameters; no workspace)")
     print(f"  extra forward steps     {r['extra_forward_steps']}")
+    if r["chunks"] > 1:
+        print(f"  chunks                  {r['chunks']} per layer (batch split into "
+              f"{r['chunks']} parts)")
     if budget is not None:
         if r["fits"]:
             print(f"  budget {fmt_bytes(budget)}: fits, peak {fmt_bytes(r['peak_bytes'])}, "
@@ -368,10 +387,11 @@ def _search_cmd(args, kind: str) -> int:
     for p in r["probes"]:
         print(f"| {p[label]} | {'yes' if p['fits'] else 'no'} | {p['seconds']} |")
     ans = r[key]
+    chunked = f", {r['chunks']} chunks" if r.get("chunks") not in (None, 1) else ""
     print(f"{kind} {args.model} under {fmt_bytes(budget)} "
           f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
           f"{', offload-params' if r['offload_params'] else ''}): "
-          f"{ans if ans is not None else 'nothing fits'}")
+          f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
         print(f"confirmed with {r['confirm']['iterations']} real iterations on "
@@ -389,6 +409,10 @@ def _confirm(args, kind, ans, budget, kw) -> dict:
     depth = ans if kind == "deepest" else args.depth
     batch = args.batch if kind == "deepest" else ans
     graph = build_model(args.model, depth=depth)
+    if kw.get("chunks") == "auto":
+        from .plan import choose_chunks
+        kw = {**kw, "chunks": choose_chunks(graph, batch, budget,
+                                            **{k: v for k, v in kw.items() if k != "chunks"})}
     ex = Executor(graph, batch, device=args.device, budget=budget, **kw)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)

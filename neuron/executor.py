@@ -23,7 +23,8 @@ from .memory.liveness import frees_for
 from .memory.policy import Policy, get_policy
 from .memory.pool import Pool
 from .memory.recompute import plan_recompute
-from .memory.schedule import Schedule, build_schedule
+from .memory.chunking import build_chunked_schedule, logits_chunks
+from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
 from .sizes import size_arg
@@ -91,6 +92,8 @@ class Executor:
     planner: a name from memory/planners (or a Planner): its decisions for ``budget`` (the
     steps, eager offloads, look-ahead prefetches) replace the policy's plan; ``cost`` is the
     memory.costmodel.CostModel it plans with (default: analytic H100).
+    chunks: every layer's step split along the batch into this many chunk steps
+    (memory/chunking.py; recompute is then off).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -98,7 +101,7 @@ class Executor:
                  dtype=np.float32, seed: int = 0, budget: int | None = None,
                  offload_params: bool = False, recompute_strategy: str = "cost",
                  host_budget: int | None = None, tensor_cache: bool = True,
-                 compact: bool | None = None,
+                 compact: bool | None = None, chunks: int = 1,
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
                  _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
@@ -120,6 +123,9 @@ class Executor:
         self.planner, self.cost, self._compact_arg = planner, cost, compact
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
+        self.chunks = int(chunks)
+        if not 1 <= self.chunks <= self.batch:
+            raise ValueError(f"chunks must be between 1 and the batch ({self.batch}), got {chunks}")
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
         else:
@@ -161,16 +167,16 @@ class Executor:
 
     def _make_plan(self, graph):
         self.train_graph = with_loss(graph)
-        self.schedule: Schedule = build_schedule(self.train_graph, self.batch, self.dtype,
-                                                 self.optimizer.state_names)
+        self.schedule: Schedule = build_chunked_schedule(
+            self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names)
         self.recompute_report = None
         steps = self.schedule.steps
-        if self.policy.recompute:
+        if self.policy.recompute and self.chunks == 1:
             steps, self.recompute_report = plan_recompute(self.schedule, self.recompute_strategy)
         self.steps = steps
         self.frees = frees_for(steps, self.policy.free_dead)
         self.eval_steps = self.schedule.forward_steps()
-        self.logits_tensor = self.schedule.act[id(graph.outputs[0])]
+        self.logits_tensors = logits_chunks(self.schedule, graph, self.chunks)
         self._eval_frees = None             # computed on the first evaluate()
         self._offload_after = None          # without the tensor cache: step -> tensors
         self.persistent = self.schedule.persistent()
@@ -218,7 +224,7 @@ class Executor:
                          offload_params=self.offload_params,
                          recompute_strategy=self.recompute_strategy,
                          host_budget=self.host_budget, tensor_cache=self.tensor_cache,
-                         compact=self.compact,
+                         compact=self.compact, chunks=self.chunks,
                          block=self.block,
                          strategy=self.strategy, _plan_from=self)
             v.record_trace = trace
@@ -383,11 +389,11 @@ class Executor:
                           feed=self._feed(x, y))
             if self._eval_frees is None:
                 self._eval_frees = frees_for(self.eval_steps, self.policy.free_dead,
-                                             keep=[self.logits_tensor])
+                                             keep=self.logits_tensors)
             try:
                 keep = self._run(self.eval_steps, self._eval_frees, ctx,
-                                 keep=[self.logits_tensor])
-                self.last_logits = self.device.to_numpy(keep[0])
+                                 keep=self.logits_tensors)
+                self.last_logits = np.concatenate([self.device.to_numpy(v) for v in keep])
             finally:
                 self._end_iteration()
             correct = int((self.last_logits.argmax(axis=1) == np.asarray(y)).sum())
@@ -518,6 +524,7 @@ class Executor:
         params = {n: view(t) for n, t in step.params.items()}
         aux = {n: view(t) for n, t in step.aux.items()}
         undo = self.undo
+        ctx.chunk = step.chunk
         if step.phase != "B":
             # a training forward (not a recompute) may update buffers (BN running statistics)
             buffers = [n for n, t in step.params.items() if t.name not in self.schedule.param_grads] \
@@ -539,6 +546,8 @@ class Executor:
         layer.backward(k, [opt(t) for t in step.ins], [opt(t) for t in step.outs],
                        [opt(t) for t in step.douts], dins, params, dparams, aux, ws, ctx)
         ctx.accumulate = frozenset()
+        if step.chunk is not None and not step.chunk.applies_update:
+            return                      # the gradients are still being summed over chunks
         if self.dp is not None:     # average this layer's gradients over the ranks
             self.dp.reduce_gradients(step, dparams)
         if undo is not None:
@@ -583,5 +592,5 @@ def _prefetch_in_order(pool, pending: list) -> list:
 
 
 _PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
-                "logits_tensor", "_eval_frees", "persistent", "state_tensors",
+                "logits_tensors", "_eval_frees", "persistent", "state_tensors",
                 "_offload_after", "_prefetch_after", "decisions")

@@ -14,6 +14,7 @@ import numpy as np
 from .errors import MemoryBudgetError
 from .executor import Executor, no_gc
 from .graph import Graph
+from .memory.chunking import CHUNK_COUNTS
 from .memory.tensors import Kind
 
 #: bisection stops when the bracket is within this fraction (and one block) of the answer
@@ -166,15 +167,21 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
          offload_params: bool = False, recompute_strategy: str = "cost",
          host_budget: int | None = None, tensor_cache: bool = True,
          compact: bool | None = None, dtype=np.float32,
-         search_min: bool = True,
+         search_min: bool = True, chunks=1,
          model: str | None = None, trace: bool = True, cost=None, planner=None) -> dict:
     """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``).
-    ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy."""
+    ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
+    ``chunks``: every layer split along the batch into that many chunks
+    (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
+    budget, or when none fits)."""
     t0 = time.perf_counter()
-    ex = Executor(graph, batch, device="virtual", policy=policy, offload_params=offload_params,
-                  recompute_strategy=recompute_strategy, host_budget=host_budget,
-                  tensor_cache=tensor_cache, compact=compact, dtype=dtype,
-                  planner=planner, cost=cost, budget=budget if planner else None)
+    kw = dict(policy=policy, offload_params=offload_params,
+              recompute_strategy=recompute_strategy, host_budget=host_budget,
+              tensor_cache=tensor_cache, compact=compact, dtype=dtype)
+    if chunks == "auto":
+        chunks = (choose_chunks(graph, batch, budget, **kw) if budget is not None else 1) or 1
+    ex = Executor(graph, batch, device="virtual", chunks=chunks, planner=planner, cost=cost,
+                  budget=budget if planner else None, **kw)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
@@ -190,7 +197,7 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         "model": model or graph.name, "batch": batch, "policy": ex.policy.name,
         "offload_params": offload_params, "recompute_strategy": recompute_strategy
         if ex.policy.recompute else None,
-        "budget_bytes": budget, "fits": fits,
+        "budget_bytes": budget, "fits": fits, "chunks": ex.chunks,
         "peak_bytes": run["peak_bytes"] if fits else None,
         "unbounded_peak_bytes": unbounded["peak_bytes"],
         "min_budget_bytes": mb, "lower_bound_bytes": lb, "max_step_bytes": max_step,
@@ -222,14 +229,28 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     return out
 
 
-def fits(graph: Graph, batch: int, budget: int, **kw) -> bool:
+def fits(graph: Graph, batch: int, budget: int, chunks=1, **kw) -> bool:
+    """Whether an iteration fits the budget; ``chunks="auto"``: with some chunk count."""
+    if chunks == "auto":
+        return choose_chunks(graph, batch, budget, **kw) is not None
     try:
         # a planner decides for the budget it is asked about
-        ex = Executor(graph, batch, device="virtual",
+        ex = Executor(graph, batch, device="virtual", chunks=chunks,
                       budget=budget if kw.get("planner") else None, **kw)
     except MemoryBudgetError:
         return False
     return ex.simulate(budget, trace=False)["fits"]
+
+
+def choose_chunks(graph: Graph, batch: int, budget: int, **kw) -> int | None:
+    """The smallest chunk count (memory/chunking.py CHUNK_COUNTS) whose plan fits the
+    budget, or None."""
+    for k in CHUNK_COUNTS:
+        if k > batch:
+            break
+        if fits(graph, batch, budget, chunks=k, **kw):
+            return k
+    return None
 
 
 @dataclass
@@ -314,11 +335,17 @@ def widest(model: str, budget: int, *, depth: int | None = None, progress=None, 
     graph = build_model(model, depth=depth)
     b, probes = search_max(lambda b: fits(graph, b, budget, **kw), 1, limit=1 << 20,
                            progress=progress)
+    chunks = kw.get("chunks", 1)
+    if chunks == "auto" and b is not None:
+        chunks = choose_chunks(graph, b, budget, **{k: v for k, v in kw.items()
+                                                    if k != "chunks"})
     return {"model": model, "depth": depth, "budget_bytes": budget, "widest": b,
+            "chunks": chunks,
             "probes": [{"batch": p.value, "fits": p.fits, "seconds": round(p.seconds, 3)}
                        for p in probes], **_kw_report(kw)}
 
 
 def _kw_report(kw) -> dict:
     return {"policy": kw.get("policy", "superneurons"), "planner": kw.get("planner"),
-            "offload_params": kw.get("offload_params", False)}
+            "offload_params": kw.get("offload_params", False),
+            "chunking": kw.get("chunks", 1)}

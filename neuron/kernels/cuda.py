@@ -141,14 +141,14 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
 
 
 def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace,
-                    accumulate=False):
+                    accumulate=False, accumulate_params=False):
     stride, padding, dilation, wd, cd = _conv_setup(x, w, stride, padding, dilation, groups)
     dyd = _td(dy)
     h = _h()
     ws_ptr, ws_bytes = aligned_workspace(workspace)
     if db is not None:
         dnn.convolution_backward_bias(h, dyd, _ptr(dy), dnn.bias_descriptor(db.shape[0], db.dtype),
-                                      _ptr(_contig(db)))
+                                      _ptr(_contig(db)), beta=1.0 if accumulate_params else 0.0)
     if dw is not None:
         _contig(dw)
         xd = _td(x)
@@ -159,7 +159,8 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         _record("bwd_filter", key, choice, ws_bytes)
         cd.set_math_type(choice.math_type)
         dnn.convolution_backward_filter(h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
-                                        ws_bytes, wd, _ptr(dw))
+                                        ws_bytes, wd, _ptr(dw),
+                                        beta=1.0 if accumulate_params else 0.0)
     if dx is not None:
         dxd = _td(dx)
         key = conv_geometry_key("bwd_data", x.shape, w.shape, stride, padding, dilation,
@@ -428,13 +429,13 @@ def linear_forward(x, w, b, y):
         _cp().add(y, b, out=y)
 
 
-def linear_backward(x, w, dy, dx, dw, db, accumulate=False):
+def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=False):
     if dx is not None:
         _grad_into(dx, accumulate, lambda out: _matmul(dy, w, out))
     if dw is not None:
-        _matmul(dy.T, x, dw)
+        _grad_into(dw, accumulate_params, lambda out: _matmul(dy.T, x, out))
     if db is not None:
-        _cp().sum(dy, axis=0, out=db)
+        _grad_into(db, accumulate_params, lambda out: _cp().sum(dy, axis=0, out=out))
 
 
 # ------------------------------------------------------------------------------------------
@@ -444,13 +445,17 @@ def linear_backward(x, w, dy, dx, dw, db, accumulate=False):
 from .dropout_mask import _seed_key, dropout_mask_reference  # noqa: E402,F401
 
 
-def dropout_forward(x, y, mask, p, seed):
+def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None):
     if p >= 1.0:
         mask.fill(0)
     elif p <= 0.0:
         mask.fill(1)
     else:
-        _k_dropout()[0](np.uint64(_seed_key(seed)), np.float32(1.0 - p), mask)
+        # a chunk of the batch: element i of the chunk is element base + i of the batch, and
+        # the hash takes key + (index + 1) * golden, so the key moves by base * golden
+        base = batch_offset * int(np.prod(x.shape[1:], dtype=np.int64))
+        key = (_seed_key(seed) + base * _GOLDEN) & _M64
+        _k_dropout()[0](np.uint64(key), np.float32(1.0 - p), mask)
     dropout_apply(x, y, mask, p)
 
 
@@ -559,11 +564,11 @@ def softmax_xent_forward(logits, labels, probs):
     return float(rows.mean())       # the one device->host sync of an iteration
 
 
-def softmax_xent_backward(probs, labels, dlogits, accumulate=False):
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
     n, k = probs.shape
     _grad_into(dlogits, accumulate, lambda out: _k_xent()[1](
         probs, _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
-        dlogits.dtype.type(1.0 / n), out))
+        dlogits.dtype.type(1.0 / (total or n)), out))
 
 
 # ------------------------------------------------------------------------------------------

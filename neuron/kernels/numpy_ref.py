@@ -232,9 +232,10 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
 
 
 def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace,
-                    accumulate=False):
+                    accumulate=False, accumulate_params=False):
     """Gradients of conv2d_forward; dx, dw, db are overwritten (None = skip); with
-    ``accumulate`` dx is added to, in place.
+    ``accumulate`` dx is added to, in place, with ``accumulate_params`` dw and db (a chunk of
+    the batch adding its share, memory/chunking.py).
 
     dW is summed sub-block by sub-block in a fixed order (see CONV_CHUNK_BYTES)."""
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
@@ -245,7 +246,10 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
     ho, wo = dy.shape[2], dy.shape[3]
     ckk = cg * kh * kw
     if db is not None:
-        np.sum(dy, axis=(0, 2, 3), out=db)
+        if accumulate_params:
+            np.add(db, np.sum(dy, axis=(0, 2, 3)), out=db)
+        else:
+            np.sum(dy, axis=(0, 2, 3), out=db)
     if dw is None and dx is None:
         return
     m = conv2d_chunk(n, c, kh, kw, ho, wo, x.dtype.itemsize)
@@ -264,7 +268,7 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
             # dW^T = cols @ dy^T: (G, CgKK, P) @ (G, P, Kg).  This orientation is
             # markedly faster in OpenBLAS than dy @ cols^T for long P.
             dwt = np.matmul(colsg, dyt.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(dw.shape)
-            if n0 == 0:
+            if n0 == 0 and not accumulate_params:
                 np.copyto(dw, dwt)
             else:
                 np.add(dw, dwt, out=dw)
@@ -555,31 +559,41 @@ def linear_forward(x, w, b, y):
         y += b
 
 
-def linear_backward(x, w, dy, dx, dw, db, accumulate=False):
+def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=False):
     if dx is not None:
         t = _grad_target(dx, accumulate)
         np.matmul(dy, w, out=t)
         _grad_finish(dx, t, accumulate)
     if dw is not None:
-        np.matmul(dy.T, x, out=dw)
+        t = _grad_target(dw, accumulate_params)
+        np.matmul(dy.T, x, out=t)
+        _grad_finish(dw, t, accumulate_params)
     if db is not None:
-        np.sum(dy, axis=0, out=db)
+        t = _grad_target(db, accumulate_params)
+        np.sum(dy, axis=0, out=t)
+        _grad_finish(db, t, accumulate_params)
 
 
 # --------------------------------------------------------------------------
 # dropout
 # --------------------------------------------------------------------------
 
-def dropout_forward(x, y, mask, p, seed):
+def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None):
     """mask[i] ~ Bernoulli(1-p) from np.random.default_rng(seed) (keep iff
     u < 1-p with u uniform float32 in [0, 1)); y = x*mask/(1-p).
-    p >= 1 drops everything (y = 0) like torch."""
+    p >= 1 drops everything (y = 0) like torch. A chunk of a batch of ``batch_total``
+    samples starting at ``batch_offset`` gets its part of the whole batch's mask."""
     if p >= 1.0:
         mask[...] = 0
     elif p <= 0.0:
         mask[...] = 1
     else:
-        u = np.random.default_rng(seed).random(x.shape, dtype=np.float32)
+        if batch_total is None:
+            u = np.random.default_rng(seed).random(x.shape, dtype=np.float32)
+        else:
+            u = np.random.default_rng(seed).random((batch_total, *x.shape[1:]),
+                                                   dtype=np.float32)
+            u = u[batch_offset:batch_offset + x.shape[0]]
         np.less(u, np.float32(1.0 - p), out=mask, casting="unsafe")
     dropout_apply(x, y, mask, p)
 
@@ -727,12 +741,13 @@ def softmax_xent_forward(logits, labels, probs):
     return float(np.mean(loss))
 
 
-def softmax_xent_backward(probs, labels, dlogits, accumulate=False):
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
+    """The gradient of the mean loss over ``total`` samples (default: these)."""
     n = probs.shape[0]
     t = _grad_target(dlogits, accumulate)
     np.copyto(t, probs)
     t[np.arange(n), labels] -= 1
-    t *= 1.0 / n
+    t *= 1.0 / (total or n)
     _grad_finish(dlogits, t, accumulate)
 
 

@@ -151,6 +151,16 @@ class Context:
     # backward: indices of the inputs whose gradient an earlier step already started; the
     # kernel adds its share into it (beta = 1) instead of overwriting
     accumulate: frozenset = frozenset()
+    # the part of the batch this step runs on (memory/chunking.py Chunk), None: all of it
+    chunk: Any = None
 
     def acc(self, i: int = 0) -> bool:
         return i in self.accumulate
+
+
+def param_accumulation(ctx) -> dict:
+    """Kernel keyword for a chunk after the first: add its parameter gradients (a chunk of the
+    batch, memory/chunking.py). Empty otherwise, so unchunked calls stay as they were."""
+    if ctx.chunk is not None and not ctx.chunk.first:
+        return {"accumulate_params": True}
+    return {}

@@ -6,7 +6,7 @@ import numpy as np
 from ..errors import ShapeError, GraphError
 from ..init import he_normal, zeros
 from ..sizes import size_arg
-from .base import Layer, ParamSpec, pair
+from .base import Layer, ParamSpec, param_accumulation, pair
 
 
 class Conv2d(Layer):
@@ -87,7 +87,8 @@ class Conv2d(Layer):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         k.conv2d_backward(ins[0], params["weight"], douts[0], dins[0], dparams["weight"],
                           dparams.get("bias"), *self._args(), ws,
-                          accumulate=ctx.acc(0))
+                          accumulate=ctx.acc(0),
+                          **param_accumulation(ctx))
 
     def flops(self, batch):
         c, kh, kw = self.param_specs["weight"].shape[1:]

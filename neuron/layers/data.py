@@ -24,7 +24,10 @@ class Input(Layer):
         return [self.shape]
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):
-        k.copy(outs[0], ctx.feed[self.name])
+        feed = ctx.feed[self.name]
+        if ctx.chunk is not None:
+            feed = feed[ctx.chunk.start:ctx.chunk.start + ctx.chunk.size]
+        k.copy(outs[0], feed)
 
     def backward(self, *a):
         pass

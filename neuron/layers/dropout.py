@@ -31,7 +31,11 @@ class Dropout(Layer):
             k.dropout_apply(ins[0], outs[0], aux["mask"], self.p)
         else:
             seed = (ctx.seed * 1_000_003 + ctx.iteration * 7919 + self.index) % (2 ** 63)
-            k.dropout_forward(ins[0], outs[0], aux["mask"], self.p, seed)
+            if ctx.chunk is None:
+                k.dropout_forward(ins[0], outs[0], aux["mask"], self.p, seed)
+            else:                       # this chunk's part of the whole batch's mask
+                k.dropout_forward(ins[0], outs[0], aux["mask"], self.p, seed,
+                                  batch_offset=ctx.chunk.start, batch_total=ctx.chunk.total)
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:

@@ -6,7 +6,7 @@ import math
 from ..errors import GraphError
 from ..init import torch_linear_weight, torch_linear_bias
 from ..sizes import size_arg
-from .base import Layer, ParamSpec
+from .base import Layer, ParamSpec, param_accumulation
 
 
 class Linear(Layer):
@@ -42,7 +42,8 @@ class Linear(Layer):
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         k.linear_backward(self._flat(ins[0]), params["weight"], douts[0], self._flat(dins[0]),
-                          dparams["weight"], dparams.get("bias"), accumulate=ctx.acc(0))
+                          dparams["weight"], dparams.get("bias"), accumulate=ctx.acc(0),
+                          **param_accumulation(ctx))
 
     def flops(self, batch):
         return batch * self.in_features * self.out_features

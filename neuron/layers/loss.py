@@ -25,11 +25,20 @@ class SoftmaxCrossEntropy(Layer):
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         loss = k.softmax_xent_forward(ins[0], ins[1], aux["probs"])
         outs[0][...] = loss
-        ctx.losses[self.name] = float(loss)
+        ch = ctx.chunk
+        if ch is None:
+            ctx.losses[self.name] = float(loss)
+        else:                           # the batch mean, summed chunk by chunk in order
+            part = float(loss) * ch.size / ch.total
+            ctx.losses[self.name] = part if ch.first else ctx.losses[self.name] + part
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
-            k.softmax_xent_backward(aux["probs"], ins[1], dins[0], accumulate=ctx.acc(0))
+            if ctx.chunk is None:
+                k.softmax_xent_backward(aux["probs"], ins[1], dins[0], accumulate=ctx.acc(0))
+            else:
+                k.softmax_xent_backward(aux["probs"], ins[1], dins[0], accumulate=ctx.acc(0),
+                                        total=ctx.chunk.total)
 
 
 # Backward reads the labels (input 1) but not the logits.

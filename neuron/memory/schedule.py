@@ -34,6 +34,7 @@ class Step:
     grad_targets: list = field(default_factory=list)
     updates: list = field(default_factory=list)    # (local name, param, grad, [state tensors])
     workspace_bytes: int = 0
+    chunk: object = None                            # memory/chunking.py: which part of the batch
     reads: list = field(default_factory=list)      # derived by bind()
     writes: list = field(default_factory=list)
     ids: tuple = ()                                 # ids of reads + writes (locking)

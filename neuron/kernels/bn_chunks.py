@@ -1,0 +1,111 @@
+"""Batch normalization over a batch processed in chunks (memory/chunking.py).
+
+The statistics are those of the whole batch: a pass over the chunks combines each chunk's
+mean and sum of squared deviations (Chan et al.'s pairwise update, in float64) into the
+layer's save_mean / save_invstd tensors (the latter holds the running sum of squared
+deviations until the last chunk turns it into 1/sqrt(var + eps)); a second pass normalizes.
+Backward likewise: one pass sums dy and dy*xhat per channel (they are dbeta and dgamma), one
+computes dx. The formulas follow numpy_ref's whole-batch kernels, so the chunked result is
+the unchunked one up to the order of summation.
+
+Written with array methods only, so the same code runs on NumPy and CuPy arrays (the float64
+per-chunk temporaries are the kernels' own, outside the arena, like numpy_ref's; on the GPU
+this is unverified).
+"""
+from __future__ import annotations
+
+
+def _axes(x):
+    if x.ndim == 4:
+        return (0, 2, 3), (1, -1, 1, 1)
+    if x.ndim == 2:
+        return (0,), (1, -1)
+    raise ValueError(f"batchnorm expects a 2-D or 4-D input, got shape {x.shape}")
+
+
+def per_channel(x) -> int:
+    """Elements per channel in x."""
+    return x.size // x.shape[1]
+
+
+def stats_accumulate(x, mean_acc, m2_acc, seen: int, first: bool) -> None:
+    """Fold chunk x into (mean_acc, m2_acc), which hold the statistics of ``seen`` elements
+    per channel (ignored when ``first``)."""
+    axes, bshape = _axes(x)
+    x64 = x.astype("float64")
+    mean = x64.mean(axis=axes)
+    x64 -= mean.reshape(bshape)
+    m2 = (x64 * x64).sum(axis=axes)
+    if first:
+        mean_acc[...] = mean
+        m2_acc[...] = m2
+        return
+    n = per_channel(x)
+    tot = seen + n
+    mean_a = mean_acc.astype("float64")
+    delta = mean - mean_a
+    mean_acc[...] = mean_a + delta * (n / tot)
+    m2_acc[...] = m2_acc.astype("float64") + m2 + delta * delta * (seen * n / tot)
+
+
+def stats_finish(mean_acc, m2_acc, count: int, running_mean, running_var, momentum, eps,
+                 update_running: bool) -> None:
+    """After the last chunk: m2_acc becomes 1/sqrt(var + eps); the running statistics
+    change once, as numpy_ref.batchnorm_forward_train changes them."""
+    var = (m2_acc.astype("float64") / count).astype(m2_acc.dtype)
+    mean = mean_acc.copy()
+    m2_acc[...] = 1.0 / (var + eps) ** 0.5
+    if update_running:
+        if running_mean is not None:
+            running_mean *= (1.0 - momentum)
+            running_mean += momentum * mean
+        if running_var is not None:
+            unbiased = var * (count / max(count - 1, 1))
+            running_var *= (1.0 - momentum)
+            running_var += momentum * unbiased
+
+
+def apply(x, gamma, beta, y, save_mean, save_invstd) -> None:
+    _, bshape = _axes(x)
+    y[...] = x - save_mean.reshape(bshape)
+    scale = save_invstd if gamma is None else save_invstd * gamma
+    y *= scale.reshape(bshape)
+    if beta is not None:
+        y += beta.reshape(bshape)
+
+
+def _xhat(x, save_mean, save_invstd):
+    _, bshape = _axes(x)
+    xhat = x - save_mean.reshape(bshape)
+    xhat *= save_invstd.reshape(bshape)
+    return xhat
+
+
+def backward_sums(x, dy, save_mean, save_invstd, dgamma, dbeta, first: bool) -> None:
+    """dbeta (+)= sum(dy), dgamma (+)= sum(dy * xhat) per channel over this chunk."""
+    axes, _ = _axes(x)
+    xhat = _xhat(x, save_mean, save_invstd)
+    xhat *= dy
+    for acc, part in ((dgamma, xhat.sum(axis=axes)), (dbeta, dy.sum(axis=axes))):
+        if acc is None:
+            continue
+        if first:
+            acc[...] = part
+        else:
+            acc += part
+
+
+def backward_grad(x, dy, gamma, save_mean, save_invstd, sum_dy_xhat, sum_dy, count: int, dx,
+                  accumulate: bool) -> None:
+    """dx (+)= gamma*invstd * (dy - sum_dy/count - xhat*sum_dy_xhat/count)."""
+    _, bshape = _axes(x)
+    xhat = _xhat(x, save_mean, save_invstd)
+    xhat *= (-sum_dy_xhat / count).reshape(bshape)
+    xhat += dy
+    xhat -= (sum_dy / count).reshape(bshape)
+    g = save_invstd if gamma is None else gamma * save_invstd
+    xhat *= g.reshape(bshape)
+    if accumulate:
+        dx += xhat
+    else:
+        dx[...] = xhat
