@@ -239,6 +239,8 @@ def fits(graph: Graph, batch: int, budget: int, chunks=1, **kw) -> bool:
                       budget=budget if kw.get("planner") else None, **kw)
     except MemoryBudgetError:
         return False
+    if lower_bound(ex, ideal=True)[0] > budget:
+        return False                # no need to simulate: below the bound nothing fits
     return ex.simulate(budget, trace=False)["fits"]
 
 

@@ -93,3 +93,25 @@ def test_chunking_lowers_the_largest_step_and_evaluates():
     assert b.last_logits.shape == (BATCH, 10)
     np.testing.assert_allclose(b.last_logits, a.last_logits, rtol=1e-5, atol=1e-5)
     assert abs(la - lb) <= 1e-5 * abs(la)
+
+
+def test_planner_chooses_the_chunk_count_and_cli_shows_it(capsys):
+    import json
+
+    from neuron.cli import main
+    from neuron.plan import choose_chunks, fits
+    g = build_model("resnet_cifar", depth=8)
+    whole = plan(g, 16, policy="offload", trace=False)
+    budget = whole["ideal_bound_bytes"] - 1          # no whole-layer plan fits below this
+    assert not fits(g, 16, budget, policy="offload")
+    k = choose_chunks(g, 16, budget, policy="offload")
+    assert k is not None and k > 1
+    assert fits(g, 16, budget, policy="offload", chunks=k)
+    assert not fits(g, 16, budget, policy="offload", chunks=k // 2)
+    r = plan(g, 16, policy="offload", budget=budget, chunks="auto", trace=False)
+    assert r["fits"] and r["chunks"] == k and r["peak_bytes"] <= budget
+    rc = main(["plan", "resnet_cifar", "--depth", "8", "--batch", "16", "--policy", "offload",
+               "--budget", str(budget), "--chunks", "auto", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"chunks                  {k} per layer" in out
+    assert json.loads(out.strip().splitlines()[-1])["chunks"] == k
