@@ -34,6 +34,10 @@ def _axes(x):
 
 
 class SyncBatchNormKernels:
+    #: chunked BatchNorm (memory/chunking.py) gathers statistics with its own kernels, which do
+    #: not sum over ranks: it checks this flag and refuses
+    spans_ranks = True
+
     def __init__(self, base, comm):
         self._base, self._comm = base, comm
 

@@ -40,6 +40,7 @@ class BatchNorm(Layer):
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         p = params
         if ctx.chunk is not None:
+            self._check_chunkable(k)
             return self._forward_chunk(ins[0], outs, p, aux, ctx)
         if ctx.training:
             k.batchnorm_forward_train(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
@@ -48,6 +49,11 @@ class BatchNorm(Layer):
         else:
             k.batchnorm_forward_infer(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
                                       p["running_var"], self.eps)
+
+    def _check_chunkable(self, k):
+        if getattr(k, "spans_ranks", False):
+            raise NotImplementedError(f"{self.name}: synchronized BatchNorm over ranks is not "
+                                      "combined with sub-layer chunking; use --chunks 1")
 
     def _forward_chunk(self, x, outs, p, aux, ctx):
         """Whole-batch statistics over chunks: a "stats" pass, then an "apply" pass."""
@@ -72,6 +78,7 @@ class BatchNorm(Layer):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         ch = ctx.chunk
         if ch is not None:
+            self._check_chunkable(k)
             x = ins[0]
             if ch.stage == "sums":
                 bn_chunks.backward_sums(x, douts[0], aux["save_mean"], aux["save_invstd"],
