@@ -155,7 +155,8 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         key = conv_geometry_key("bwd_filter", x.shape, w.shape, stride, padding, dilation,
                                 groups, x.dtype)
         choice = _choose("bwd_filter", key, xd, wd, cd, dyd, ws_bytes,
-                         (_ptr(x), _ptr(dw), _ptr(dy)), (ws_ptr, ws_bytes))
+                         None if accumulate_params else (_ptr(x), _ptr(dw), _ptr(dy)),
+                         (ws_ptr, ws_bytes))
         _record("bwd_filter", key, choice, ws_bytes)
         cd.set_math_type(choice.math_type)
         dnn.convolution_backward_filter(h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
@@ -442,7 +443,7 @@ def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=Fa
 # dropout: a counter-based hash, so the mask depends only on (seed, element index)
 # ------------------------------------------------------------------------------------------
 
-from .dropout_mask import _seed_key, dropout_mask_reference  # noqa: E402,F401
+from .dropout_mask import _GOLDEN, _M64, _seed_key, dropout_mask_reference  # noqa: E402,F401
 
 
 def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None):
