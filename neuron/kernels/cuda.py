@@ -263,7 +263,7 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
                            _ptr(_contig(dbt)), float(eps),
                            _ptr(save_mean) if have_saved else 0,
                            _ptr(save_invstd) if have_saved else 0,
-                           beta_data=1.0 if accumulate and dx is not None else 0.0)
+                           **({"beta_data": 1.0} if accumulate and dx is not None else {}))
 
 
 # ------------------------------------------------------------------------------------------

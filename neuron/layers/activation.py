@@ -18,7 +18,7 @@ class _Pointwise(Layer):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
             getattr(k, self.bwd)(outs[0], douts[0], dins[0], *self._extra(),
-                                 accumulate=ctx.acc(0))
+                                 **ctx.grad_kw(0))
 
     def _extra(self):
         return ()

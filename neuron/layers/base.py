@@ -157,6 +157,11 @@ class Context:
     def acc(self, i: int = 0) -> bool:
         return i in self.accumulate
 
+    def grad_kw(self, i: int = 0) -> dict:
+        """The kernel keyword for input i's gradient: accumulate only when it does, so
+        kernels called without it (and kernel sets that predate it) are unchanged."""
+        return {"accumulate": True} if i in self.accumulate else {}
+
 
 def param_accumulation(ctx) -> dict:
     """Kernel keyword for a chunk after the first: add its parameter gradients (a chunk of the

@@ -87,7 +87,7 @@ class Conv2d(Layer):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         k.conv2d_backward(ins[0], params["weight"], douts[0], dins[0], dparams["weight"],
                           dparams.get("bias"), *self._args(), ws,
-                          accumulate=ctx.acc(0),
+                          **ctx.grad_kw(0),
                           **param_accumulation(ctx))
 
     def flops(self, batch):

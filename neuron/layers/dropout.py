@@ -39,4 +39,4 @@ class Dropout(Layer):
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
-            k.dropout_backward(douts[0], aux["mask"], dins[0], self.p, accumulate=ctx.acc(0))
+            k.dropout_backward(douts[0], aux["mask"], dins[0], self.p, **ctx.grad_kw(0))

@@ -42,7 +42,7 @@ class Linear(Layer):
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         k.linear_backward(self._flat(ins[0]), params["weight"], douts[0], self._flat(dins[0]),
-                          dparams["weight"], dparams.get("bias"), accumulate=ctx.acc(0),
+                          dparams["weight"], dparams.get("bias"), **ctx.grad_kw(0),
                           **param_accumulation(ctx))
 
     def flops(self, batch):

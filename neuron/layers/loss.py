@@ -35,9 +35,9 @@ class SoftmaxCrossEntropy(Layer):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
             if ctx.chunk is None:
-                k.softmax_xent_backward(aux["probs"], ins[1], dins[0], accumulate=ctx.acc(0))
+                k.softmax_xent_backward(aux["probs"], ins[1], dins[0], **ctx.grad_kw(0))
             else:
-                k.softmax_xent_backward(aux["probs"], ins[1], dins[0], accumulate=ctx.acc(0),
+                k.softmax_xent_backward(aux["probs"], ins[1], dins[0], **ctx.grad_kw(0),
                                         total=ctx.chunk.total)
 
 

@@ -91,7 +91,7 @@ class BatchNorm(Layer):
             return
         k.batchnorm_backward(ins[0], douts[0], params["weight"], aux["save_mean"],
                              aux["save_invstd"], dins[0], dparams["weight"], dparams["bias"],
-                             eps=self.eps, accumulate=ctx.acc(0))
+                             eps=self.eps, **ctx.grad_kw(0))
 
 
 class LRN(Layer):
@@ -118,7 +118,7 @@ class LRN(Layer):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
             k.lrn_backward(ins[0], outs[0], douts[0], dins[0], self.size, self.alpha, self.beta,
-                           self.k, accumulate=ctx.acc(0))
+                           self.k, **ctx.grad_kw(0))
 
     def flops(self, batch):
         return int(np.prod(self.out_shapes(batch)[0])) * self.size

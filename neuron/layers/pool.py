@@ -43,7 +43,7 @@ class MaxPool2d(_Pool2d):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
             k.maxpool_backward(ins[0], outs[0], douts[0], dins[0], self.kernel, self.stride,
-                               self.padding, accumulate=ctx.acc(0))
+                               self.padding, **ctx.grad_kw(0))
 
 
 class AvgPool2d(_Pool2d):
@@ -55,7 +55,7 @@ class AvgPool2d(_Pool2d):
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
             k.avgpool_backward(douts[0], dins[0], self.kernel, self.stride, self.padding,
-                               accumulate=ctx.acc(0))
+                               **ctx.grad_kw(0))
 
 
 class GlobalAvgPool(Layer):
@@ -72,4 +72,4 @@ class GlobalAvgPool(Layer):
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
-            k.global_avgpool_backward(douts[0], dins[0], accumulate=ctx.acc(0))
+            k.global_avgpool_backward(douts[0], dins[0], **ctx.grad_kw(0))
