@@ -86,7 +86,11 @@ def test_every_planner_trains_bit_identically_to_liveness(name, planner):
     assert not differ, f"{planner}: {len(differ)} tensors differ, e.g. {differ[:3]}"
     # the plan did something: it moved or recomputed bytes, as it decided
     counts = ex.decisions.counts()
-    if planner not in ("capuchin", "checkmate") or budget is not None:
+    # (unless keeping everything fits the budget: workspaces shrink to none where they do
+    # not fit, so a budget below the liveness peak may need no move at all)
+    keep_all_fits = budget is not None and Executor(
+        graph, batch, device="virtual", policy="liveness").simulate(budget)["fits"]
+    if (planner not in ("capuchin", "checkmate") or budget is not None) and not keep_all_fits:
         assert counts["swap"] + counts["recompute"] > 0, counts
     assert ex.pool.high_water == ex.planned["peak_bytes"]
 
