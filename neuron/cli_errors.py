@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 
 # import name -> what to install
@@ -53,15 +54,28 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _ignore_further_signals() -> None:
+    """The run is stopping and its state is saved: a second Ctrl-C arriving now must not turn
+    the orderly exit into a KeyboardInterrupt at interpreter shutdown (exit status -2)."""
+    from .interrupt import SIGNALS
+    for s in SIGNALS:
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:          # not the main thread
+            pass
+
+
 def run_command(name: str, fn, args) -> int:
     from .errors import TrainingStopped
     err = sys.stderr
     try:
         return fn(args)
     except TrainingStopped as e:
+        _ignore_further_signals()
         print(f"neuron {name}: {message(e)}", file=err)
         return 128 + e.signum if e.signum else RUNTIME
     except KeyboardInterrupt:
+        _ignore_further_signals()
         print(f"neuron {name}: interrupted", file=err)
         return 130
     except BrokenPipeError:
