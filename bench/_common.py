@@ -26,14 +26,19 @@ def git_commit() -> str:
 
 
 def provenance(device: str | None = None) -> dict:
+    """Where a result came from. The load average says how shared the cores were: timings
+    taken under load are slower than on a quiet machine."""
     return {"date": datetime.date.today().isoformat(), "commit": git_commit()[:12],
             "device": device or f"CPU ({platform.processor() or platform.machine()}, "
                                 f"{os.cpu_count()} cores), planning only",
-            "python": platform.python_version(), "command": " ".join(sys.argv)}
+            "python": platform.python_version(), "command": " ".join(sys.argv),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def write(name: str, payload: dict, markdown: str) -> None:
     os.makedirs(RESULTS, exist_ok=True)
+    if isinstance(payload.get("provenance"), dict):
+        payload["provenance"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     with open(os.path.join(RESULTS, name + ".json"), "w") as f:
         json.dump(payload, f, indent=1)
     with open(os.path.join(RESULTS, name + ".md"), "w") as f:
