@@ -225,6 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_command(sub)
     for cmd in (pl, dp, wd, t):
         add_planner_arg(cmd)
+    mem = sub.add_parser("memory", help="where an iteration's bytes go: peak by kind, the "
+                         "tensors and steps that make it, fragmentation, bytes moved",
+                         description="Record one planned iteration (the simulation `neuron plan` "
+                         "runs) and report, like torch.cuda.memory_summary(): bytes by kind at "
+                         "the peak, the largest tensors and fullest steps, fragmentation (largest "
+                         "free block against free bytes), compactions, bytes moved each way.")
+    _model_args(mem, 32)
+    _policy_args(mem, "superneurons")
+    mem.add_argument("--top", type=_positive("--top"), default=10,
+                     help="how many tensors and steps to list (default 10)")
+    add_planner_arg(mem)
 
     m = sub.add_parser("models", help="list the model names")
     _json_arg(m)
@@ -357,6 +368,17 @@ def cmd_plan(args) -> int:
         plot_trace({r["policy"]: r["steps"]}, args.plot,
                    title=f"{args.model} batch {args.batch}")
         print(f"  trace drawn to {args.plot}")
+    if args.json:
+        print(json.dumps(r))
+    return 0 if r["fits"] else 1
+
+
+def cmd_memory(args) -> int:
+    from .memory_summary import format_summary, memory_summary
+    r = memory_summary(_build(args), args.batch, model=args.model, top=args.top,
+                       budget=parse_bytes(args.budget) if args.budget else None,
+                       **_policy_kw(args))
+    print(format_summary(r))
     if args.json:
         print(json.dumps(r))
     return 0 if r["fits"] else 1
@@ -507,6 +529,7 @@ def cmd_train(args) -> int:
 
 COMMANDS.update(train=cmd_train, summary=cmd_summary, models=cmd_models, plan=cmd_plan,
                 deepest=cmd_deepest, widest=cmd_widest, profile=_cmd_profile)
+COMMANDS.update(memory=cmd_memory)
 
 
 if __name__ == "__main__":

@@ -198,8 +198,11 @@ class Executor:
         self._prefetch_after = d.prefetch_after or None
         self.decisions = d
 
+    #: the pool class a run uses (memory/recorder.py swaps in one that logs every event)
+    pool_class = Pool
+
     def _new_pool(self):
-        self.pool = Pool(self.device, block=self.block, strategy=self.strategy,
+        self.pool = self.pool_class(self.device, block=self.block, strategy=self.strategy,
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
         self.pool.compact_first = self.policy.compact_first
@@ -218,7 +221,7 @@ class Executor:
 
     def _simulate(self, arena_bytes, trace=True, events=False):
         try:
-            v = Executor(self.graph, self.batch,
+            v = type(self)(self.graph, self.batch,
                          device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
                          optimizer=self.optimizer, policy=self.policy, dtype=self.dtype,
                          offload_params=self.offload_params,

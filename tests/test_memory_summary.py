@@ -1,0 +1,53 @@
+"""`neuron memory` (neuron/memory_summary.py): the report's numbers come from the plan."""
+import json
+
+from neuron.cli import main
+from neuron.memory_summary import format_summary, memory_summary
+from neuron.models import build_model
+from neuron.plan import plan
+
+
+def resnet8():
+    return build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
+
+
+def test_summary_matches_the_plan_at_the_minimum_budget():
+    g = resnet8()
+    p = plan(g, 8, policy="superneurons", trace=False)
+    budget = p["min_budget_bytes"]
+    planned = plan(g, 8, policy="superneurons", budget=budget, trace=False)
+    r = memory_summary(g, 8, policy="superneurons", top=3)
+    assert r["arena_bytes"] == budget and r["arena_is_minimum"]
+    assert r["peak_bytes"] == planned["peak_bytes"]
+    assert r["bytes_by_kind_at_peak"] == {k: v for k, v in planned["bytes_by_kind"].items() if v}
+    assert sum(r["bytes_by_kind_at_peak"].values()) == r["peak_bytes"]
+    assert r["device_to_host_bytes"] == planned["offload_bytes"]
+    assert r["host_to_device_bytes"] == planned["prefetch_bytes"]
+    assert r["compactions"] == planned["compactions"]
+    assert len(r["largest_tensors_at_peak"]) == 3
+    sizes = [t["bytes"] for t in r["largest_tensors_at_peak"]]
+    assert sizes == sorted(sizes, reverse=True)
+    f = r["fragmentation"]
+    for d in (f["at_peak_step"], f["worst"]):
+        assert 0 <= d["largest_free_block"] <= d["free_bytes"] <= budget
+        assert 0.0 <= d["fragmentation"] <= f["worst"]["fragmentation"] <= 1.0
+
+
+def test_report_text_names_the_peak_and_the_moves():
+    r = memory_summary(resnet8(), 8, policy="offload", top=2)
+    text = format_summary(r)
+    for needle in ("bytes by kind at the peak", "largest tensors at the peak", "fragmentation",
+                   "device -> host", "host -> device", "compactions",
+                   r["largest_tensors_at_peak"][0]["name"]):
+        assert needle in text
+
+
+def test_cli_memory_json_and_a_budget_that_does_not_fit(capsys):
+    assert main(["memory", "resnet_cifar", "--depth", "8", "--batch", "4", "--policy",
+                 "liveness", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["peak_bytes"] == r["unbounded_peak_bytes"] == r["min_budget_bytes"]
+    assert main(["memory", "resnet_cifar", "--depth", "8", "--batch", "4", "--budget",
+                 "64KiB"]) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "the minimum budget is" in out
