@@ -189,8 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(pl, 32)
     _policy_args(pl, "superneurons")
     pl.add_argument("--plot", default=None, metavar="FILE.png",
-                    help="draw the per-step memory trace (needs matplotlib: pip install "
+                    help="draw bytes in use per step against the budget, the forward/backward "
+                    "boundary, recomputations, compactions and bytes moved to and from the host; "
+                    "with --time, memory and streams against time (needs matplotlib: pip install "
                     "neuron[plot]) (default: none)")
+    pl.add_argument("--html", default=None, metavar="FILE.html",
+                    help="write an interactive timeline of every tensor's stay in the arena "
+                    "(address against step; hover for name, bytes, steps): one self-contained "
+                    "file, no network (default: none)")
     pl.add_argument("--no-min-budget", action="store_true",
                     help="skip the minimum-budget search (faster)")
     add_plan_arguments(pl)
@@ -359,15 +365,14 @@ def cmd_plan(args) -> int:
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
     timeline = r.pop("timeline", None)
+    plot = args.plot
     if args.plot and timeline and r.get("steps"):
         from .memory.clock_plot import plot_timeline
         plot_timeline(timeline, r["steps"], args.plot, title=f"{args.model} batch {args.batch}")
         print(f"  memory and streams drawn to {args.plot}")
-    elif args.plot and r.get("steps"):
-        from .report import plot_trace
-        plot_trace({r["policy"]: r["steps"]}, args.plot,
-                   title=f"{args.model} batch {args.batch}")
-        print(f"  trace drawn to {args.plot}")
+        plot = None                 # drawn against time; --html still draws below
+    if (plot or args.html) and r["fits"]:
+        _draw_plan(args, graph, r, budget, plot)
     if args.json:
         print(json.dumps(r))
     return 0 if r["fits"] else 1
@@ -382,6 +387,22 @@ def cmd_memory(args) -> int:
     if args.json:
         print(json.dumps(r))
     return 0 if r["fits"] else 1
+
+
+def _draw_plan(args, graph, r, budget, plot) -> None:
+    """--plot / --html: record the planned iteration (same simulation) and draw it."""
+    from .memory.recorder import record_iteration
+    rec, _ = record_iteration(graph, args.batch, budget, **_policy_kw(args))
+    title = (f"{args.model} batch {args.batch}, {r['policy']}"
+             f"{' + offload-params' if args.offload_params else ''}")
+    if plot:
+        from .report import plot_recording
+        plot_recording(rec, plot, title=title, budget=budget, min_budget=r["min_budget_bytes"])
+        print(f"  memory per step drawn to {plot}")
+    if args.html:
+        from .timeline_html import write_timeline
+        write_timeline(rec, args.html, title=title, budget=budget)
+        print(f"  timeline of every tensor written to {args.html}")
 
 
 def _search_cmd(args, kind: str) -> int:

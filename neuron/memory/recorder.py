@@ -177,3 +177,28 @@ def record_iteration(graph, batch: int, budget: int | None = None, **kw) -> tupl
     if not run["fits"]:
         return None, run
     return run["executor"].pool.rec, run
+
+
+def per_step(rec: Recording) -> dict[str, list]:
+    """Per step: the most bytes in use at any moment of it (the peak can be mid-step), bytes
+    offloaded and brought back, and whether it compacted."""
+    n = len(rec.steps)
+    high = [0] * n
+    out_b, in_b, compact = [0] * n, [0] * n, [0] * n
+    used = 0
+    for e in rec.events:
+        if e.op in ARRIVE:
+            used += e.nbytes
+        elif e.op in LEAVE:
+            used -= e.nbytes
+        s = e.step
+        if 0 <= s < n:
+            high[s] = max(high[s], used)
+            if e.op == OFFLOAD:
+                out_b[s] += e.nbytes
+            elif e.op in (FETCH, PREFETCH):
+                in_b[s] += e.nbytes
+    for s in rec.compactions:
+        if 0 <= s < n:
+            compact[s] += 1
+    return {"high": high, "offload": out_b, "fetch": in_b, "compactions": compact}
