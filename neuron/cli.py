@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=_number("--epochs", positive=True),
                    help="number of epochs (default: 1)")
     t.add_argument("--dataset", default="synthetic",
-                   help="synthetic | digits | cifar10:DIR | mnist:DIR")
+                   help="synthetic | digits | cifar10:DIR | mnist:DIR | folder:DIR")
     t.add_argument("--lr", type=_number("--lr", positive=True), default=0.1,
                    help="base learning rate")
     t.add_argument("--momentum", type=_number("--momentum"), default=0.9, help="SGD momentum")
@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", default=None, metavar="FILE.npz",
                    help="resume from a checkpoint written by --checkpoint (default: none)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # folder:DIR (ImageFolder layout, decoded by Pillow in background threads)
+    t.add_argument("--loader-workers", type=_positive("--loader-workers"), default=None,
+                   help="folder:DIR: threads decoding images (default: the cores, at most 8)")
+    t.add_argument("--on-corrupt", choices=["skip", "refuse"], default="skip",
+                   help="folder:DIR: leave unreadable images out and count them, or stop at "
+                   "the first (default skip)")
     from .distributed.launch import add_plan_arguments, add_train_arguments
     add_train_arguments(t)
 
@@ -494,7 +500,8 @@ def cmd_train(args) -> int:
         check_checkpoint_target(args.checkpoint)
     split = load_dataset(args.dataset, seed=args.seed,
                          num_classes=args.classes or 10,
-                         sample_shape=_build(args).inputs[0].shape)
+                         sample_shape=_build(args).inputs[0].shape,
+                         loader_workers=args.loader_workers, on_corrupt=args.on_corrupt)
     if args.classes is not None and split.train.num_classes != args.classes:
         raise UsageError(f"--classes {args.classes} does not match dataset {args.dataset}, which "
                          f"has {split.train.num_classes} classes; leave --classes out")
@@ -543,6 +550,12 @@ def cmd_train(args) -> int:
     if args.checkpoint:
         line += f"; state saved to {args.checkpoint}"
     print(line)
+    if "loader" in res:
+        ld = res["loader"]
+        print(f"loader: {ld['images_decoded']} images decoded by {ld['workers']} threads, "
+              f"training waited {res['data_wait_seconds']:.1f} s on it; "
+              f"{ld['skipped_unreadable']} unreadable images skipped, "
+              f"{ld['replaced_undecodable']} replaced")
     if args.json:
         print(json.dumps(res))
     return 0

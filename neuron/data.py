@@ -9,6 +9,8 @@ Loading
 * ``"cifar10:DIR"``    CIFAR-10 *binary* version (``data_batch_{1..5}.bin``,
                        ``test_batch.bin``), shape (3, 32, 32)
 * ``"mnist:DIR"``      MNIST IDX files (optionally ``.gz``), shape (1, 28, 28)
+* ``"folder:DIR"``     an ImageFolder layout (one subfolder per class, JPEG/PNG),
+                       decoded lazily by background threads (image_folder.py)
 
 Every real dataset is scaled to [0, 1] and then standardized per channel with
 the mean/std of the *training* split (the same statistics are applied to the
@@ -46,7 +48,7 @@ __all__ = [
     "ACCEPTED_SPECS",
 ]
 
-ACCEPTED_SPECS = ("synthetic", "digits", "cifar10:DIR", "mnist:DIR")
+ACCEPTED_SPECS = ("synthetic", "digits", "cifar10:DIR", "mnist:DIR", "folder:DIR")
 
 
 class DataFormatError(NeuronError, ValueError):
@@ -414,11 +416,13 @@ def write_mnist_idx(dir, prefix, images_uint8, labels, gz: bool = False) -> tupl
 # entry point
 # --------------------------------------------------------------------------
 def load_dataset(spec: str, *, sample_shape=(3, 32, 32), num_classes: int = 10,
-                 synthetic_size: int = 1024, seed: int = 0) -> Split:
+                 synthetic_size: int = 1024, seed: int = 0, loader_workers: int | None = None,
+                 on_corrupt: str = "skip") -> Split:
     """Load a dataset by spec (see module docstring).
 
-    ``sample_shape``, ``num_classes`` and ``synthetic_size`` only apply to
-    "synthetic"; ``seed`` drives the synthetic data and the digits split.
+    ``num_classes`` and ``synthetic_size`` only apply to "synthetic";
+    ``sample_shape`` to "synthetic" and "folder" (the size images are cropped to), as do
+    ``loader_workers`` and ``on_corrupt`` ("skip" or "refuse" unreadable images); ``seed`` drives the synthetic data and the digits split.
     The test split of cifar10/mnist is optional on disk: when its files are
     absent ``Split.test`` is None.
     """
@@ -428,20 +432,24 @@ def load_dataset(spec: str, *, sample_shape=(3, 32, 32), num_classes: int = 10,
     kind, sep, arg = s.partition(":")
     kind = kind.lower()
     accepted = ("unknown dataset spec {!r}; accepted forms: "
-                "'synthetic', 'digits', 'cifar10:DIR', 'mnist:DIR'")
+                "'synthetic', 'digits', 'cifar10:DIR', 'mnist:DIR', 'folder:DIR'")
     if not sep:
         if kind == "synthetic":
             return _load_synthetic(sample_shape, num_classes, synthetic_size, seed)
         if kind == "digits":
             return _load_digits(seed)
-        if kind in ("cifar10", "mnist"):
+        if kind in ("cifar10", "mnist", "folder"):
             raise ValueError(f"dataset spec {spec!r} needs a directory: '{kind}:DIR'")
         raise ValueError(accepted.format(spec))
-    if kind not in ("cifar10", "mnist"):
+    if kind not in ("cifar10", "mnist", "folder"):
         raise ValueError(accepted.format(spec))
     if not arg.strip():
         raise ValueError(f"dataset spec {spec!r} needs a directory: '{kind}:DIR'")
     root = Path(os.path.expanduser(arg.strip()))
+    if kind == "folder":
+        from .image_folder import load_image_folder
+        return load_image_folder(root, sample_shape, workers=loader_workers,
+                                 on_corrupt=on_corrupt)
     return _load_cifar10(root) if kind == "cifar10" else _load_mnist(root)
 
 
@@ -513,6 +521,8 @@ def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0
     """
     b = _check_batch(ds, batch, True)
     seed = _check_seed(seed)
+    if hasattr(ds, "stream"):       # decoded lazily by background workers (image_folder.py)
+        return ds.stream(b, seed, int(start_step))
     if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
         raise ValueError(f"start_step must be a non-negative int, got {start_step!r}")
     n = len(ds)

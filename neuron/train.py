@@ -31,8 +31,9 @@ def evaluate(ex: Executor, ds: Dataset) -> tuple[float, float]:
     """Mean loss and accuracy over a whole split; the last partial batch is padded, not dropped."""
     n, b = len(ds), ex.batch
     total_loss, correct = 0.0, 0
-    for start in range(0, n, b):
-        xb, yb = ds.x[start:start + b], ds.y[start:start + b]
+    chunks = ds.in_order(b) if hasattr(ds, "in_order") else \
+        ((ds.x[i:i + b], ds.y[i:i + b]) for i in range(0, n, b))
+    for xb, yb in chunks:
         m = len(yb)
         if m < b:      # pad with copies; inference is per sample, so padding changes nothing
             idx = np.arange(b) % m
@@ -151,6 +152,7 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     failure: BaseException | None = None
     bar = None
     t0 = time.perf_counter()
+    data_wait = 0.0
     with StopRequest(announce=progress) as stop:
         if progress:
             from tqdm import tqdm
@@ -160,7 +162,9 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                 if stop.requested:
                     break
                 ex.optimizer.lr = lr_at(step, total, lr, schedule, warmup)
+                tw = time.perf_counter()
                 xb, yb = next(stream)
+                data_wait += time.perf_counter() - tw     # the step waited on the data loader
                 try:
                     with stop.step():
                         losses.append(step_fn(xb, yb))
@@ -187,7 +191,9 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
               "images_per_sec": (len(losses) * gbatch / elapsed) if elapsed > 0 else None,
               "seconds": elapsed, "peak_bytes": ex.pool.high_water,
               "planned_peak_bytes": ex.planned["peak_bytes"] if ex.planned else None,
-              "arena_bytes": ex.device.arena_bytes}
+              "arena_bytes": ex.device.arena_bytes, "data_wait_seconds": round(data_wait, 3)}
+    if hasattr(train, "loader_stats"):
+        result["loader"] = train.loader_stats()
     if stop.requested or failure is not None:
         if not checkpoint:
             state = f"state of iteration {ex.iteration} not saved (no --checkpoint given)"
