@@ -136,12 +136,11 @@ def make_device(kind: str, arena_bytes: int) -> Device:
         kind = "cuda" if cuda_available() else "cpu"
     if kind not in _REGISTRY:
         raise ValueError(f"unknown device {kind!r}; expected one of {', '.join(device_kinds())}")
-    if kind == "cuda":
-        why = cuda_unavailable_reason()
-        if why:
-            from .errors import DeviceUnavailableError
-            raise DeviceUnavailableError(f"device cuda is not usable: {why}; use device cpu "
-                                         "(--device cpu) or auto")
+    factory = _REGISTRY.get(kind)
+    if kind == "cuda" and (factory == "neuron.cuda_device:CudaDevice" or
+                           getattr(factory, "__module__", "") == "neuron.cuda_device"):
+        from .cuda_check import require_cuda
+        require_cuda()      # CuPy, driver, NVRTC, cuDNN: one line naming each that is missing
     return _resolve(kind)(arena_bytes)
 
 

@@ -1,0 +1,71 @@
+"""`--device cuda` says what is missing (neuron/cuda_check.py), checked with stand-ins for CuPy
+and cuDNN so that it runs without a GPU."""
+import sys
+import types
+
+import pytest
+
+from neuron import cuda_check
+from neuron.cli import main
+from neuron.kernels import cudnn
+
+
+def fake_cupy(devices=1, driver_error=None, nvrtc_error=None):
+    def count():
+        if driver_error:
+            raise driver_error
+        return devices
+
+    def nvrtc_version():
+        if nvrtc_error:
+            raise nvrtc_error
+        return (13, 0)
+    runtime = types.SimpleNamespace(getDeviceCount=count, driverGetVersion=lambda: 12040)
+    cuda = types.SimpleNamespace(runtime=runtime, nvrtc=types.SimpleNamespace(
+        getVersion=nvrtc_version), is_available=lambda: devices > 0)
+    return types.SimpleNamespace(cuda=cuda)
+
+
+@pytest.fixture
+def no_cudnn(monkeypatch):
+    def missing():
+        raise cudnn.CudnnNotFoundError([("system loader", "libcudnn.so.9: cannot open")])
+    monkeypatch.setattr(cudnn, "lib", missing)
+
+
+def test_without_cupy_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)        # import cupy -> ImportError
+    problems = cuda_check.missing_for_cuda()
+    assert len(problems) == 1 and "CuPy" in problems[0] and ".[cuda]" in problems[0]
+
+
+def test_old_driver_and_missing_cudnn_are_both_named(monkeypatch, no_cudnn):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(
+        driver_error=RuntimeError("cudaErrorInsufficientDriver")))
+    problems = cuda_check.missing_for_cuda()
+    assert any("driver supports CUDA 12.4" in p and "InsufficientDriver" in p for p in problems)
+    assert any("libcudnn.so.9" in p and "nvidia-cudnn-cu13" in p for p in problems)
+
+
+def test_missing_nvrtc_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(nvrtc_error=OSError("libnvrtc.so.13")))
+    monkeypatch.setattr(cudnn, "lib", lambda: object())
+    assert cuda_check.missing_for_cuda() == [p for p in cuda_check.missing_for_cuda()
+                                             if "NVRTC" in p and "libnvrtc.so.13" in p]
+    assert len(cuda_check.missing_for_cuda()) == 1
+
+
+def test_a_complete_stack_passes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
+    monkeypatch.setattr(cudnn, "lib", lambda: object())
+    assert cuda_check.missing_for_cuda() == []
+    cuda_check.require_cuda()
+
+
+def test_train_device_cuda_fails_with_one_clear_message(monkeypatch, capsys, no_cudnn):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    rc = main(["train", "resnet_cifar", "--depth", "8", "--iters", "1", "--batch", "4",
+               "--device", "cuda", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "device cuda is not usable" in err and "CuPy" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
