@@ -71,6 +71,10 @@ const D = /*DATA*/null;
 const N = D.offset.length, S = D.step_phase.length;
 const cv = document.getElementById('c'), ctx = cv.getContext('2d'), tip = document.getElementById('tip');
 const rgb = D.colors.map(c => [parseInt(c.slice(1,3),16), parseInt(c.slice(3,5),16), parseInt(c.slice(5,7),16)]);
+// pixels as little-endian RGBA words; EDGE: the darker outline of stays big enough to show one
+const word = (r, g, b) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;
+const FILL = rgb.map(c => word(c[0], c[1], c[2]));
+const EDGE = rgb.map(c => word(c[0] * 0.6 | 0, c[1] * 0.6 | 0, c[2] * 0.6 | 0));
 document.getElementById('legend').innerHTML = D.kinds.map((k,i) =>
   `<span><i style="background:${D.colors[i]}"></i>${k}</span>`).join('');
 let W = 0, H = 0, owner = null, view = null;
@@ -81,9 +85,8 @@ function resize() {
 }
 function draw() {
   const t0 = performance.now();
-  const img = ctx.createImageData(W, H), px = img.data;
-  owner.fill(-1);
-  for (let p = 0; p < W * H; p++) { px[4*p] = px[4*p+1] = px[4*p+2] = 255; px[4*p+3] = 255; }
+  const img = ctx.createImageData(W, H), u32 = new Uint32Array(img.data.buffer);
+  u32.fill(0xffffffff); owner.fill(-1);          // white; whole rows at a time below
   const sx = W / (view.s1 - view.s0), sy = H / (view.a1 - view.a0);
   let drawn = 0;
   for (let i = 0; i < N; i++) {
@@ -93,14 +96,11 @@ function draw() {
     let y1 = H - Math.floor((a - view.a0) * sy), y0 = H - Math.ceil((b - view.a0) * sy);
     x0 = Math.max(x0, 0); x1 = Math.min(Math.max(x1, x0 + 1), W);
     y0 = Math.max(y0, 0); y1 = Math.min(Math.max(y1, y0 + 1), H);
-    const c = rgb[D.kind[i]], edge = (x1 - x0 > 3 && y1 - y0 > 3);
+    const c = FILL[D.kind[i]], edge = (x1 - x0 > 3 && y1 - y0 > 3) ? EDGE[D.kind[i]] : c;
     for (let y = y0; y < y1; y++) {
-      let p = y * W + x0;
-      for (let x = x0; x < x1; x++, p++) {
-        const border = edge && (x === x0 || y === y0);
-        px[4*p] = border ? c[0] * 0.6 : c[0]; px[4*p+1] = border ? c[1] * 0.6 : c[1];
-        px[4*p+2] = border ? c[2] * 0.6 : c[2]; owner[p] = i;
-      }
+      const p = y * W;
+      u32.fill(y === y0 ? edge : c, p + x0, p + x1); owner.fill(i, p + x0, p + x1);
+      u32[p + x0] = edge;
     }
     drawn++;
   }
