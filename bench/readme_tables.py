@@ -228,6 +228,29 @@ def quickstart_text(d: dict) -> str:
                and load[0] >= 1.0 else "") + ").")
 
 
+def timeline_html_text(d: dict) -> str:
+    r = d["rows"][0]
+    return "\n\n".join([table(
+        ["network", "steps", "tensor stays", "HTML", "page load s", "full redraw ms",
+         "zoomed redraw ms", "hover ms"], ["l"] + ["r"] * 7,
+        [[f"`{r['model']} --depth {r['depth']} --batch {r['batch']}` ({num(r['layers'])} layers"
+          f", {r['policy']}{' + offload-params' if r.get('offload_params') else ''})",
+          num(r["steps"]), num(r["stays"]), f"{r['html_bytes'] / MIB:.1f} MiB",
+          f"{r['page_load_seconds']:.2f}", f"{r['full_redraw_ms_median']:.0f}",
+          f"{r['zoomed_redraw_ms_median']:.0f}", f"{r['hover_ms_median']:.0f}"]]),
+        source(d, "timeline_html")])
+
+
+def image_loader_table(d: dict) -> str:
+    st = d["settings"]
+    rows = [[r["workers"], num(r["images"]), f"{r['seconds']:.1f}", f"{r['images_per_sec']:.1f}"]
+            for r in d["rows"]]
+    return "\n\n".join([f"{st['images']} generated {st['source_side']}x{st['source_side']} "
+                         f"JPEGs to {st['size']}x{st['size']} crops, batch {st['batch']}:",
+                         table(["threads", "images", "seconds", "images/s"], ["r"] * 4, rows),
+                         source(d, "image_loader")])
+
+
 # name -> (results JSON without .json, renderer). One line per README region.
 GENERATORS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "quickstart": ("quickstart", quickstart_text),
@@ -241,6 +264,8 @@ GENERATORS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "recompute": ("recompute_table", recompute_table),
     "tensor_cache": ("tensor_cache", tensor_cache_table),
     "memory_trace": ("memory_trace", memory_trace_table),
+    "timeline_html": ("timeline_html", timeline_html_text),
+    "image_loader": ("image_loader", image_loader_table),
 }
 
 
