@@ -28,7 +28,9 @@ def git_commit() -> str:
 def provenance(device: str | None = None) -> dict:
     """Where a result came from. The load average says how shared the cores were: timings
     taken under load are slower than on a quiet machine."""
-    return {"date": datetime.date.today().isoformat(), "commit": git_commit()[:12],
+    commit = git_commit()
+    commit = commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")   # keep the mark
+    return {"date": datetime.date.today().isoformat(), "commit": commit,
             "device": device or f"CPU ({platform.processor() or platform.machine()}, "
                                 f"{os.cpu_count()} cores), planning only",
             "python": platform.python_version(), "command": " ".join(sys.argv),

@@ -68,7 +68,7 @@ def source(data: dict, script: str) -> str:
     end = p.get("load_average_at_end")
     load_txt += f", {end[0]:.1f} at end (2 cores: above 2 the cores were shared)" if end else ""
     return (f"<sub>Source: `bench/results/{script}.json`, from `python {p['command']}` at commit "
-            f"`{p['commit'][:12]}` on {p['device']}, {p['date']}{load_txt}.</sub>")
+            f"`{p['commit']}` on {p['device']}, {p['date']}{load_txt}.</sub>")
 
 
 # --------------------------------------------------------------------------- the tables
