@@ -19,8 +19,8 @@ def git_commit() -> str:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, check=True).stdout.strip()
         # results written by other benchmarks do not make the code that produced this dirty
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!bench/results"],
-                               cwd=root, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ":(top)",
+                                ":(top,exclude)bench/results"], cwd=root, capture_output=True, text=True).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
