@@ -20,7 +20,8 @@ def git_commit() -> str:
                              text=True, check=True).stdout.strip()
         # results written by other benchmarks do not make the code that produced this dirty
         dirty = subprocess.run(["git", "status", "--porcelain", "--", ":(top)",
-                                ":(top,exclude)bench/results"], cwd=root, capture_output=True, text=True).stdout.strip()
+                                ":(top,exclude)bench/results"],
+                               cwd=root, capture_output=True, text=True).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
