@@ -8,6 +8,7 @@
     ex = nn.Executor(net, batch=32, optimizer=nn.SGD(lr=0.1))
     loss = ex.train_step(images, labels)
 """
+from . import _source_layout
 from .errors import (DataError, GraphError, MemoryBudgetError, NeuronError, NonFiniteLossError,
                      NonFiniteUpdateError, ShapeError)
 from .graph import Graph, Tensor
@@ -17,6 +18,8 @@ from .layers import input_tensor as Input
 from .optim import SGD
 
 __version__ = "0.1.0"
+
+_source_layout.install()       # neuron.models from the top-level models/ of a source checkout
 
 
 def __getattr__(name):
