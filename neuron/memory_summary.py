@@ -6,7 +6,7 @@ way. Everything comes from one recorded simulation (memory/recorder.py) of the p
 """
 from __future__ import annotations
 
-from .memory.recorder import record_iteration
+from .memory.recorder import per_step, record_iteration
 from .plan import plan
 from .units import fmt_bytes
 
@@ -32,6 +32,7 @@ def memory_summary(graph, batch: int, *, budget: int | None = None, top: int = 1
 
 def summarize_recording(rec, run: dict, top: int = 10) -> dict:
     steps = rec.steps
+    high = per_step(rec)["high"]        # the most bytes in use at any moment of each step
     peak = rec.events[rec.peak_event]
     peak_step = steps[peak.step] if 0 <= peak.step < len(steps) else None
     resident = sorted(rec.resident_at(rec.peak_event).values(), key=lambda e: -e.nbytes)
@@ -48,8 +49,9 @@ def summarize_recording(rec, run: dict, top: int = 10) -> dict:
         "tensors_at_peak": len(resident),
         "largest_tensors_at_peak": [{"name": e.name, "kind": e.kind, "bytes": e.nbytes,
                                      "since_step": max(e.step, 0)} for e in resident[:top]],
-        "fullest_steps": [dict(_step_dict(s, len(steps)), used_bytes=s.used_bytes)
-                          for s in sorted(steps, key=lambda s: -s.used_bytes)[:top]],
+        "fullest_steps": [dict(_step_dict(steps[i], len(steps)), most_bytes=high[i],
+                               bytes_after=steps[i].used_bytes)
+                          for i in sorted(range(len(steps)), key=lambda i: -high[i])[:top]],
         "fragmentation": {
             "at_peak_step": _frag(peak_step) if peak_step else None,
             "worst": dict(_frag(worst[0]), **_step_dict(worst[0], len(steps))) if worst else None,
@@ -98,10 +100,10 @@ def format_summary(r: dict) -> str:
     for t in r["largest_tensors_at_peak"]:
         lines.append(f"  {t['name'][:44]:44} {t['kind']:12}{fmt_bytes(t['bytes']):>12}  "
                      f"since step {t['since_step']}")
-    lines += ["", "fullest steps (bytes in use at the end of the step)"]
+    lines += ["", "fullest steps               most in use during the step   after it"]
     for s in r["fullest_steps"]:
-        lines.append(f"  step {s['step']:>6} {s['phase']} {s['layer'][:40]:40}"
-                     f"{fmt_bytes(s['used_bytes']):>12}")
+        lines.append(f"  step {s['step']:>6} {s['phase']} {s['layer'][:32]:32}"
+                     f"{fmt_bytes(s['most_bytes']):>12}{fmt_bytes(s['bytes_after']):>12}")
     f = r["fragmentation"]
     lines += ["", "fragmentation = 1 - largest free block / free bytes (end of each step)"]
     for label, d in (("at the peak step", f["at_peak_step"]), ("worst step", f["worst"])):

@@ -25,6 +25,9 @@ def test_summary_matches_the_plan_at_the_minimum_budget():
     assert r["host_to_device_bytes"] == planned["prefetch_bytes"]
     assert r["compactions"] == planned["compactions"]
     assert len(r["largest_tensors_at_peak"]) == 3
+    # the fullest step is the peak's step, and holds the peak
+    assert r["fullest_steps"][0]["most_bytes"] == r["peak_bytes"]
+    assert r["fullest_steps"][0]["step"] == r["peak_step"]["step"]
     sizes = [t["bytes"] for t in r["largest_tensors_at_peak"]]
     assert sizes == sorted(sizes, reverse=True)
     f = r["fragmentation"]
