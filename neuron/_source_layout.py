@@ -2,7 +2,7 @@
 
 An installed neuron has it at neuron/models (setup.py's package_dir copies it there). Run from
 a source checkout (or an editable install of one), neuron/ has no models/ subfolder; this
-finder, consulted after the regular ones, maps the name neuron.models to ../models instead.
+finder maps the name neuron.models (and nothing else) to ../models instead.
 """
 from __future__ import annotations
 
@@ -30,5 +30,7 @@ def install() -> None:
         return
     if not os.path.isfile(os.path.join(MODELS_DIR, "__init__.py")):
         return
+    # first in line: another neuron's editable-install finder (an older layout installed on
+    # the same Python) would otherwise answer for neuron.models with its own copy
     if not any(isinstance(f, _ModelsFinder) for f in sys.meta_path):
-        sys.meta_path.append(_ModelsFinder())
+        sys.meta_path.insert(0, _ModelsFinder())
