@@ -44,8 +44,11 @@ def _check_driver(cupy):
 
 
 def _check_nvrtc(cupy):
+    version = getattr(getattr(cupy.cuda, "nvrtc", None), "getVersion", None)
+    if version is None:         # a CuPy without this probe: let CuPy itself report later
+        return None
     try:
-        cupy.cuda.nvrtc.getVersion()
+        version()
     except Exception as e:
         return (f"NVRTC (CUDA's run-time compiler, which CuPy uses for its kernels) cannot be "
                 f"loaded: {type(e).__name__}: {e}; {INSTALL} brings it as the "
