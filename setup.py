@@ -17,7 +17,10 @@ ext_modules = [
 ]
 
 setup(
-    packages=find_packages(include=["neuron", "neuron.*"]),
+    # the model definitions live in the top-level models/ folder (the design card's layout)
+    # and install as neuron.models; neuron/_source_layout.py maps the name in a checkout
+    packages=find_packages(include=["neuron", "neuron.*"]) + ["neuron.models"],
+    package_dir={"neuron.models": "models"},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
     zip_safe=False,
