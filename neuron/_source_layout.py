@@ -26,7 +26,9 @@ class _ModelsFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Add the finder when neuron/models is absent and ../models is there (a source tree)."""
-    if os.path.isdir(os.path.join(_HERE, "models")):
+    # an installed package has neuron/models/__init__.py; a checkout may still hold a stale
+    # neuron/models/__pycache__ from before the move, which must not count
+    if os.path.isfile(os.path.join(_HERE, "models", "__init__.py")):
         return
     if not os.path.isfile(os.path.join(MODELS_DIR, "__init__.py")):
         return
