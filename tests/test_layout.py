@@ -17,7 +17,7 @@ def test_the_card_names_these_top_level_entries():
     for entry in ("setup.py", "README.md", "neuron", "models", "tests", "bench",
                   "neuron/kernels", "neuron/memory", "neuron/layers"):
         assert os.path.exists(os.path.join(ROOT, entry)), entry
-    assert not os.path.exists(os.path.join(ROOT, "neuron", "models"))
+    assert not os.path.exists(os.path.join(ROOT, "neuron", "models", "__init__.py"))
 
 
 def test_source_checkout_maps_neuron_models_to_models():
