@@ -1,15 +1,11 @@
-"""Drawing memory traces (the SuperNeurons paper's Figure 10). matplotlib is optional."""
+"""Drawing memory: per-step traces (the SuperNeurons paper's Figure 10) and one recorded
+iteration at a glance (`neuron plan --plot`). matplotlib is optional."""
 from __future__ import annotations
 
 
 def plot_trace(traces: dict, path: str, title: str = "") -> None:
     """traces: label -> list of {step, phase, bytes_in_use}; one line per label."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ImportError("plotting needs matplotlib: pip install 'neuron[plot]'") from e
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for label, rows in traces.items():
         ax.plot([r["step"] for r in rows], [r["bytes_in_use"] / 2 ** 20 for r in rows],
@@ -38,10 +34,11 @@ def _pyplot():
 
 
 def plot_recording(rec, path: str, title: str = "", budget: int | None = None,
-                   min_budget: int | None = None) -> None:
+                   min_budget: int | None = None) -> dict:
     """One iteration at a glance: bytes in use per step against the budget, the forward /
     backward boundary, recomputation steps shaded, compactions marked; below, bytes moved to
-    and from the host per step. ``rec``: a memory/recorder.py Recording."""
+    and from the host per step. ``rec``: a memory/recorder.py Recording. Returns what it
+    marked."""
     from .memory.recorder import per_step
     plt = _pyplot()
     mib = 2 ** 20
@@ -97,3 +94,6 @@ def plot_recording(rec, path: str, title: str = "", budget: int | None = None,
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return {"budget": budget, "min_budget": min_budget, "backward_starts": first_b,
+            "recompute_steps": sum(is_r), "compaction_steps": comp,
+            "offload_bytes": sum(ps["offload"]), "fetch_bytes": sum(ps["fetch"])}

@@ -102,3 +102,17 @@ def test_renders_in_chromium_and_hover_names_the_tensor(browser, tmp_path):
     page.wait_for_timeout(100)
     assert int(page.evaluate("document.body.dataset.drawn")) == len(d["offset"])
     page.close()
+
+
+def test_plot_marks_what_the_recording_holds(tmp_path):
+    pytest.importorskip("matplotlib")
+    from neuron.report import plot_recording
+    rec, budget = recording()
+    marks = plot_recording(rec, str(tmp_path / "p.png"), "t", budget=budget)
+    phases = [s.phase for s in rec.steps]
+    assert marks["backward_starts"] == phases.index("B") > 0
+    assert marks["recompute_steps"] == phases.count("R") > 0
+    assert len(marks["compaction_steps"]) == len(set(rec.compactions))
+    assert marks["offload_bytes"] == sum(e.nbytes for e in rec.events if e.op == "offload") > 0
+    assert marks["fetch_bytes"] == sum(e.nbytes for e in rec.events
+                                       if e.op in ("prefetch", "fetch")) > 0
