@@ -44,10 +44,10 @@ def _learning_graph():
 def test_learns_digits(digits):
     g = _learning_graph()
     ex = nn.Executor(g, 32, optimizer=_sgd(), seed=0)
-    t0 = time.perf_counter()
+    t0 = time.process_time()     # this process's CPU time: other jobs on the cores do not count
     res = fit(ex, digits.train, digits.test, iters=60, lr=0.1, schedule="cosine", seed=0,
               progress=False)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert res["test_accuracy"] >= 0.90, res
     assert elapsed < 60, f"{elapsed:.1f}s"
     assert res["iterations"] == 60

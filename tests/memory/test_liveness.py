@@ -141,9 +141,9 @@ def test_linear_time_on_a_10000_layer_chain():
     g = nn.Graph(x, nn.Linear(3, name="fc1")(h))
     sched = _schedule(g, 2)
     assert len(sched.steps) > 20_000
-    t0 = time.perf_counter()
+    t0 = time.process_time()     # this process's CPU time: other jobs on the cores do not count
     frees = frees_for(sched.steps)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert elapsed < 2.0, f"frees_for took {elapsed:.2f}s on {len(sched.steps)} steps"
     # spot-check: each ReLU output dies at its last backward use (ReLU backward reads the output)
     step_of = {}
