@@ -57,9 +57,17 @@ def table(header: list[str], align: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def provenance_of(data: dict) -> dict:
+    """A result's provenance: its "provenance" object, or the same fields at the top level
+    (the shape some benchmarks write)."""
+    return data.get("provenance") or {k: data[k] for k in (*PROVENANCE_FIELDS,
+                                                            "load_average_at_start",
+                                                            "load_average_at_end") if k in data}
+
+
 def source(data: dict, script: str) -> str:
     """The line under each table: which command, commit, device and date produced it."""
-    p = data.get("provenance") or {}
+    p = provenance_of(data)
     missing = [k for k in PROVENANCE_FIELDS if not p.get(k)]
     if missing:
         raise SchemaError(f"{script}: provenance lacks {', '.join(missing)}")

@@ -20,7 +20,7 @@ def test_readme_agrees_with_results():
 def test_every_result_names_command_commit_device_date():
     for name in sorted(os.listdir(RT.RESULTS)):
         if name.endswith(".json"):
-            prov = json.load(open(os.path.join(RT.RESULTS, name))).get("provenance", {})
+            prov = RT.provenance_of(json.load(open(os.path.join(RT.RESULTS, name))))
             assert all(prov.get(k) for k in RT.PROVENANCE_FIELDS), (name, prov)
 
 
