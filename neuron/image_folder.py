@@ -96,6 +96,8 @@ class ImageFolderDataset:
                                    f"{c} (input shape {tuple(sample_shape)})")
         self.name, self.files, self.y = name, list(files), labels
         self.classes, self.num_classes = classes, len(classes)
+        self.origin = (f"{len(files)} images in {len(classes)} classes from {name[7:]}"
+                       + (f", {len(skipped)} unreadable skipped" if skipped else ""))
         self.sample_shape = (c, h, w)
         self.workers, self.prefetch, self.on_corrupt = max(1, workers), max(1, prefetch), on_corrupt
         self.skipped = list(skipped or [])          # left out at the scan
