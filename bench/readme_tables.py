@@ -58,9 +58,11 @@ def table(header: list[str], align: list[str], rows: list[list]) -> str:
 
 
 def provenance_of(data: dict) -> dict:
-    """A result's provenance: its "provenance" object, or the same fields at the top level
-    (the shape some benchmarks write)."""
-    return data.get("provenance") or {k: data[k] for k in (*PROVENANCE_FIELDS,
+    """A result's provenance: its "provenance" object, else one per device ("cpu_provenance",
+    ...), else the same fields at the top level (the shapes benchmarks write)."""
+    per_device = [v for k, v in data.items() if k.endswith("_provenance") and v]
+    return data.get("provenance") or (per_device[0] if per_device else None) or \
+        {k: data[k] for k in (*PROVENANCE_FIELDS,
                                                             "load_average_at_start",
                                                             "load_average_at_end") if k in data}
 
