@@ -257,13 +257,18 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {}       # name -> function(args) -> exit code; filled below
 
 
-def main(argv=None) -> int:
+def console_main() -> int:
+    """The `neuron` console script and `python -m neuron`: the process ends with the command."""
+    return main(exiting=True)
+
+
+def main(argv=None, exiting: bool = False) -> int:
     """Exit codes: 0 done, 1 a runtime failure, 2 a usage error, 128+N stopped by signal N.
     Every failure is one line on stderr (NEURON_TRACEBACK=1 shows the traceback)."""
     ap = build_parser()
     args = ap.parse_args(argv)
     from .cli_errors import run_command
-    return run_command(args.command, COMMANDS[args.command], args)
+    return run_command(args.command, COMMANDS[args.command], args, exiting=exiting)
 
 
 def _build(args, in_shape=None, num_classes=None):

@@ -65,17 +65,21 @@ def _ignore_further_signals() -> None:
             pass
 
 
-def run_command(name: str, fn, args) -> int:
+def run_command(name: str, fn, args, exiting: bool = False) -> int:
+    """exiting: the process ends after this command (the console script), so a run that
+    stops may stop listening to further signals; in-process callers keep their handlers."""
     from .errors import TrainingStopped
     err = sys.stderr
     try:
         return fn(args)
     except TrainingStopped as e:
-        _ignore_further_signals()
+        if exiting:
+            _ignore_further_signals()
         print(f"neuron {name}: {message(e)}", file=err)
         return 128 + e.signum if e.signum else RUNTIME
     except KeyboardInterrupt:
-        _ignore_further_signals()
+        if exiting:
+            _ignore_further_signals()
         print(f"neuron {name}: interrupted", file=err)
         return 130
     except BrokenPipeError:
