@@ -335,7 +335,7 @@ def markdown(res, args, prov, gpu: bool) -> str:
     how = ("neuron planned, then real iterations on the GPU" if gpu else
            "planned on a virtual device (the executor scheduling every step, no kernels)")
     ws = ("cuDNN algorithms chosen under the free bytes" if gpu else
-          "the CPU kernels' chunked im2col (<= 32 MiB of columns); the GPU picks cuDNN "
+          "the CPU kernels' im2col in fixed sub-blocks (<= 4 MiB of columns, or none when it does not fit); the GPU picks cuDNN "
           "algorithms under the free bytes, so GPU answers can differ slightly")
     L = [f"# Going deeper under a {fmt_bytes(budget)} budget (SuperNeurons Table 4)\n",
          f"Produced by {where}. float32, SGD with momentum (its state counts), {how}. "

@@ -83,7 +83,7 @@ def markdown(res, args, prov, gpu):
              + (" (library files modified since that commit)" if res["dirty"] else ""))
     L = [f"# Recomputation strategies, batch {args.batch} (SuperNeurons Table 1)\n",
          f"Produced by {where}. float32, SGD with momentum; peaks include parameters, momentum, "
-         "gradients and workspaces (the CPU kernels' chunked im2col, <= 32 MiB), MiB = 2^20 "
+         "gradients and workspaces (the CPU kernels' im2col in fixed sub-blocks, <= 4 MiB), MiB = 2^20 "
          "bytes. *extra* = forward steps re-run per iteration; *peak* = arena high-water mark "
          "with an unbounded arena (unbounded_peak_bytes); *min* = the smallest arena the plan "
          "completes in (min_budget_bytes: without offload, the unbounded run's extent, which can "
