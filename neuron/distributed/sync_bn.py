@@ -16,6 +16,8 @@ Written with the array module of its inputs (NumPy or CuPy); the CuPy path is GP
 """
 from __future__ import annotations
 
+from ..kernels.numpy_ref import bn_scale_and_update
+
 
 def _xp(a):
     if type(a).__module__.startswith("cupy"):
@@ -59,22 +61,8 @@ class SyncBatchNormKernels:
         xp.subtract(x, mean.reshape(bshape), out=y)                    # y = x - mean
         ss = self._sum(xp.sum(xp.square(y), axis=axes, dtype=xp.float64), "sync-bn variance")
         var = (ss / m).astype(x.dtype)                                 # biased, global
-        invstd = 1.0 / xp.sqrt(var + eps)
-        if save_mean is not None:
-            save_mean[...] = mean
-        if save_invstd is not None:
-            save_invstd[...] = invstd
-        scale = invstd if gamma is None else invstd * gamma
-        y *= scale.reshape(bshape)
-        if beta is not None:
-            y += beta.reshape(bshape)
-        if update_running:
-            if running_mean is not None:
-                running_mean *= (1.0 - momentum)
-                running_mean += momentum * mean
-            if running_var is not None:
-                running_var *= (1.0 - momentum)
-                running_var += momentum * (var * (m / max(m - 1, 1)))
+        bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
+                            running_mean, running_var, momentum, update_running)
 
     def batchnorm_backward(self, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
                            eps=1e-5, accumulate=False):

@@ -302,6 +302,16 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
     mean = np.mean(x, axis=axes)
     np.subtract(x, mean.reshape(bshape), out=y)             # y = x - mean
     var = np.mean(np.square(y), axis=axes)                  # biased variance
+    bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
+                        running_mean, running_var, momentum, update_running)
+
+
+def bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
+                        running_mean, running_var, momentum, update_running):
+    """The rest of training-mode BN once y = x - mean and the biased variance over m values
+    are known (one batch here; the global batch in distributed/sync_bn.py). Works on NumPy
+    and CuPy arrays alike (np.sqrt dispatches to CuPy through __array_ufunc__)."""
+    bshape = (1, -1, 1, 1) if y.ndim == 4 else (1, -1)
     invstd = 1.0 / np.sqrt(var + eps)
     if save_mean is not None:
         save_mean[...] = mean
