@@ -136,13 +136,22 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
             else:
                 binding[t.id] = emit_chain(layers, keep_all=False)[t.id]
         if binding:
-            s.ins = [binding.get(t.id, t) if t is not None else None for t in s.ins]
-            s.outs = [binding.get(t.id, t) if t is not None else None for t in s.outs]
-            s.bind()
+            rebind(s, binding)
         new_steps.append(s)
-    for i, s in enumerate(new_steps):
-        s.index = i
+    renumber(new_steps)
     report = RecomputeReport(strategy, extra, len(dropped),
                              sum(t.nbytes for t in dropped.values()), len(seg_mode), speed_n,
                              mem_n, l_peak)
     return new_steps, report
+
+
+def rebind(step, binding: dict) -> None:
+    """Point a backward step's inputs/outputs at the recomputed versions (tensor id -> version)."""
+    step.ins = [binding.get(t.id, t) if t is not None else None for t in step.ins]
+    step.outs = [binding.get(t.id, t) if t is not None else None for t in step.outs]
+    step.bind()
+
+
+def renumber(steps) -> None:
+    for i, s in enumerate(steps):
+        s.index = i

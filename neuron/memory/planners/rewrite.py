@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from ..recompute import RecomputeReport
+from ..recompute import RecomputeReport, rebind, renumber
 from ..schedule import Schedule, Step
 
 
@@ -90,12 +90,9 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
             binding = {t.id: materialize(t) for t in [*s.ins, *s.outs]
                        if t is not None and t.id in drop}
             if binding:
-                s.ins = [binding.get(t.id, t) if t is not None else None for t in s.ins]
-                s.outs = [binding.get(t.id, t) if t is not None else None for t in s.outs]
-                s.bind()
+                rebind(s, binding)
         new_steps.append(s)
-    for i, s in enumerate(new_steps):
-        s.index = i
+    renumber(new_steps)
     dropped = [t for t in reg.tensors if t.id in drop]
     report = RecomputeReport("planned", extra, len(dropped), sum(t.nbytes for t in dropped),
                              0, 0, 0, 0)
