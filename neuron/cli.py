@@ -476,11 +476,6 @@ def _confirm(args, kind, ans, budget, kw) -> dict:
             "device": ex.device.name}
 
 
-def _cmd_profile(args) -> int:
-    from .cli_planning import cmd_profile
-    return cmd_profile(args)
-
-
 def cmd_deepest(args) -> int:
     return _search_cmd(args, "deepest")
 
@@ -566,8 +561,10 @@ def cmd_train(args) -> int:
     return 0
 
 
+from .cli_planning import cmd_profile  # noqa: E402  (cli_planning needs cli only lazily)
+
 COMMANDS.update(train=cmd_train, summary=cmd_summary, models=cmd_models, plan=cmd_plan,
-                deepest=cmd_deepest, widest=cmd_widest, profile=_cmd_profile)
+                deepest=cmd_deepest, widest=cmd_widest, profile=cmd_profile)
 COMMANDS.update(memory=cmd_memory)
 
 
