@@ -554,15 +554,20 @@ def concat_backward(dy, dxs, widths=None, accumulate=()):
 # loss: cuDNN softmax for the probabilities, a float64 log-sum-exp per row for the loss
 # ------------------------------------------------------------------------------------------
 
-def softmax_xent_forward(logits, labels, probs):
+def softmax_xent_forward(logits, labels, probs, rows=None):
+    """Softmax into ``probs``; the mean cross entropy as a float. Per-row losses go into ``rows``
+    (the loss layer's own output, in the arena) when given: no temporary; without it, a float64
+    CuPy temporary."""
     cp = _cp()
     n, k = logits.shape
     dnn.softmax_forward(_h(), _td(logits), _ptr(logits), _td(probs), _ptr(probs),
                         dnn.CUDNN_SOFTMAX_ACCURATE, dnn.CUDNN_SOFTMAX_MODE_INSTANCE)
-    rows = cp.empty((n,), np.float64)
+    if rows is None:
+        rows = cp.empty((n,), np.float64)
     _k_xent()[0](_ccontig(logits), _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
-                 rows)
-    return float(rows.mean())       # the one device->host sync of an iteration
+                 rows.reshape(n))
+    # the one device->host sync of an iteration; the mean in float64 on the host
+    return float(np.mean(rows.get().astype(np.float64)))
 
 
 def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
@@ -654,14 +659,19 @@ def nonfinite_flag_clear(flag):
 
 @functools.lru_cache(maxsize=None)
 def _k_any_nonfinite():
-    # one fused reduction: no temporary array of the tensor's size, a 0-d bool result
-    return _cp().ReductionKernel("T x", "bool y", "!isfinite(x)", "a || b", "y = a", "false",
-                                 "neuron_any_nonfinite")
+    # elementwise, storing into the flag: no temporary at all (a CuPy reduction allocates a
+    # partial-result buffer, which a full arena cannot give). Every thread that stores, stores
+    # the same value, so the race is benign. Compared in double: a float64 1e300 stays finite.
+    return _cp().ElementwiseKernel("T x", "raw bool flag",
+                                   "if (!isfinite((double)x)) flag[0] = true;",
+                                   "neuron_flag_nonfinite")
 
 
 def nonfinite_flag_update(flag, a):
-    """flag |= any(a is NaN or infinite), as kernels on the current stream: no host sync."""
-    _cp().logical_or(flag, _k_any_nonfinite()(a), out=flag)
+    """flag |= any(a is NaN or infinite), as one kernel on the current stream: no host sync,
+    no temporary."""
+    if a.size:
+        _k_any_nonfinite()(a, flag)
 
 
 def nonfinite_flag_read(flag) -> bool:

@@ -213,13 +213,13 @@ def _k_xent():
     cp = _cp()
     # one thread per sample; the log-sum-exp straight from the logits (not log of the
     # probabilities, which underflow) in double, as numpy_ref does
-    rows = cp.ElementwiseKernel("raw T logits, raw int64 labels, int64 K", "float64 loss", r"""
+    rows = cp.ElementwiseKernel("raw T logits, raw int64 labels, int64 K", "U loss", r"""
         const long long base = i * K;
         double m = (double)logits[base];
         for (long long j = 1; j < K; ++j) m = fmax(m, (double)logits[base + j]);
         double s = 0.0;
         for (long long j = 0; j < K; ++j) s += exp((double)logits[base + j] - m);
-        loss = log(s) + m - (double)logits[base + labels[i]];""", "neuron_xent_rows")
+        loss = (U)(log(s) + m - (double)logits[base + labels[i]]);""", "neuron_xent_rows")
     grad = cp.ElementwiseKernel("T p, raw int64 labels, int64 K, T inv_n", "T d", r"""
         const long long row = i / K, col = i % K;
         d = (col == labels[row] ? p - T(1) : p) * inv_n;""", "neuron_xent_grad",

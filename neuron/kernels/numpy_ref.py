@@ -737,9 +737,10 @@ def concat_backward(dy, dxs, widths=None, accumulate=()):
 # loss
 # --------------------------------------------------------------------------
 
-def softmax_xent_forward(logits, labels, probs):
+def softmax_xent_forward(logits, labels, probs, rows=None):
     """Writes softmax(logits) into probs; returns the mean cross entropy
-    (log-sum-exp, stable) as a Python float."""
+    (log-sum-exp, stable) as a Python float. ``rows`` (the per-row losses' home on devices
+    that need one) is not used here."""
     n = logits.shape[0]
     mx = np.max(logits, axis=1, keepdims=True)
     np.subtract(logits, mx, out=probs)

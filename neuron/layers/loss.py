@@ -23,7 +23,7 @@ class SoftmaxCrossEntropy(Layer):
         return {"probs": AuxSpec((batch, self.num_classes))}
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):
-        loss = k.softmax_xent_forward(ins[0], ins[1], aux["probs"])
+        loss = k.softmax_xent_forward(ins[0], ins[1], aux["probs"], rows=outs[0])
         outs[0][...] = loss
         ch = ctx.chunk
         if ch is None:
