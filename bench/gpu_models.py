@@ -11,6 +11,12 @@ Compared: the loss, and every parameter after the step.
 * ``update_max_rel_err`` = the same on the step's change p1 - p0 (the gradient's error, not
   diluted by the unchanged weights): the strict test.
 
+Pass/fail is against a float64 CPU step from the same state: each parameter's float32 update
+must be within 2e-2 of the float64 update, or at most 4x as far from it as the CPU's own
+float32 update (a badly conditioned gradient, seen on the H100 2026-11-23: the CPU's float32
+ResNet-50 update of layer1.1.bn2.bias is itself 2.7% from float64). The CPU-vs-device figures
+below stay in the results as the contract's numbers.
+
 Tolerances (float32, TF32 off): loss 1e-4, update 2e-2. Why: float32 rounds at 6e-8; cuDNN and
 NumPy sum the conv products in different orders (up to C*kh*kw = 4608 terms per output), which
 gives ~1e-6 relative per layer, and the error grows with depth (~100 layers) to ~1e-5 on the loss;
@@ -38,6 +44,9 @@ from gpu_kit import device_name, rel_err, stage_parser, write_stage  # noqa: E40
 
 LOSS_TOL = 1e-4
 UPDATE_TOL = 2e-2
+#: a parameter's update passes when it is within UPDATE_TOL of the float64 update, or no more
+#: than this many times further from it than neuron's own float32 CPU update is
+ACCURACY_RATIO = 4.0
 LR = 0.01
 
 #: (name, depth, batch, in_shape or None) per family; the full GPU run
@@ -79,11 +88,11 @@ def reference_device(arena_bytes: int):
     return HashDropoutCpu(arena_bytes)
 
 
-def _executor(graph, batch, device, policy="liveness", budget=None):
+def _executor(graph, batch, device, policy="liveness", budget=None, dtype=np.float32):
     import neuron as nn
     from neuron.executor import Executor
     return Executor(graph, batch, device=device, policy=policy, budget=budget, seed=0,
-                    optimizer=nn.SGD(lr=LR, momentum=0.9))
+                    dtype=dtype, optimizer=nn.SGD(lr=LR, momentum=0.9))
 
 
 def _device_under_test(kind, graph, batch):
@@ -116,19 +125,30 @@ def compare_one(name, depth, batch, in_shape, device) -> dict:
     finally:
         if hasattr(dut.device, "close"):
             dut.device.close()
-    per_param = {}
+    # the float64 step: how far each float32 update is from the exact one
+    plan64 = _executor(graph, batch, "virtual", dtype=np.float64).simulate()
+    ex64 = _executor(graph, batch, reference_device(plan64["arena_bytes"]), dtype=np.float64)
+    ex64.load_state_dict({k: v.astype(np.float64) for k, v in state0.items()})
+    ex64.train_step(x, y)
+    p64 = ex64.parameters()
+    per_param, beyond = {}, []
     for k, p1 in p_ref.items():
+        exact = p64[k] - state0[k]
+        e_dev, e_cpu = rel_err(p_dev[k] - state0[k], exact), rel_err(p1 - state0[k], exact)
         per_param[k] = (rel_err(p_dev[k], p1), rel_err(p_dev[k] - state0[k], p1 - state0[k]))
+        if e_dev > UPDATE_TOL and e_dev > ACCURACY_RATIO * e_cpu:
+            beyond.append({"param": k, "device_vs_float64": e_dev, "cpu_vs_float64": e_cpu})
     worst_p = max(per_param, key=lambda k: per_param[k][0])
     worst_u = max(per_param, key=lambda k: per_param[k][1])
     loss_err = abs(loss_dev - loss_ref) / max(abs(loss_ref), 1e-30)
     upd = per_param[worst_u][1]
-    ok = bool(np.isfinite(loss_dev) and loss_err <= LOSS_TOL and upd <= UPDATE_TOL)
+    ok = bool(np.isfinite(loss_dev) and loss_err <= LOSS_TOL and not beyond)
     return {"depth": depth, "batch": batch, "in_shape": list(graph.inputs[0].shape),
             "loss_cpu": float(loss_ref), "loss_device": float(loss_dev),
             "loss_rel_err": float(loss_err), "param_max_rel_err": per_param[worst_p][0],
             "worst_param": worst_p, "update_max_rel_err": upd, "worst_update": worst_u,
-            "params": len(per_param), "ok": ok, "seconds_cpu": round(t_ref, 2),
+            "params": len(per_param), "less_accurate_than_cpu": beyond[:10], "ok": ok,
+            "seconds_cpu": round(t_ref, 2),
             "seconds_device": round(t_dev, 2)}
 
 

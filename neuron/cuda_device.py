@@ -41,6 +41,7 @@ from .memory.host_budget import default_host_cap
 MiB = 1 << 20
 
 DEFAULT_HEADROOM = 512 * MiB       # cuDNN/cuBLAS workspaces and engines created after start-up
+_VIEW_CACHE = 1 << 15             # cached arena views (see CudaDevice.view)
 DEFAULT_SCRATCH = 0                # CuPy temporaries come from the pool's heap (inside the budget)
 ARENA_ALIGN = 256                  # what the heap hands out; cuDNN and vector loads need it
 
@@ -357,6 +358,7 @@ class CudaDevice(Device):
             raise
         whole = ArenaLayout(self.arena.ptr, self.arena_bytes + self.scratch_bytes)
         self.layout, self.scratch_layout = whole.split(self.arena_bytes)
+        self._views: dict = {}
 
         self.allocator = ArenaAllocator()
         self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
@@ -428,12 +430,22 @@ class CudaDevice(Device):
         return cuda
 
     def view(self, offset: int, shape, dtype):
+        # A plan places the same tensors at the same offsets every iteration: the views are
+        # cached (building a CuPy array costs more host time than many kernels take to run)
+        key = (offset, tuple(shape) if isinstance(shape, list) else shape, dtype)
+        v = self._views.get(key)
+        if v is not None:
+            return v
         cp = self._cp
         dtype = np.dtype(dtype)
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         nbytes = math.prod(shape) * dtype.itemsize
         self.layout.pointer(offset, nbytes, align=dtype.itemsize)
-        return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self.arena, int(offset)))
+        v = cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self.arena, int(offset)))
+        if len(self._views) >= _VIEW_CACHE:
+            self._views.clear()
+        self._views[key] = v
+        return v
 
     def move(self, src: int, dst: int, nbytes: int) -> None:
         """Arena bytes [src, src+n) -> [dst, dst+n) on the compute stream (compaction). Ranges
@@ -551,6 +563,7 @@ class CudaDevice(Device):
         The arena itself is freed once the last view of it is gone."""
         cp = self._cp
         self.synchronize()
+        self._views.clear()
         if self._allocator_fn is not None and cp.cuda.get_allocator() is self._allocator_fn:
             cp.cuda.set_allocator(self._prev_allocator)
         self._allocator_fn = None

@@ -556,8 +556,13 @@ class Executor:
         if undo is not None:
             for _, p, _, _ in step.updates:
                 undo.save(p.storage)
+        fused = undo is not None and getattr(self.optimizer, "checks_finite", False)
         for pname, p, g, states in step.updates:
             state_views = [view(x) for x in states]
+            if fused:               # the update kernel checks its own results
+                self.optimizer.update(k, params[pname], dparams[pname], state_views,
+                                      flag=undo.flag)
+                continue
             self.optimizer.update(k, params[pname], dparams[pname], state_views)
             if undo is not None:
                 undo.check_finite([params[pname], *state_views])

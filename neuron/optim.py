@@ -31,9 +31,12 @@ class SGD:
     def state_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
-    def update(self, k, param, grad, state) -> None:
+    #: update() takes the step guard's flag and sets it on a non-finite result itself
+    checks_finite = True
+
+    def update(self, k, param, grad, state, flag=None) -> None:
         k.sgd_update(param, grad, state[0] if state else None, self.lr, self.momentum,
-                     self.weight_decay, self.nesterov)
+                     self.weight_decay, self.nesterov, flag=flag)
 
     def config(self) -> dict:
         return {"type": "SGD", "lr": self.lr, "momentum": self.momentum,

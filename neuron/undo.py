@@ -56,6 +56,11 @@ class UndoRecord:
         self._saved_ids.add(block.id)
         self.snapshot_bytes += block.nbytes
 
+    @property
+    def flag(self):
+        """The step's device-side flag (for kernels that check their own results)."""
+        return self._flag
+
     def check_finite(self, arrays) -> None:
         """Fold 'any of these is NaN or infinite' into the step's flag (no host sync)."""
         k, flag = self.kernels, self._flag

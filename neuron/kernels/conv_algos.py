@@ -20,14 +20,16 @@ first deterministic algorithm of the (reproducible) heuristic ranking under the 
 workspace (the im2col ceiling every device plans with), so that it does not depend on the free
 memory of the moment, and two policies compute bit-identical results.
 
-Caution for callers that accumulate into the output (beta = 1): the measuring call overwrites
-the output operand, so the first call of a geometry must not carry a partial sum in it.
+Callers that accumulate into the output (beta = 1) use :func:`choose_accumulating`: the
+measuring call overwrites the output operand, so it measures with a stand-in output in the
+workspace instead.
 
 The switches (``deterministic``, ``allow_tf32``, ``conv_algo_search``, ``trace_label``) stay
 attributes of :mod:`neuron.kernels.cuda`, their public home; this module reads them at call time.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections import deque
 from typing import NamedTuple
@@ -125,6 +127,24 @@ def math_type(dtype) -> int:
     return dnn.CUDNN_DEFAULT_MATH
 
 
+def choose_accumulating(kind, key, xd, wd, cd, yd, limit, ptrs, out_index, out_nbytes,
+                        ws) -> ConvChoice:
+    """:func:`choose` for a call that adds into its output (beta = 1). FindEx writes the output
+    operand, which holds a partial sum, so an unmeasured geometry is measured with a stand-in
+    output carved from the front of the workspace (when the workspace holds it and more), the
+    rest of the workspace timing the algorithms; the choice is then made under the whole
+    workspace from that measurement. ``ptrs`` in forward naming (x, w, y); ``out_index`` is the
+    output's place in it (bwd_data: 0, bwd_filter: 1)."""
+    if _searching() and key not in _measured:
+        head = -(-int(out_nbytes) // _WS_ALIGN) * _WS_ALIGN
+        if ws[1] > head:
+            stand_in = list(ptrs)
+            stand_in[out_index] = ws[0]
+            rest = (ws[0] + head, ws[1] - head)
+            choose(kind, key, xd, wd, cd, yd, rest[1], tuple(stand_in), rest)
+    return choose(kind, key, xd, wd, cd, yd, limit, None, ws)
+
+
 def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype) -> tuple:
     k = _k()
     return (kind, tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
@@ -132,6 +152,7 @@ def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups,
             bool(k.deterministic), bool(k.allow_tf32))
 
 
+@functools.lru_cache(maxsize=4096)      # every traced call formats its key
 def key_text(key) -> str:
     kind, xs, ws, st, pd, dl, g, dt = key[:8]
     return (f"{kind} x{list(xs)} w{list(ws)} s{list(st)} p{list(pd)} d{list(dl)} g{g} "

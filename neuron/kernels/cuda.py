@@ -98,6 +98,7 @@ from .conv_algos import (  # noqa: E402,F401
     choose_conv_algo, clear_conv_algo_cache, conv2d_workspace_request, conv_algo_trace,
     conv_geometry_key, pick_algo, workspace_bucket)
 from .conv_algos import choose as _choose  # noqa: E402
+from .conv_algos import choose_accumulating as _choose_accumulating  # noqa: E402
 from .conv_algos import key_text as _key_text  # noqa: E402,F401
 from .conv_algos import math_type as _math_type  # noqa: E402,F401
 from .conv_algos import record as _record  # noqa: E402
@@ -154,9 +155,13 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         xd = _td(x)
         key = conv_geometry_key("bwd_filter", x.shape, w.shape, stride, padding, dilation,
                                 groups, x.dtype)
-        choice = _choose("bwd_filter", key, xd, wd, cd, dyd, ws_bytes,
-                         None if accumulate_params else (_ptr(x), _ptr(dw), _ptr(dy)),
-                         (ws_ptr, ws_bytes))
+        ptrs = (_ptr(x), _ptr(dw), _ptr(dy))
+        if accumulate_params:
+            choice = _choose_accumulating("bwd_filter", key, xd, wd, cd, dyd, ws_bytes, ptrs, 1,
+                                          dw.nbytes, (ws_ptr, ws_bytes))
+        else:
+            choice = _choose("bwd_filter", key, xd, wd, cd, dyd, ws_bytes, ptrs,
+                             (ws_ptr, ws_bytes))
         _record("bwd_filter", key, choice, ws_bytes)
         cd.set_math_type(choice.math_type)
         dnn.convolution_backward_filter(h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
@@ -166,10 +171,13 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         dxd = _td(dx)
         key = conv_geometry_key("bwd_data", x.shape, w.shape, stride, padding, dilation,
                                 groups, x.dtype)
-        # accumulating: no measuring call on dx (FindEx would overwrite the partial sum)
-        choice = _choose("bwd_data", key, dxd, wd, cd, dyd, ws_bytes,
-                         None if accumulate else (_ptr(dx), _ptr(w), _ptr(dy)),
-                         (ws_ptr, ws_bytes))
+        ptrs = (_ptr(dx), _ptr(w), _ptr(dy))
+        if accumulate:      # FindEx must not overwrite the partial sum in dx
+            choice = _choose_accumulating("bwd_data", key, dxd, wd, cd, dyd, ws_bytes, ptrs, 0,
+                                          dx.nbytes, (ws_ptr, ws_bytes))
+        else:
+            choice = _choose("bwd_data", key, dxd, wd, cd, dyd, ws_bytes, ptrs,
+                             (ws_ptr, ws_bytes))
         _record("bwd_data", key, choice, ws_bytes)
         cd.set_math_type(choice.math_type)
         dnn.convolution_backward_data(h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
@@ -582,15 +590,20 @@ def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
 # ------------------------------------------------------------------------------------------
 
 
-def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False):
+def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False,
+               flag=None):
+    """One kernel per parameter; with ``flag`` (the step guard's), the kernel also sets it when
+    the new parameter or velocity is not finite."""
     t = param.dtype.type
+    ks = _k_sgd(flag is not None)
+    tail = (flag,) if flag is not None else ()
     if momentum != 0:
         if velocity is None:
             raise ValueError("sgd_update: momentum != 0 needs a velocity buffer")
-        _k_sgd()[0](grad, t(weight_decay), t(momentum), t(-lr), np.int32(bool(first_step)),
-                    np.int32(bool(nesterov)), param, velocity)
+        ks[0](grad, t(weight_decay), t(momentum), t(-lr), np.int32(bool(first_step)),
+              np.int32(bool(nesterov)), *tail, param, velocity)
     else:
-        _k_sgd()[1](grad, t(weight_decay), t(-lr), param)
+        ks[1](grad, t(weight_decay), t(-lr), *tail, param)
 
 
 # ------------------------------------------------------------------------------------------

@@ -150,10 +150,23 @@ def tensor_key(shape, strides_bytes, dtype):
     return ("tensor", dims, strides, dtype.str)
 
 
+_by_layout: dict = {}       # (shape, strides, dtype) as the caller has them -> descriptor
+
+
 def tensor_descriptor(shape, dtype, strides_bytes=None) -> TensorDescriptor:
     """A 4-D tensor descriptor for an array of this shape/strides (bytes, as numpy/cupy give)."""
+    raw = (shape, strides_bytes, dtype)
+    try:
+        return _by_layout[raw]      # the per-call path: no 4-D normalization, no LRU update
+    except (KeyError, TypeError):   # TypeError: an unhashable shape (a list)
+        pass
     key = tensor_key(shape, strides_bytes, dtype)
-    return _cache.get(key, lambda: TensorDescriptor(key[1], key[2], dtype))
+    d = _cache.get(key, lambda: TensorDescriptor(key[1], key[2], dtype))
+    if isinstance(shape, tuple) and (strides_bytes is None or isinstance(strides_bytes, tuple)):
+        if len(_by_layout) >= _cache.capacity:
+            _by_layout.clear()
+        _by_layout[raw] = d
+    return d
 
 
 def tensor_descriptor_for(a) -> TensorDescriptor:

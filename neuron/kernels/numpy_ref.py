@@ -781,7 +781,8 @@ def _axpy(a, alpha, b, out):
         np.add(a, alpha * b, out=out)
 
 
-def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False):
+def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False,
+               flag=None):
     """In-place torch.optim.SGD step (dampening=0, maximize=False).
 
         d = grad + weight_decay*param
@@ -794,6 +795,7 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
     ordinary rule when velocity holds zeros (momentum*0 + d == d bitwise), so
     a zero-initialized velocity needs nothing else.  ``first_step=True``
     forces the clone and is only needed if the buffer is not zeroed.
+    ``flag`` (the step guard's): set when the new parameter or velocity is not finite.
     ``grad`` is not modified.  In float32 the result is bit-identical to torch
     (CPU), whose add(alpha=...) uses fused multiply-add.
     """
@@ -817,6 +819,10 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
         else:
             d = velocity
     _axpy(param, -lr, d, param)
+    if flag is not None:
+        nonfinite_flag_update(flag, param)
+        if velocity is not None and momentum != 0:
+            nonfinite_flag_update(flag, velocity)
 
 
 # --------------------------------------------------------------------------
