@@ -601,9 +601,9 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
         if velocity is None:
             raise ValueError("sgd_update: momentum != 0 needs a velocity buffer")
         ks[0](grad, t(weight_decay), t(momentum), t(-lr), np.int32(bool(first_step)),
-              np.int32(bool(nesterov)), *tail, param, velocity)
+              np.int32(bool(nesterov)), param, velocity, *tail)
     else:
-        ks[1](grad, t(weight_decay), t(-lr), *tail, param)
+        ks[1](grad, t(weight_decay), t(-lr), param, *tail)
 
 
 # ------------------------------------------------------------------------------------------

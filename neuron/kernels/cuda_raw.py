@@ -229,20 +229,21 @@ def _k_xent():
 
 @functools.cache
 def _k_sgd(check_finite: bool = False):
-    """(with momentum, plain) SGD kernels; ``check_finite`` adds a last ``raw bool flag`` input
+    """(with momentum, plain) SGD kernels; ``check_finite`` adds a last ``raw bool flag`` output
     that is set when the new parameter or velocity is NaN or infinite (the step guard's check,
-    fused into the update instead of a kernel per tensor)."""
+    fused into the update instead of a kernel per tensor). An output, not an input: CuPy makes
+    inputs const."""
     cp = _cp()
     # --fmad=false keeps velocity*momentum + d as two roundings (torch: buf.mul_(m).add_(d));
     # the explicit fused() calls are the fused multiply-adds of torch's add(alpha=...).
     opts = ("--fmad=false",)
-    flag_in = ", raw bool flag" if check_finite else ""
+    flag_out = ", raw bool flag" if check_finite else ""
     check_v = "\n        if (!isfinite((double)p) || !isfinite((double)v)) flag[0] = true;" \
         if check_finite else ""
     check_p = "\n        if (!isfinite((double)p)) flag[0] = true;" if check_finite else ""
     suffix = "_checked" if check_finite else ""
     with_v = cp.ElementwiseKernel(
-        "T g, T wd, T mom, T neg_lr, int32 first, int32 nesterov" + flag_in, "T p, T v", r"""
+        "T g, T wd, T mom, T neg_lr, int32 first, int32 nesterov", "T p, T v" + flag_out, r"""
         T d = (wd != T(0)) ? fused(wd, p, g) : g;
         T vv;
         if (first) { vv = d; } else { vv = v * mom; vv = vv + d; }
@@ -250,7 +251,7 @@ def _k_sgd(check_finite: bool = False):
         d = nesterov ? fused(mom, vv, d) : vv;
         p = fused(neg_lr, d, p);""" + check_v, "neuron_sgd_momentum" + suffix,
         preamble=_FMA_PREAMBLE, options=opts)
-    plain = cp.ElementwiseKernel("T g, T wd, T neg_lr" + flag_in, "T p", r"""
+    plain = cp.ElementwiseKernel("T g, T wd, T neg_lr", "T p" + flag_out, r"""
         T d = (wd != T(0)) ? fused(wd, p, g) : g;
         p = fused(neg_lr, d, p);""" + check_p, "neuron_sgd" + suffix, preamble=_FMA_PREAMBLE,
         options=opts)
