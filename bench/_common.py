@@ -13,7 +13,12 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def git_commit() -> str:
-    """HEAD, with -dirty when the tree has uncommitted changes."""
+    """HEAD, with -dirty when the tree has uncommitted changes. ``NEURON_SOURCE_COMMIT`` wins
+    when set: a device machine receives the working tree with the .git of the session's start,
+    so its own HEAD names an older commit (seen 2026-11-23); put the commit sent in the
+    command, e.g. ``NEURON_SOURCE_COMMIT=5cfa70a bash bench/gpu_contact.sh ...``."""
+    if os.environ.get("NEURON_SOURCE_COMMIT"):
+        return os.environ["NEURON_SOURCE_COMMIT"]
     root = os.path.dirname(RESULTS)
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
