@@ -84,6 +84,8 @@ def contact_summary(found: dict) -> dict:
     first = found.get("tests") or found.get("env") or next(iter(found.values()))
     meta = first["json"]
     out = {"device": meta.get("device"), "date": meta.get("date"), "commit": meta.get("commit"),
+           "command": "bench/import_gpu_results.py <outputs of bash bench/gpu_contact.sh OUT "
+                      + " ".join(s for s in STAGES if s in found) + ">",
            "tests": None, "models": {}, "stages": {}}
     t = found.get("tests", {}).get("json", {}).get("tests")
     if t:
@@ -118,7 +120,7 @@ def throughput_summary(found: dict) -> dict | None:
                         "errors": {s: (r.get(s) or {}).get("error") for s in ("neuron", "pytorch")
                                    if (r.get(s) or {}).get("error")} or None}
     return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
-            "protocol": j.get("protocol"), "configs": configs}
+            "command": j.get("command"), "protocol": j.get("protocol"), "configs": configs}
 
 
 def _fmt(x, spec=".2e"):
@@ -166,8 +168,14 @@ def main(argv=None) -> int:
                     help="do not run bench/readme_tables.py (tests of this script)")
     ap.add_argument("--allow-smoke", action="store_true",
                     help="import CPU smoke runs too (tests of this script)")
+    ap.add_argument("--commit", default=None,
+                    help="the commit the device ran, when its copy's .git named another (a "
+                         "device machine may receive the tree with a stale .git)")
     args = ap.parse_args(argv)
     found = collect(args.sources)
+    if args.commit:
+        for rec in found.values():
+            rec["json"]["commit"] = args.commit
     smoke = [s for s, r in found.items() if r["json"].get("smoke")]
     if smoke and not args.allow_smoke:
         raise SystemExit(f"import_gpu_results: stages {smoke} are CPU smoke runs, not GPU "

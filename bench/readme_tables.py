@@ -273,6 +273,29 @@ def image_loader_table(d: dict) -> str:
 
 
 # name -> (results JSON without .json, renderer). One line per README region.
+def gpu_contact_table(d: dict) -> str:
+    """The GPU contact kit's stages and the models' agreement with the CPU (gpu_contact.json)."""
+    for key in ("device", "stages", "models"):
+        if key not in d:
+            raise SchemaError(f"gpu_contact: missing {key}")
+    stage_rows = [[name, "yes" if st.get("ok") else "**no**", st.get("verdict", "")[:160],
+                   (st.get("date") or "")[:10]] for name, st in d["stages"].items()]
+    model_rows = [[name, _e(m.get("loss_rel_err")), _e(m.get("update_max_rel_err")),
+                   "yes" if m.get("ok") else "**no**"] for name, m in d["models"].items()]
+    return ("\n" + table(["stage", "ok", "verdict", "date"], ["l", "l", "l", "l"], stage_rows)
+            + "\n\n" + table(["model", "loss rel. err vs CPU", "update max rel. err vs CPU",
+                               "within tolerance (vs float64)"], ["l", "r", "r", "l"],
+                              model_rows)
+            + f"\n\n<sub>Source: `bench/results/gpu_contact.json` ({d['device']}), written by "
+            "`python bench/import_gpu_results.py` from the kit's outputs; the code each run "
+            "ran is listed in `bench/results/gpu_raw/session_2026-11-23/PROVENANCE.md` (the "
+            "device's copy named a stale commit).</sub>\n")
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.1e}"
+
+
 GENERATORS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "quickstart": ("quickstart", quickstart_text),
     "min_budget": ("plan_min_budget", min_budget_table),
@@ -287,6 +310,7 @@ GENERATORS: dict[str, tuple[str, Callable[[dict], str]]] = {
     "memory_trace": ("memory_trace", memory_trace_table),
     "timeline_html": ("timeline_html", timeline_html_text),
     "image_loader": ("image_loader", image_loader_table),
+    "gpu_contact": ("gpu_contact", gpu_contact_table),
 }
 
 
