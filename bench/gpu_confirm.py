@@ -60,6 +60,7 @@ def main(argv=None) -> int:
                     **res)
 
     def late(part):
+        print(f"[confirm {time.perf_counter() - t_start:6.1f}s] {part}", flush=True)
         if time.perf_counter() - t_start > args.deadline:
             res["parts"][part] = {"skipped": f"deadline of {args.deadline:.0f}s passed"}
             save()

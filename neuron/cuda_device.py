@@ -375,6 +375,11 @@ class CudaDevice(Device):
         # Create the library handles now so their memory is measured, not discovered later.
         self.cudnn_handle = cudnn.get_handle(self.device_id, self.compute_stream.ptr)
         cp.cuda.device.get_cublas_handle()
+        # the step guard's flag: fixed runtime state like the handles, measured with them
+        # (inside the arena it was a block the plan does not list: a run sized to its plan was
+        # one block short on the H100)
+        self._flag_memory = cp.cuda.Memory(ARENA_ALIGN)
+        self._step_flag = cp.ndarray((1,), np.bool_, cp.cuda.MemoryPointer(self._flag_memory, 0))
         free_after, _ = cp.cuda.runtime.memGetInfo()
         self.library_bytes = max(0, free_before - free_after)
 

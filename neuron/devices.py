@@ -33,6 +33,14 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def step_flag(self):
+        """The one-element flag the step guard folds finiteness into (undo.py): the device's
+        own fixed state, outside the arena, so that the plan's bytes are the arena's bytes."""
+        flag = getattr(self, "_step_flag", None)
+        if flag is None:
+            flag = self._step_flag = self.kernels.nonfinite_flag_new()
+        return flag
+
     # host side of offload/prefetch; CpuDevice copies synchronously, CudaDevice on its copy stream
     def host_allocator(self):
         return lambda n: np.empty(n, dtype=np.uint8)

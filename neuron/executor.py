@@ -160,10 +160,7 @@ class Executor:
                 raise self.planned["error"]
             self.device = make_device(device, budget or self.planned["arena_bytes"])
         self._new_pool()
-        # the step's finiteness flag: one byte, made once (on a GPU a CuPy allocation, which the
-        # pool's heap serves: one 256-byte block the plan does not list)
-        self._step_flag = self.device.kernels.nonfinite_flag_new() if self.device.computes \
-            else None
+        self._step_flag = self.device.step_flag() if self.device.computes else None
 
     def _make_plan(self, graph):
         self.train_graph = with_loss(graph)
@@ -462,11 +459,11 @@ class Executor:
                         shared_ws[0] = pool.alloc_bytes(shared_ws[1], None, step)
                         pool.hold_bytes(shared_ws[0])
                     ws_at = shared_ws[0]
-                    if dynamic_ws:
-                        ws_bytes = step.layer.workspace_request(
+                    if dynamic_ws:              # never past the shared block
+                        ws_bytes = min(shared_ws[1], step.layer.workspace_request(
                             dev.kernels, "F" if step.phase != "B" else "B",
                             step.chunk.size if step.chunk else self.batch, self.dtype,
-                            shared_ws[1])
+                            shared_ws[1]))
                 elif ws_bytes:
                     free = pool.heap.largest_free
                     if dynamic_ws:              # choose under what is free right now (§3.5)

@@ -18,7 +18,8 @@ as the paper does). Without a measurement (``conv_algo_search = "heuristic"``, o
 the full limit) the choice is cuDNN's heuristic ranking. With ``deterministic`` the choice is the
 first deterministic algorithm of the (reproducible) heuristic ranking under the *planned*
 workspace (the im2col ceiling every device plans with), so that it does not depend on the free
-memory of the moment, and two policies compute bit-identical results.
+memory of the moment, and two policies compute bit-identical results: the executor asks for that
+algorithm's workspace even where less is free (the pool evicts for it).
 
 Callers that accumulate into the output (beta = 1) use :func:`choose_accumulating`: the
 measuring call overwrites the output operand, so it measures with a stand-in output in the
@@ -261,11 +262,16 @@ def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation,
     asks for the larger of the backward-data and backward-filter needs."""
     dtype = np.dtype(dtype)
     limit = max(0, int(limit_bytes))
-    if _k().deterministic:
-        return min(limit, numpy_ref.conv2d_workspace_bytes(
-            x_shape, w_shape, stride, padding, dilation, groups, dtype.itemsize))
     kinds = ("fwd",) if phase == "F" else ("bwd_data", "bwd_filter")
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    if _k().deterministic:
+        # the algorithm depends on the geometry alone, never on what is free: its workspace is
+        # asked for even when more than ``limit`` (the pool evicts for it, or the step fails
+        # naming the bytes) so that every policy computes the same bits
+        ceiling = numpy_ref.conv2d_workspace_bytes(
+            x_shape, w_shape, stride, padding, dilation, groups, dtype.itemsize)
+        return max(_deterministic_workspace(kind, x_shape, w_shape, stride, padding, dilation,
+                                            groups, dtype, ceiling) for kind in kinds)
     need = 0
     for kind in kinds:
         key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
@@ -274,6 +280,23 @@ def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation,
         need = max(need, choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation,
                                           groups, dtype, limit, record=False).memory)
     return need
+
+
+def _deterministic_workspace(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                             ceiling) -> int:
+    """Workspace of the deterministic algorithm for a geometry: the first of cuDNN's heuristic
+    ranking under the planned ceiling, else the deterministic one that needs least."""
+    try:
+        return choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups,
+                                dtype, ceiling, record=False).memory
+    except ConvAlgoError:
+        key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
+        perfs = _heuristic.get(key, ())
+        det = [p.memory for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.memory >= 0
+               and p.determinism == dnn.CUDNN_DETERMINISTIC]
+        if not det:
+            raise
+        return min(det)
 
 
 _WS_ALIGN = 256

@@ -32,6 +32,9 @@ class HostPool:
         self.peak_bytes = 0
         self.reserved_bytes = 0         # everything allocated and not given back (in use + cached)
         self.trimmed_bytes = 0          # cached buffers given back to respect the cap
+        # reclaim(nbytes): called before the limit error, to return buffers that the plan has
+        # already released but an asynchronous copy still reads (MemoryPool sets it)
+        self.reclaim = None
 
     def size_class(self, nbytes: int) -> int:
         g = self.granularity
@@ -41,6 +44,9 @@ class HostPool:
         """A buffer of at least nbytes (uint8); reuse a released one of the same class."""
         g = self.granularity
         c = -(-nbytes // g) * g or g
+        if self.limit is not None and self.in_use_bytes + c > self.limit \
+                and self.reclaim is not None:
+            self.reclaim(self.in_use_bytes + c - self.limit)
         if self.limit is not None and self.in_use_bytes + c > self.limit:
             raise MemoryBudgetError(
                 f"host memory budget of {self.limit} bytes exceeded: {self.in_use_bytes} in use, "

@@ -71,6 +71,7 @@ class Pool:
         self.async_copies = getattr(device, "async_copies", False)
         self.inflight: dict[int, object] = {}   # tensor id -> event of its prefetch
         self.deferred: list = []                # (event, host buffer) to reuse once done
+        self.host_pool.reclaim = self._reclaim_host
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
             attach(self.heap)
@@ -277,6 +278,18 @@ class Pool:
             else:
                 keep.append((ev, buf))
         self.deferred = keep
+
+    def _reclaim_host(self, nbytes: int) -> None:
+        """The plan releases a prefetched tensor's host buffer at the prefetch; its copy may
+        still be reading it. Before that counts as over the host budget, wait (oldest first)
+        for such copies until ``nbytes`` are back: the host blocks briefly, the plan holds."""
+        hp = self.host_pool
+        goal = hp.in_use_bytes - nbytes
+        self._reap()
+        while self.deferred and hp.in_use_bytes > goal:
+            ev, buf = self.deferred.pop(0)
+            self.device.wait(ev)
+            hp.put(buf)
 
     def _settle(self, t: TensorInfo) -> None:
         """Before a prefetched block is freed or moved: order compute after its copy."""

@@ -474,13 +474,26 @@ def test_a_small_first_measurement_does_not_hide_faster_algorithms_later(fake_cu
     assert fake_cudnn["find"] == [3 << 20]
 
 
-def test_deterministic_request_is_the_planned_ceiling(fake_cudnn, monkeypatch):
+def test_deterministic_request_is_its_algorithms_workspace_whatever_is_free(fake_cudnn,
+                                                                            monkeypatch):
+    """The first deterministic algorithm of the heuristic ranking under the planned ceiling,
+    and its workspace asked for even where less is free (the H100 run at superneurons' smallest
+    budget had 246 KiB free and no deterministic algorithm under it): the pool evicts for it, so
+    every policy runs the same algorithm."""
+    from neuron.kernels import conv_algos
     monkeypatch.setattr(K, "deterministic", True)
+    desc = SimpleNamespace(dtype=np.dtype(np.float32))
+    monkeypatch.setattr(conv_algos, "_descriptors", lambda *a: (desc, None, None))
+    monkeypatch.setattr(K.dnn, "convolution_descriptor", lambda *a: _FakeConv())
     xs, ws = (8, 3, 32, 32), (16, 3, 3, 3)
-    ceiling = numpy_ref.conv2d_workspace_bytes(xs, ws, 1, 1, 1, 1, 4)
-    for free in (ceiling, 2 * ceiling, 10 * ceiling):   # whatever is free: the same request
-        assert K.conv2d_workspace_request("B", xs, ws, 1, 1, 1, 1, np.float32, free) == ceiling
+    for free in (0, 100, 1 << 12, 10 << 20):
+        assert K.conv2d_workspace_request("B", xs, ws, 1, 1, 1, 1, np.float32, free) == 1 << 12
     assert fake_cudnn["find"] == []
+    # no deterministic algorithm under the ceiling: the one that needs least
+    monkeypatch.setattr(K.dnn, "get_algorithms",
+                        lambda *a: [P(6, -1, 1 << 10, det=0), P(1, -1, 1 << 30), P(3, -1, 1 << 29)])
+    K.clear_conv_algo_cache()
+    assert K.conv2d_workspace_request("F", xs, ws, 1, 1, 1, 1, np.float32, 0) == 1 << 29
 
 
 def test_no_measurement_without_a_workspace_of_the_full_limit(fake_cudnn):

@@ -49,6 +49,9 @@ class LateCopyDevice(CpuDevice):
         for ev in self.events:
             ev.polls = -1
 
+    def wait(self, ev):
+        ev.polls = -1
+
 
 def chain():
     x = nn.Input((2, 16, 16), name="data")
@@ -82,6 +85,31 @@ def test_late_copies_train_like_synchronous_ones():
     assert dev.events and all(ev.waited for ev in dev.events)   # no kernel raced a copy
     assert not ex.pool.inflight                 # every prefetch was consumed or settled
     assert len(ex.pool.deferred) < c["prefetches"]      # buffers came back for reuse
+
+
+def test_the_planned_host_budget_holds_while_prefetch_copies_still_read_their_buffers():
+    # the plan frees a prefetched tensor's host buffer at the prefetch; a copy still reading it
+    # must not make the run exceed the planned host peak (the H100 widest run did, by 1.8 GB)
+    g, batch = chain(), 8
+    budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * 0.7)
+
+    class VeryLate(LateCopyDevice):
+        def _event(self):
+            ev = Event(polls=10 ** 6)       # done only when waited for
+            self.events.append(ev)
+            return ev
+
+    sync = Executor(g, batch, device=CpuDevice(budget), policy="superneurons",
+                    offload_params=True, seed=1)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((batch, 2, 16, 16)).astype(np.float32), rng.integers(0, 10, batch)
+    want = [sync.train_step(x, y) for _ in range(2)]
+    host_peak = sync.pool.host_pool.peak_bytes
+    assert host_peak > 0
+    late = Executor(g, batch, device=VeryLate(budget), policy="superneurons",
+                    offload_params=True, seed=1, host_budget=host_peak)
+    assert [late.train_step(x, y) for _ in range(2)] == want
+    assert late.pool.host_pool.peak_bytes <= host_peak
 
 
 def test_residency_states_follow_a_tensor():
