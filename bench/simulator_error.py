@@ -44,8 +44,9 @@ def parse_args(argv=None):
 
 def make_case(graph, batch, policy, budget, device):
     from neuron.executor import Executor
-    from neuron.memory.profile import random_batch
-    ex = Executor(graph, batch, device=device, policy=policy, budget=budget)
+    from neuron.memory.profile import random_batch, timing_optimizer
+    ex = Executor(graph, batch, device=device, policy=policy, budget=budget,
+                  optimizer=timing_optimizer())
     x, y = random_batch(graph, batch)
     ex.train_step(x, y)                                  # warm-up
     return {"ex": ex, "x": x, "y": y, "policy": policy, "budget": budget, "times": []}

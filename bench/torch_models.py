@@ -557,6 +557,10 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                    img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
                    else None, peak_bytes=ex.pool.high_water,
                    planned_peak_bytes=(ex.planned or {}).get("peak_bytes"),
+                   # without workspaces: on the GPU a conv's workspace is chosen under what is
+                   # free at that moment (SuperNeurons §3.5), so only the tensors follow the plan
+                   tensor_peak_bytes=ex.pool.tensor_high_water,
+                   planned_tensor_peak_bytes=(ex.planned or {}).get("tensor_peak_bytes"),
                    moved_per_iter=moved,
                    device_memory=(ex.device.memory_info()
                                   if hasattr(ex.device, "memory_info") else None))
