@@ -29,8 +29,14 @@ def parse_args(argv=None):
     p.add_argument("--budget", default="12GiB")
     p.add_argument("--torch-batch", type=int, default=None,
                    help="PyTorch eager's largest batch if already known (skips its search)")
+    p.add_argument("--torch-checkpoint-batch", type=int, default=None,
+                   help="PyTorch+checkpoint_sequential's largest batch if already known (skips "
+                   "its search)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--planners", default="",
+                   help="comma-separated planners (neuron/memory/planners) to run too at the same "
+                   "batch and budget, each with its img/s and hidden copy fraction")
     return p.parse_args(argv)
 
 
@@ -110,8 +116,27 @@ def main(argv=None) -> int:
     res["neuron_free"] = TM.neuron_run(graph, batch, budget=None, policy="superneurons",
                                        iters=args.iters, warmup=args.warmup, device=dev)
     save()
+    bw = pinned_bandwidth() if dev == "cuda" else None
+    res["pinned_bandwidth_bytes_per_s"] = bw
+    for name_p in filter(None, args.planners.split(",")):
+        r = TM.neuron_run(graph, batch, budget=budget, policy="superneurons", planner=name_p,
+                          iters=args.iters, warmup=args.warmup, device=dev)
+        if r.get("fits") and res["neuron_free"].get("fits"):
+            m = r["moved_per_iter"]
+            r["hidden_copy_fraction"] = hidden_fraction(
+                r["seconds_per_iter"], res["neuron_free"]["seconds_per_iter"],
+                m.get("offload_bytes", 0), m.get("prefetch_bytes", 0), bw)
+            r["slowdown_vs_free"] = (r["seconds_per_iter"]
+                                     / res["neuron_free"]["seconds_per_iter"] - 1)
+        res.setdefault("planners", {})[name_p] = r
+        print(f"  planner {name_p}: " + (f"{r['img_per_s']:.1f} img/s, hidden "
+              f"{r.get('hidden_copy_fraction')}" if r.get("fits") else r.get("error", "")[:200]),
+              flush=True)
+        save()
     if args.smoke:
         res["torch_checkpoint"] = {"k": b_torch, "note": "smoke: not searched"}
+    elif args.torch_checkpoint_batch:
+        res["torch_checkpoint"] = {"k": args.torch_checkpoint_batch, "note": "given, not searched"}
     else:
         res["torch_checkpoint"] = TM.torch_search(torch_name, mode="checkpoint", limit=8192,
                                                   depth=torch_depth, device=dev)
@@ -123,8 +148,6 @@ def main(argv=None) -> int:
     save()
     nb, nf = res["neuron_budget"], res["neuron_free"]
     tc = (res["torch_checkpoint"].get("timed") or {})
-    bw = pinned_bandwidth() if dev == "cuda" else None
-    res["pinned_bandwidth_bytes_per_s"] = bw
     if nb.get("fits") and nf.get("fits"):
         moved = nb.get("moved_per_iter", {})
         res["hidden_copy_fraction"] = hidden_fraction(

@@ -512,7 +512,7 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                offload_params: bool = False, host_budget: int | None = None,
                recompute_strategy: str = "cost", tensor_cache: bool = True,
                iters: int = 3, warmup: int = 1, trace: bool = False, seed: int = 0,
-               device: str = "cuda", chunks: int = 1) -> dict:
+               device: str = "cuda", chunks: int = 1, planner: str | None = None) -> dict:
     """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
     ``budget`` bytes (None: the planned peak). SGD momentum 0.9 at BENCH_LR. TF32 off,
     convolution algorithms by measurement
@@ -532,14 +532,15 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
     x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
     y = rng.integers(0, graph.outputs[0].shape[0], batch).astype(np.int64)
     out: dict = {"batch": batch, "policy": policy, "offload_params": offload_params,
-                 "budget_bytes": budget}
+                 "budget_bytes": budget, "planner": planner}
     ex = None
     try:
         t0 = time.perf_counter()
         ex = Executor(graph, batch, device=device, policy=policy, budget=budget,
                       offload_params=offload_params, host_budget=host_budget,
                       recompute_strategy=recompute_strategy, tensor_cache=tensor_cache,
-                      optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed, chunks=chunks)
+                      optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed, chunks=chunks,
+                      planner=planner)
         out["setup_seconds"] = round(time.perf_counter() - t0, 2)
         for _ in range(max(1, warmup)):
             ex.train_step(x, y)
