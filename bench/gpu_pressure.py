@@ -163,6 +163,11 @@ def main(argv=None) -> int:
                    f"(target <= +15%), {res.get('neuron_over_torch_checkpoint', 0):.2f}x "
                    f"PyTorch+checkpoint at batch {bc} (target >= 1.3x), hidden copy fraction "
                    f"{res['hidden_copy_fraction']}")
+        planned = [f"{k} {r['img_per_s']:.1f} img/s {r['slowdown_vs_free']:+.0%}"
+                   for k, r in res.get("planners", {}).items() if r.get("slowdown_vs_free")
+                   is not None]
+        if planned:
+            verdict += "; planners: " + ", ".join(planned)
     else:
         verdict = ("FAIL: " + "; ".join(
             f"{k}: {v.get('error', 'no result')[:120]}" for k, v in

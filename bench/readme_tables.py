@@ -127,7 +127,8 @@ def deepest_table(d: dict) -> str:
     torch = d.get("torch") or []
     for name in ("PyTorch eager", "PyTorch checkpoint_sequential"):
         hit = [t for t in torch if t.get("system", "").startswith(name)]
-        rows.append([name, num(hit[0]["deepest"]) if hit else "not yet measured (GPU)", "", ""])
+        rows.append([name, num(hit[0]["deepest"]) if hit else
+                     "not in this plan-only run (H100: [GPU contact](#gpu-contact))", "", ""])
     rows += [[n, num(v), "", ""] for n, v in PAPER_DEEPEST]
     return "\n\n".join([table(["system", "deepest", "limited by", "search s"],
                               ["l", "r", "l", "r"], rows), source(d, "deepest")])
