@@ -29,8 +29,8 @@ from bench._common import arg_parser, provenance, write  # noqa: E402
 
 BIG = [("resnet50", None), ("densenet121", None), ("vgg16", None)]
 SMALL = [("resnet_cifar", 20), ("vgg11", None)]
-PLANNERS = ["superneurons", "sublinear", "sublinear-sqrt", "vdnn", "vdnn-conv", "capuchin",
-            "checkmate"]
+PLANNERS = ["superneurons", "sublinear", "sublinear-sqrt", "sublinear-recursive", "vdnn",
+            "vdnn-conv", "capuchin", "checkmate"]
 FRACTIONS = [1.0, 0.5, 0.3]
 SMALL_FRACTIONS = [1.0, 0.7, 0.5, 0.3]
 MiB = 1 << 20

@@ -7,6 +7,7 @@ _REGISTRY = {
     "superneurons": ("superneurons", "SuperNeurons"),
     "sublinear": ("sublinear", "Sublinear"),
     "sublinear-sqrt": ("sublinear", "SublinearSqrt"),
+    "sublinear-recursive": ("sublinear_recursive", "SublinearRecursive"),
     "vdnn": ("vdnn", "VdnnAll"),
     "vdnn-conv": ("vdnn", "VdnnConv"),
     "capuchin": ("capuchin", "Capuchin"),

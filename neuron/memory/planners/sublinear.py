@@ -12,7 +12,7 @@
 Split points are where one tensor carries everything forward (the open set of the route is
 that tensor alone: block outputs of ResNet, transitions of DenseNet, every layer of VGG), so a
 segment's recompute never needs more than its checkpoint. The recursive O(log n) variant of
-§4.4 is not implemented. No offload: the pool runs without eviction.
+§4.4 is ``sublinear-recursive`` (sublinear_recursive.py). No offload: the pool runs without eviction.
 """
 from __future__ import annotations
 
