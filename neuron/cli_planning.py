@@ -42,7 +42,8 @@ def planner_spec(args) -> str | None:
 
 def add_time_args(p) -> None:
     p.add_argument("--time", action="store_true",
-                   help="also simulate the iteration's time on two streams (compute, copy)")
+                   help="also simulate the iteration's time on two streams (compute, copy; with "
+                   "--data-parallel K a third for the all-reduces)")
     p.add_argument("--profile", default=None, metavar="FILE.json",
                    help="measured per-layer times from `neuron profile` (default: analytic "
                    "estimate from FLOPs and bytes)")
@@ -108,3 +109,8 @@ def print_time(r: dict) -> None:
           f"{r['copy_s'] * 1e3:.3f} ms on the copy stream, "
           f"{'-' if hid is None else f'{100 * hid:.0f}%'} hidden under compute; "
           f"recompute {r['recompute_s'] * 1e3:.3f} ms")
+    if r.get("allreduce_exposed_s") is not None and r["allreduce_time_s"] > 0:    # K > 1
+        ar, ex = r["allreduce_time_s"], r["allreduce_exposed_s"]
+        print(f"  all-reduce on the clock {ar * 1e3:.3f} ms on the comm stream, "
+              f"{ex * 1e3:.3f} ms exposed ({'-' if ar <= 0 else f'{100 * (1 - ex / ar):.0f}%'}"
+              " hidden under backward; included in the simulated iteration)")

@@ -168,8 +168,10 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
          host_budget: int | None = None, tensor_cache: bool = True,
          compact: bool | None = None, dtype=np.float32,
          search_min: bool = True, chunks=1,
-         model: str | None = None, trace: bool = True, cost=None, planner=None) -> dict:
-    """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``).
+         model: str | None = None, trace: bool = True, cost=None, planner=None,
+         comm=None) -> dict:
+    """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``);
+    ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock.
     ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
     ``chunks``: every layer split along the batch into that many chunks
     (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
@@ -222,7 +224,7 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         out.update(decisions_report(ex, planner))
     if cost is not None and fits:
         from .memory.clock import time_report
-        out.update(time_report(ex, run, cost, timeline=trace))
+        out.update(time_report(ex, run, cost, timeline=trace, comm=comm))
     if trace and fits:
         out["steps"] = [r.as_dict() for r in run["trace"]]
     out["plan_seconds"] = round(time.perf_counter() - t0, 3)

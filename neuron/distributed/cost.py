@@ -6,6 +6,8 @@ collective per layer (how the gradient hook calls it) the latency is paid per la
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 #: default per-step latency of a collective (NCCL/MPI on one node are a few microseconds)
@@ -29,17 +31,49 @@ def ring_allreduce_seconds(nbytes: int, world_size: int, link_gbps: float,
     return 2 * (k - 1) / k * nbytes / bandwidth + calls * 2 * (k - 1) * latency_s
 
 
+def buckets(sizes, bucket_bytes: int) -> list[int]:
+    """Consecutive gradients (in the order they are ready) grouped into collectives of at least
+    ``bucket_bytes`` each (the last one may be smaller); 0: one collective per entry."""
+    if bucket_bytes <= 0:
+        return [int(n) for n in sizes]
+    out, acc = [], 0
+    for n in sizes:
+        acc += int(n)
+        if acc >= bucket_bytes:
+            out.append(acc)
+            acc = 0
+    if acc:
+        out.append(acc)
+    return out
+
+
+@dataclass(frozen=True)
+class RingModel:
+    """The collective model the simulated clock (memory/clock.py) replays on its comm stream."""
+    world_size: int
+    link_gbps: float
+    latency_s: float = DEFAULT_LATENCY_S
+    bucket_bytes: int = 0           # 0: one collective per layer, as the gradient hook does
+
+    def seconds(self, nbytes: int) -> float:
+        return ring_allreduce_seconds(nbytes, self.world_size, self.link_gbps, self.latency_s)
+
+
 def allreduce_plan(graph, dtype, world_size: int, link_gbps: float,
-                   latency_s: float = DEFAULT_LATENCY_S) -> dict:
+                   latency_s: float = DEFAULT_LATENCY_S, bucket_bytes: int = 0) -> dict:
     """Per-iteration communication of data-parallel training of ``graph``: every trainable
-    parameter's gradient, one collective per layer that has any."""
+    parameter's gradient, one collective per layer that has any (``bucket_bytes``: consecutive
+    layers, in backward order, grouped into collectives of at least that size)."""
     itemsize = np.dtype(dtype).itemsize
-    nbytes, layers = 0, set()
+    per_layer: dict[str, int] = {}          # route order
     for _, layer, _, spec in graph.params():
         if spec.trainable:
-            nbytes += int(np.prod(spec.shape)) * itemsize
-            layers.add(layer.name)
+            per_layer[layer.name] = (per_layer.get(layer.name, 0)
+                                     + int(np.prod(spec.shape)) * itemsize)
+    calls = buckets(reversed(list(per_layer.values())), bucket_bytes)   # backward: last first
+    nbytes = sum(calls)
     return {"world_size": int(world_size), "link_gbps": float(link_gbps),
-            "latency_s": latency_s, "allreduce_bytes": nbytes, "allreduce_calls": len(layers),
+            "latency_s": latency_s, "bucket_bytes": int(bucket_bytes),
+            "allreduce_bytes": nbytes, "allreduce_calls": len(calls),
             "allreduce_time_s": ring_allreduce_seconds(nbytes, world_size, link_gbps,
-                                                       latency_s, calls=len(layers))}
+                                                       latency_s, calls=len(calls))}

@@ -30,6 +30,10 @@ def add_plan_arguments(p) -> None:
                    help="add the ring all-reduce time of K data-parallel ranks per iteration")
     p.add_argument("--link-gbps", type=float, default=100.0,
                    help="per-link bandwidth for --data-parallel in Gbit/s (default 100)")
+    p.add_argument("--bucket-mb", type=float, default=0.0, metavar="MB",
+                   help="with --data-parallel: model consecutive layers' gradients as one "
+                   "collective of at least MB MiB (fewer per-call latencies; the executor "
+                   "itself still reduces per layer); default 0: one collective per layer")
 
 
 def make_train_comm(args):
@@ -65,14 +69,31 @@ def stop_all_ranks_on_error(comm, command: str):
         raise
 
 
-def plan_allreduce(args, graph, result: dict) -> None:
-    """Add the all-reduce time model of `plan --data-parallel K` to a plan's result."""
+def plan_comm_model(args):
+    """The collective model of `plan --data-parallel K` (None without it), checked before the
+    plan runs: the clock (`--time`) replays the all-reduces with it."""
     if args.data_parallel is None:
-        return
+        return None
     if args.data_parallel < 1:
         raise ValueError(f"--data-parallel must be >= 1 ranks, got {args.data_parallel}")
+    if args.link_gbps <= 0:
+        raise ValueError(f"--link-gbps must be positive, got {args.link_gbps}")
+    if args.bucket_mb < 0:
+        raise ValueError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
+    from .cost import RingModel
+    return RingModel(args.data_parallel, args.link_gbps,
+                     bucket_bytes=int(args.bucket_mb * 2**20))
+
+
+def plan_allreduce(args, graph, result: dict) -> None:
+    """Add the all-reduce time model of `plan --data-parallel K` to a plan's result."""
+    comm = plan_comm_model(args)
+    if comm is None:
+        return
     import numpy as np
     from .cost import allreduce_plan
-    dp = allreduce_plan(graph, np.float32, args.data_parallel, args.link_gbps)
+    dp = allreduce_plan(graph, np.float32, comm.world_size, comm.link_gbps, comm.latency_s,
+                        bucket_bytes=comm.bucket_bytes)
     result["data_parallel"] = dp
-    result["allreduce_time_s"] = dp["allreduce_time_s"]
+    # the clock's comm stream (--time) says the same for float32; it is the one that was timed
+    result.setdefault("allreduce_time_s", dp["allreduce_time_s"])

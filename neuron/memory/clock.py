@@ -20,6 +20,26 @@ dependencies the executor really creates (CudaDevice + Pool):
   copies after its encode, a decode runs after its copy back and the reader waits for it.
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
+
+Data parallelism (``comm``, `neuron plan --data-parallel K`, K > 1) adds a third stream for the
+gradient all-reduces. The model, deliberately simple:
+
+- a layer's all-reduce is issued when the backward step that finishes its parameter gradients
+  ends (the step with ``updates``; under chunking only the chunk that applies the update), and
+  runs on the comm stream, one collective after another (ring model of distributed/cost.py,
+  with its per-call latency; ``bucket_bytes``: consecutive layers' gradients go as one
+  collective, issued when the bucket is full, the rest after the last layer's step);
+- compute never waits for it: the next backward step starts at once (neuron's overlap claim:
+  later layers' backward hides earlier layers' all-reduce). The layer's optimizer update, which
+  the executor fuses into the backward step, is taken to run after its all-reduce at no extra
+  cost (its time is already in the step's), so the iteration ends when compute, copies and the
+  last all-reduce are all done (the next forward reads every updated parameter);
+- ``allreduce_exposed_s`` is what the comm stream adds to the iteration: 0 when every
+  collective hides under compute, at most the comm stream's busy time.
+
+Caveat: the NCCL engine of a real run (distributed/nccl.py) queues its collectives on the
+compute stream, so there the all-reduce is exposed in full: this clock is what overlap would
+give, the plan's ``allreduce_time_s`` added to the memory-only time is what that engine gives.
 Keeping this a pure function of the log keeps "planning is the executor": the times are those
 of the very decisions the executor made.
 """
@@ -40,6 +60,9 @@ class TimeReport:
     source: str
     timeline: list = field(default_factory=list)    # (stream, start, end, what)
     codec_s: float = 0.0            # busy time of the codec stream (COMPRESS)
+    allreduce_s: float | None = None        # busy time of the comm stream (None: no comm)
+    allreduce_exposed_s: float = 0.0        # what it adds to the iteration
+    allreduce_calls: int = 0
 
     @property
     def hidden_fraction(self) -> float | None:
@@ -54,11 +77,56 @@ class TimeReport:
                 "exposed_copy_s": self.exposed_copy_s, "compaction_s": self.compaction_s,
                 "bytes_moved": self.bytes_moved, "codec_s": self.codec_s,
                 "copy_hidden_fraction": self.hidden_fraction,
-                "cost_source": self.source}
+                "cost_source": self.source,
+                **({} if self.allreduce_s is None else {
+                    "allreduce_time_s": self.allreduce_s,
+                    "allreduce_exposed_s": self.allreduce_exposed_s,
+                    "allreduce_calls_simulated": self.allreduce_calls})}
 
 
-def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeReport:
-    """Replay an event log (from ``Executor.simulate(..., events=True)``) on the cost model."""
+def _grad_bytes(step) -> int:
+    """Bytes of parameter gradients this step finishes (0: none, or not its last chunk)."""
+    if step.phase != "B" or not getattr(step, "updates", None):
+        return 0
+    chunk = getattr(step, "chunk", None)
+    if chunk is not None and not chunk.applies_update:
+        return 0
+    return sum(g.nbytes for _, _, g, _ in step.updates)
+
+
+def _comm_stream(ready, comm, tl) -> tuple[float, float, int]:
+    """The comm stream: ``ready`` lists (time the gradients are written, bytes) in issue order.
+    Returns (end, busy seconds, collectives)."""
+    from ..distributed.cost import buckets
+    if comm.bucket_bytes > 0:       # a bucket goes when full: at the time its last part is ready
+        issues, sizes = [], buckets([n for _, n in ready], comm.bucket_bytes)
+        it = iter(ready)
+        for size in sizes:
+            got = 0
+            while got < size:
+                t, n = next(it)
+                got += n
+            issues.append((t, size))
+    else:
+        issues = ready
+    end = busy = 0.0
+    for t, n in issues:
+        dt = comm.seconds(n)
+        start = max(end, t)
+        end = start + dt
+        busy += dt
+        if tl is not None:
+            tl.append(("comm", start, end, "all-reduce"))
+    return end, busy, len(issues)
+
+
+def makespan(events, steps, batch: int, cost, timeline: bool = False,
+             comm=None) -> TimeReport:
+    """Replay an event log (from ``Executor.simulate(..., events=True)``) on the cost model.
+    ``comm`` (distributed/cost.py RingModel): data parallelism's all-reduces on a third stream
+    (see the module's docstring); None or a world of one: no communication."""
+    dp = comm is not None and comm.world_size > 1
+    grads = [] if dp else None          # (end of the step that wrote them, bytes)
     spec = cost.spec
     overlap = spec.async_copies
     compute = copy = 0.0
@@ -86,6 +154,10 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
                 recompute += dt
             if tl is not None:
                 tl.append(("compute", start, compute, step.name))
+            if dp:
+                n = _grad_bytes(step)
+                if n:
+                    grads.append((compute, n))
         elif kind == "drain":           # a deferred offload's block is reused: wait for it
             r = pending.pop(ev[1], None)
             if r is not None and r > compute:
@@ -137,20 +209,38 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False) -> TimeRep
             else:                       # fetch / offload: compute waits
                 exposed += copy - compute
                 compute = copy
-    return TimeReport(max(compute, copy, codec), busy, recompute, copy_busy, exposed,
-                      compaction, moved, cost.source, tl or [], codec_busy)
+    end = max(compute, copy, codec)
+    rep = TimeReport(end, busy, recompute, copy_busy, exposed, compaction, moved, cost.source,
+                     tl or [], codec_busy)
+    if comm is not None:
+        rep.allreduce_s = 0.0
+    if dp and grads:
+        comm_end, rep.allreduce_s, rep.allreduce_calls = _comm_stream(grads, comm, tl)
+        rep.makespan_s = max(end, comm_end)
+        rep.allreduce_exposed_s = rep.makespan_s - end
+    return rep
 
 
-def unlimited_time(steps, batch: int, cost) -> float:
-    """The same network with unlimited memory: every step once, nothing moved or recomputed."""
-    return sum(cost.step_time(s, batch) + cost.step_overhead for s in steps)
+def unlimited_time(steps, batch: int, cost, comm=None) -> float:
+    """The same network with unlimited memory: every step once, nothing moved or recomputed
+    (``comm``: with the same all-reduces on the comm stream)."""
+    total, grads = 0.0, []
+    for s in steps:
+        total += cost.step_time(s, batch) + cost.step_overhead
+        if comm is not None and comm.world_size > 1 and _grad_bytes(s):
+            grads.append((total, _grad_bytes(s)))
+    if not grads:
+        return total
+    return max(total, _comm_stream(grads, comm, None)[0])
 
 
-def time_report(ex, run: dict, cost, timeline: bool = False) -> dict:
+def time_report(ex, run: dict, cost, timeline: bool = False, comm=None) -> dict:
     """``neuron plan --time``: this plan's simulated iteration against unlimited memory
-    (``timeline``: also the streams' intervals, under the key ``timeline``)."""
-    rep = makespan(run["events"], run["executor"].steps, ex.batch, cost, timeline=timeline)
-    base = unlimited_time(ex.schedule.steps, ex.batch, cost)
+    (``timeline``: also the streams' intervals, under the key ``timeline``; ``comm``: both
+    with data parallelism's all-reduces, so ``overhead_pct`` stays the cost of the budget)."""
+    rep = makespan(run["events"], run["executor"].steps, ex.batch, cost, timeline=timeline,
+                   comm=comm)
+    base = unlimited_time(ex.schedule.steps, ex.batch, cost, comm=comm)
     out = rep.as_dict()
     out["unlimited_time_s"] = base
     out["overhead_pct"] = 100.0 * (rep.makespan_s / base - 1.0) if base > 0 else None

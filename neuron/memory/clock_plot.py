@@ -21,12 +21,16 @@ def plot_timeline(timeline: list, trace: list, path: str, title: str = "") -> No
     mem.set_title(title)
     mem.grid(alpha=0.3)
     colors = {"compute": "tab:blue", "compact": "tab:red", "prefetch": "tab:green",
-              "fetch": "tab:orange", "offload": "tab:purple"}
+              "fetch": "tab:orange", "offload": "tab:purple", "all-reduce": "tab:brown"}
+    rows = {"compute": 1, "comm": -1}      # copies and codec on row 0
     for stream, start, end, what in timeline:
-        y = 1 if stream == "compute" else 0
+        y = rows.get(stream, 0)
         c = colors.get(what if what in colors else stream, "tab:blue")
         streams.broken_barh([(start * 1e3, (end - start) * 1e3)], (y - 0.4, 0.8), color=c)
-    streams.set_yticks([0, 1], ["copy", "compute"])
+    if any(s == "comm" for s, _, _, _ in timeline):    # data parallelism's all-reduces
+        streams.set_yticks([-1, 0, 1], ["comm", "copy", "compute"])
+    else:
+        streams.set_yticks([0, 1], ["copy", "compute"])
     streams.set_xlabel("simulated time (ms)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

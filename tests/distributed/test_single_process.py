@@ -137,3 +137,34 @@ def test_cpu_data_parallel_never_imports_cupy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_plan_time_puts_the_allreduce_on_the_clock(capsys):
+    args = ["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget", "--time",
+            "--link-gbps", "10", "--json"]
+    assert main(args) == 0
+    alone = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(args + ["--data-parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert "all-reduce on the clock" in out
+    assert r["allreduce_time_s"] == pytest.approx(r["data_parallel"]["allreduce_time_s"])
+    assert 0 < r["allreduce_exposed_s"] <= r["allreduce_time_s"]
+    assert r["simulated_time_s"] == pytest.approx(alone["simulated_time_s"]
+                                                  + r["allreduce_exposed_s"])
+
+
+def test_buckets_save_per_call_latency():
+    g = build_model("resnet_cifar", depth=8)
+    per_layer = allreduce_plan(g, np.float32, 4, 100)
+    bucketed = allreduce_plan(g, np.float32, 4, 100, bucket_bytes=2**20)
+    assert bucketed["allreduce_bytes"] == per_layer["allreduce_bytes"]
+    assert bucketed["allreduce_calls"] < per_layer["allreduce_calls"]
+    assert bucketed["allreduce_time_s"] < per_layer["allreduce_time_s"]
+
+
+def test_bad_plan_data_parallel_options(capsys):
+    for bad in (["--data-parallel", "0"], ["--data-parallel", "2", "--bucket-mb", "-1"],
+                ["--data-parallel", "2", "--link-gbps", "0"]):
+        assert main(["plan", "resnet_cifar", "--depth", "8", "--no-min-budget", *bad]) == 2
+        capsys.readouterr()

@@ -120,3 +120,78 @@ def test_neuron_profile_measures_every_step_geometry(tmp_path):
     keys = {layer_key(s.layer, s.phase, 2) for s in ex.steps}
     assert keys <= set(prof["entries"]) and all(v > 0 for v in prof["entries"].values())
     assert prof["measured_iteration_s"] > 0
+
+
+# ---- data parallelism: the comm stream (issue 15) ---------------------------------------
+
+def _backward_steps(n, grad_bytes):
+    """n backward steps, each finishing its layer's parameter gradients of ``grad_bytes``."""
+    t = [SimpleNamespace(id=i) for i in range(n)]
+    g = SimpleNamespace(nbytes=grad_bytes)
+    return [SimpleNamespace(reads=[t[i]], name=f"b{i}", phase="B", chunk=None,
+                            updates=[("w", None, g, [])]) for i in range(n)]
+
+
+class SecondsPerCall:
+    """A collective model whose every call takes ``dt`` seconds."""
+    def __init__(self, world_size, dt, bucket_bytes=0):
+        self.world_size, self.dt, self.bucket_bytes = world_size, dt, bucket_bytes
+
+    def seconds(self, nbytes):
+        return self.dt
+
+
+def test_comm_stream_overlaps_later_backward_and_ends_the_iteration():
+    steps = _backward_steps(3, 100)
+    ev = [("step", i, 0) for i in range(3)]
+    # 1 s per step and 1.5 s per all-reduce: issued at 1, 2, 3 -> run 1-2.5, 2.5-4, 4-5.5
+    r = makespan(ev, steps, 1, FixedCost(True), comm=SecondsPerCall(2, 1.5), timeline=True)
+    assert r.makespan_s == pytest.approx(5.5) and r.compute_s == pytest.approx(3.0)
+    assert r.allreduce_s == pytest.approx(4.5) and r.allreduce_exposed_s == pytest.approx(2.5)
+    assert r.allreduce_calls == 3
+    assert [iv[1:3] for iv in r.timeline if iv[0] == "comm"] == [(1, 2.5), (2.5, 4), (4, 5.5)]
+    # buckets of 200 bytes: layers 0+1 go at 2 s, layer 2 (the rest) at 3 s
+    r = makespan(ev, steps, 1, FixedCost(True), comm=SecondsPerCall(2, 1.5, bucket_bytes=200))
+    assert r.allreduce_calls == 2 and r.makespan_s == pytest.approx(5.0)
+    # a world of one, or no comm at all: the two-stream clock unchanged
+    for comm in (None, SecondsPerCall(1, 1.5)):
+        r = makespan(ev, steps, 1, FixedCost(True), comm=comm)
+        assert r.makespan_s == pytest.approx(3.0) and r.allreduce_exposed_s == 0.0
+
+
+def _dp_plan(k, gbps, model="resnet_cifar", depth=8, batch=8, trace=False, **kw):
+    from neuron.distributed.cost import RingModel
+    g = build_model(model, depth=depth)
+    comm = None if k is None else RingModel(k, gbps, **kw)
+    return plan(g, batch, search_min=False, trace=trace, cost=CostModel.analytic("h100"),
+                comm=comm)
+
+
+def test_world_of_one_changes_no_time():
+    base, one = _dp_plan(None, 100), _dp_plan(1, 100)
+    for key in ("simulated_time_s", "unlimited_time_s", "compute_s", "overhead_pct"):
+        assert one[key] == base[key]
+    assert one["allreduce_time_s"] == 0.0 and one["allreduce_exposed_s"] == 0.0
+    assert "allreduce_exposed_s" not in base
+
+
+def test_slow_link_adds_between_the_exposed_part_and_the_allreduce_time():
+    base, two = _dp_plan(None, 100), _dp_plan(2, 1.0)
+    grown = two["simulated_time_s"] - base["simulated_time_s"]
+    ar, exposed = two["allreduce_time_s"], two["allreduce_exposed_s"]
+    assert ar > base["compute_s"]                   # slow: the comm stream is the long one
+    assert exposed - 1e-12 <= grown <= ar + 1e-12 and 0 < exposed <= ar
+    assert two["compute_s"] == base["compute_s"]    # the memory plan is the same
+
+
+def test_fast_link_hides_nearly_all_communication():
+    base, fast = _dp_plan(None, 100), _dp_plan(8, 1e4, latency_s=1e-8, trace=True)
+    # the last layer's all-reduce has no backward left to hide under; everything before hides
+    # (with NCCL's default 5 us per ring step, 43 small calls are latency, not bandwidth)
+    assert fast["allreduce_time_s"] > 0
+    assert fast["allreduce_exposed_s"] < 0.1 * fast["allreduce_time_s"]
+    comm = [iv for iv in fast["timeline"] if iv[0] == "comm"]
+    after_first = fast["compute_s"] - comm[0][1]    # compute after the first all-reduce began
+    assert fast["allreduce_exposed_s"] < 0.01 * after_first
+    assert fast["simulated_time_s"] - base["simulated_time_s"] == pytest.approx(
+        fast["allreduce_exposed_s"])
