@@ -42,6 +42,14 @@ class RecomputeReport:
     l_peak: int
 
 
+def recompute_step(schedule, layer, ins, out) -> Step:
+    """An "R" step: ``layer``'s forward again, from ``ins`` into the new version ``out``."""
+    return Step(0, layer, "R", ins=ins, outs=[out],
+                params=dict(schedule.params.get(layer.name, {})),
+                aux=dict(schedule.aux.get(layer.name, {})),
+                workspace_bytes=layer.workspace_bytes("F", schedule.batch,
+                                                      schedule.dtype.itemsize)).bind()
+
 def is_checkpoint(layer) -> bool:
     return layer.kind in CHECKPOINT_KINDS
 
@@ -98,12 +106,7 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
             src = made.get(in_t.id) or (current.get(in_t.id) if keep_all else None) or in_t
             v = version(out_sym)
             made[oid] = v
-            new_steps.append(Step(0, layer, "R", ins=[src], outs=[v],
-                                  params=dict(schedule.params.get(layer.name, {})),
-                                  aux=dict(schedule.aux.get(layer.name, {})),
-                                  workspace_bytes=layer.workspace_bytes("F", schedule.batch,
-                                                                        schedule.dtype.itemsize)
-                                  ).bind())
+            new_steps.append(recompute_step(schedule, layer, [src], v))
             extra += 1
         return made
 

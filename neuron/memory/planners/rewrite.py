@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from ..recompute import RecomputeReport, rebind, renumber
+from ..recompute import RecomputeReport, rebind, recompute_step, renumber
 from ..schedule import Schedule, Step
 
 
@@ -75,11 +75,7 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
             ins = [current.get(act[id(sym)].id, act[id(sym)]) for sym in layer.inputs]
             counter[0] += 1
             v = reg.add(f"{u.name}@c{counter[0]}", u.kind, u.shape, u.dtype)
-            new_steps.append(Step(0, layer, "R", ins=ins, outs=[v],
-                                  params=dict(schedule.params.get(layer.name, {})),
-                                  aux=dict(schedule.aux.get(layer.name, {})),
-                                  workspace_bytes=layer.workspace_bytes(
-                                      "F", schedule.batch, schedule.dtype.itemsize)).bind())
+            new_steps.append(recompute_step(schedule, layer, ins, v))
             current[u.id] = v
             extra += 1
         return current[t.id]

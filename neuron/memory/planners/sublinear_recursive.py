@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import copy
 
-from ..recompute import RecomputeReport, rebind, renumber
+from ..recompute import RecomputeReport, rebind, recompute_step, renumber
 from ..schedule import Step
 from .base import KEEP, PLANNED_NO_EVICT, RECOMPUTE, Decisions, Planner
 from .rewrite import droppable, producers
@@ -139,11 +139,7 @@ def nested_rewrite(schedule, cands: list, k: int):
             u = act[id(layer.outputs[0])]
             counter[0] += 1
             v = reg.add(f"{u.name}@n{counter[0]}", u.kind, u.shape, u.dtype)
-            new_steps.append(Step(0, layer, "R", ins=ins, outs=[v],
-                                  params=dict(schedule.params.get(layer.name, {})),
-                                  aux=dict(schedule.aux.get(layer.name, {})),
-                                  workspace_bytes=layer.workspace_bytes(
-                                      "F", schedule.batch, schedule.dtype.itemsize)).bind())
+            new_steps.append(recompute_step(schedule, layer, ins, v))
             local[tid] = v
             extra[0] += 1
             if tid in store:

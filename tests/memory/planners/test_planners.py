@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import neuron as nn
 from neuron.errors import MemoryBudgetError
 from neuron.executor import Executor
 from neuron.memory.costmodel import CostModel
@@ -17,7 +16,7 @@ from neuron.models import build_model
 from neuron.models.densenet import densenet
 
 PLANNERS = planner_names()
-STEPS = 2
+from planner_training import make, train  # noqa: E402
 
 
 def resnet20():
@@ -39,18 +38,6 @@ def model(name):
     return _cache[name]
 
 
-def make(graph, batch, **kw):
-    return Executor(graph, batch, optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
-                    seed=3, **kw)
-
-
-def train(ex, graph, batch):
-    losses = []
-    for i in range(STEPS):
-        rng = np.random.default_rng(1000 + i)
-        x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
-        losses.append(ex.train_step(x, rng.integers(0, graph.outputs[0].shape[0], batch)))
-    return losses, ex.state_dict()
 
 
 _ref: dict = {}

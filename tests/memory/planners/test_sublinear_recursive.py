@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-import neuron as nn
 from neuron.cli import main
 from neuron.cli_planning import add_planner_arg, planner_spec
 from neuron.executor import Executor
@@ -16,21 +15,9 @@ from neuron.memory.planners import get_planner, planner_names
 from neuron.memory.planners.sublinear_recursive import SublinearRecursive, split_groups
 from neuron.models import build_model
 
-STEPS = 2
+from planner_training import make, train  # noqa: E402
 
 
-def make(graph, batch, **kw):
-    return Executor(graph, batch, optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
-                    seed=3, **kw)
-
-
-def train(ex, graph, batch):
-    losses = []
-    for i in range(STEPS):
-        rng = np.random.default_rng(1000 + i)
-        x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
-        losses.append(ex.train_step(x, rng.integers(0, graph.outputs[0].shape[0], batch)))
-    return losses, ex.state_dict()
 
 
 def test_registered_with_its_option_and_on_the_command_line(capsys):
