@@ -73,6 +73,16 @@ def hidden_fraction(t_budget, t_free, offload_bytes, prefetch_bytes, bw) -> floa
     return max(0.0, min(1.0, 1.0 - exposed / t_copy))
 
 
+def against_free(run: dict, free: dict, bw) -> dict:
+    """A budgeted run against the unbudgeted one: the share of its copies hidden and how much
+    slower it is (both runs fitted)."""
+    moved = run.get("moved_per_iter", {})
+    return {"hidden_copy_fraction": hidden_fraction(
+                run["seconds_per_iter"], free["seconds_per_iter"],
+                moved.get("offload_bytes", 0), moved.get("prefetch_bytes", 0), bw),
+            "slowdown_vs_free": run["seconds_per_iter"] / free["seconds_per_iter"] - 1.0}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from bench import torch_models as TM
@@ -122,12 +132,7 @@ def main(argv=None) -> int:
         r = TM.neuron_run(graph, batch, budget=budget, policy="superneurons", planner=name_p,
                           iters=args.iters, warmup=args.warmup, device=dev)
         if r.get("fits") and res["neuron_free"].get("fits"):
-            m = r["moved_per_iter"]
-            r["hidden_copy_fraction"] = hidden_fraction(
-                r["seconds_per_iter"], res["neuron_free"]["seconds_per_iter"],
-                m.get("offload_bytes", 0), m.get("prefetch_bytes", 0), bw)
-            r["slowdown_vs_free"] = (r["seconds_per_iter"]
-                                     / res["neuron_free"]["seconds_per_iter"] - 1)
+            r.update(against_free(r, res["neuron_free"], bw))
         res.setdefault("planners", {})[name_p] = r
         print(f"  planner {name_p}: " + (f"{r['img_per_s']:.1f} img/s, hidden "
               f"{r.get('hidden_copy_fraction')}" if r.get("fits") else r.get("error", "")[:200]),
@@ -149,11 +154,7 @@ def main(argv=None) -> int:
     nb, nf = res["neuron_budget"], res["neuron_free"]
     tc = (res["torch_checkpoint"].get("timed") or {})
     if nb.get("fits") and nf.get("fits"):
-        moved = nb.get("moved_per_iter", {})
-        res["hidden_copy_fraction"] = hidden_fraction(
-            nb["seconds_per_iter"], nf["seconds_per_iter"], moved.get("offload_bytes", 0),
-            moved.get("prefetch_bytes", 0), bw)
-        res["slowdown_vs_free"] = nb["seconds_per_iter"] / nf["seconds_per_iter"] - 1.0
+        res.update(against_free(nb, nf, bw))
         if tc.get("img_per_s"):
             res["neuron_over_torch_checkpoint"] = nb["img_per_s"] / tc["img_per_s"]
     ok = bool(nb.get("fits") and nf.get("fits") and tc.get("img_per_s"))
