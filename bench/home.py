@@ -5,7 +5,9 @@ resident state + f x (liveness peak - resident state)): HOME's and superneurons'
 time against checkmate's. Target: HOME within 5% of the optimum.
 Part 2: resnet50 and densenet121 at 224x224, batch 32, 0.3 x the liveness peak: HOME against
 superneurons (target: no worse), search seconds (target for ResNet-50: under 60 s on 2 cores),
-swarm size, iterations, evaluations, and the convergence curve (PNG).
+swarm size, iterations, evaluations, and the convergence curve (PNG); and HOME with COMPRESS
+as a fourth code per tensor (``--compress 2|4``, FreeLunch): its time and how many tensors it
+chose to compress.
 Time from the analytic H100 cost model, as in bench/planners.py.
 
     nice python bench/home.py [--search-seconds 30] [--seed 0]
@@ -94,22 +96,26 @@ def main(argv=None):
     if "big" in args.parts:
         md += ["## Large models, batch 32, 0.3 x liveness peak", "",
                "| model | superneurons | home | home search | swarm x iterations | "
-               "evaluations | chosen |", "|---|---|---|---|---|---|---|"]
+               "evaluations | chosen | home, compress 2 | home, compress 4 |",
+               "|---|---|---|---|---|---|---|---|---|"]
         for name, depth in BIG:
             graph = build_model(name, depth=depth)
             live = Executor(graph, 32, device="virtual",
                             policy="liveness").simulate(None, trace=False)["peak_bytes"]
             b = int(0.3 * live)
             sn, h = row(graph, 32, "superneurons", b, cost), row(graph, 32, home, b, cost)
-            for r in (sn, h):
+            squeezed = [row(graph, 32, f"{home},compress={c}", b, cost) for c in (2, 4)]
+            for r in (sn, h, *squeezed):
                 r.update(model=name, fraction=0.3, part="big")
                 out.append(r)
+            comp = [f"{ms(r)} ({r.get('decisions', {}).get('compress', 0)} compressed)"
+                    for r in squeezed]
             i = h.get("info", {})
             curves[name] = i.get("convergence", [])
             md.append(f"| {name} | {ms(sn)} | {ms(h)} | {i.get('search_s')} s wall, "
                       f"{i.get('search_cpu_s')} CPU s (limit {args.search_seconds:g} s) | "
                       f"{i.get('swarm')} x {i.get('iterations')} | {i.get('evaluations')} | "
-                      f"{i.get('chosen')} |")
+                      f"{i.get('chosen')} | {comp[0]} | {comp[1]} |")
             print(md[-1], flush=True)
         md += ["", "Convergence: bench/results/home_convergence.png", ""]
         plot(curves)

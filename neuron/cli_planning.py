@@ -18,7 +18,8 @@ def add_planner_arg(p) -> None:
     p.add_argument("--compress", type=int, choices=[2, 4], default=None,
                    help="FreeLunch: feature maps go to the host compressed, 2 (bf16) or 4 "
                    "(8-bit block floating point); lossy, off by default; without --planner "
-                   "it applies to superneurons")
+                   "it applies to superneurons; with --planner home the swarm decides per "
+                   "tensor whether to compress")
     p.add_argument("--search-seconds", type=float, default=None, metavar="T",
                    help="home: stop the swarm search after T CPU seconds (default 30)")
 

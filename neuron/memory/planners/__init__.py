@@ -36,6 +36,8 @@ def get_planner(name_or_planner) -> Planner:
     cls = getattr(importlib.import_module(path), cls)
     opts = parse_options(name_or_planner, opts)
     rate = opts.pop("compress", None)       # FreeLunch COMPRESS over any planner
+    if rate is not None and getattr(cls, "plans_compression", False):
+        opts["compress"], rate = rate, None  # it decides per tensor (HOME's fourth code)
     try:
         planner = cls(**opts)
     except TypeError as e:          # an option the planner does not take

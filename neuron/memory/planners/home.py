@@ -22,6 +22,13 @@ particle costs one simulation per iteration. The search stops after ``iterations
 ``search_seconds`` (CPU seconds of this process: the cores may be shared, and wall time then
 measures other jobs), whichever comes first (only the iteration limit is deterministic).
 The convolution workspace is not a dimension: the cost model has one algorithm per layer.
+
+COMPRESS (FreeLunch, seed 002) as a fourth code where the user allows lossy compression
+(``home:compress=2|4``, ``--planner home --compress R``): 3 = swap compressed at that rate, so
+the swarm decides per tensor whether a compressed copy (fewer bytes, a codec pass each way)
+beats a full-size swap, a recompute or keeping it; only those tensors are compressed (other
+planners under ``--compress`` compress every feature map they send to the host,
+planners/compress.py).
 """
 from __future__ import annotations
 
@@ -29,7 +36,8 @@ import time
 
 import numpy as np
 
-from .base import KEEP, RECOMPUTE, SWAP, Decisions, Planner
+from ..codecs import get_codec
+from .base import COMPRESS, KEEP, RECOMPUTE, SWAP, Decisions, Planner
 from .capuchin import build
 from .rewrite import droppable
 from .superneurons import SuperNeurons
@@ -42,17 +50,32 @@ class Home(Planner):
     name = "home"
     description = "particle-swarm search over retain/swap/recompute, seeded with superneurons"
 
+    plans_compression = True      # get_planner passes compress=R here, not to the wrapper
+
     def __init__(self, seed: int = 0, search_seconds: float = 30.0, swarm: int = 12,
-                 iterations: int = 40):
+                 iterations: int = 40, compress: int | None = None):
         if swarm < 4 or iterations < 1 or search_seconds <= 0:
             raise ValueError(f"home: swarm >= 4, iterations >= 1 and search_seconds > 0, got "
                              f"swarm={swarm} iterations={iterations} "
                              f"search_seconds={search_seconds}")
         self.seed, self.search_seconds = int(seed), float(search_seconds)
         self.swarm, self.iterations = int(swarm), int(iterations)
+        self.rate = get_codec(compress).rate if compress else None
+        self.codes = CODES + ((COMPRESS,) if self.rate else ())
+        if self.rate:
+            self.name = f"home+compress{self.rate}"
 
     def decisions(self, ctx, cands, vec) -> Decisions:
-        return build(ctx, cands, {t.id: CODES[c] for t, c in zip(cands, vec) if c})
+        codes = [self.codes[c] for c in vec]
+        d = build(ctx, cands, {t.id: SWAP if c == COMPRESS else c
+                               for t, c in zip(cands, codes) if c != KEEP})
+        squeezed = [t for t, c in zip(cands, codes) if c == COMPRESS]
+        if squeezed:
+            d.compress = {t.id: self.rate for t in squeezed}
+            d.tensors.update({t.name: COMPRESS for t in squeezed})
+            d.info["compress_rate"] = self.rate
+            d.info["codec"] = get_codec(self.rate).name
+        return d
 
     def fitness(self, ctx, d: Decisions) -> float:
         try:
@@ -71,6 +94,7 @@ class Home(Planner):
         if ctx.budget is None or not cands:
             return sn
         n, rng = len(cands), np.random.default_rng(self.seed)
+        k = len(self.codes)
         cache: dict[bytes, float] = {}
 
         def score(vec) -> float:
@@ -81,8 +105,9 @@ class Home(Planner):
 
         sn_score = self.fitness(ctx, sn)
         sn_vec = np.array([CODES.index(sn.tensors.get(t.name, KEEP)) for t in cands], np.int8)
-        swarm = [sn_vec, np.zeros(n, np.int8), np.ones(n, np.int8), np.full(n, 2, np.int8)]
-        swarm += [rng.integers(0, 3, n).astype(np.int8) for _ in range(self.swarm - 4)]
+        # seeds: superneurons' choice, then each code everywhere (all-retain, all-swap, ...)
+        swarm = [sn_vec] + [np.full(n, c, np.int8) for c in range(k)][:self.swarm - 1]
+        swarm += [rng.integers(0, k, n).astype(np.int8) for _ in range(self.swarm - len(swarm))]
         best_own = [v.copy() for v in swarm]
         own_score = [np.inf] * self.swarm
         best_vec, best = sn_vec.copy(), np.inf
@@ -114,7 +139,7 @@ class Home(Planner):
                 r = rng.random(n)
                 nv = np.where(r < 0.5, p1, np.where(r < 0.8, best_own[i], v))
                 mutate = rng.random(n) < 1.0 / n
-                nv[mutate] = rng.integers(0, 3, int(mutate.sum()))
+                nv[mutate] = rng.integers(0, k, int(mutate.sum()))
                 swarm[i] = nv.astype(np.int8)
         if best < sn_score:
             d, chosen = self.decisions(ctx, cands, best_vec), "swarm"

@@ -81,3 +81,31 @@ def test_options_and_their_errors():
     args = p.parse_args(["--planner", "home", "--seed", "4", "--search-seconds", "2"])
     assert planner_spec(args) == "home:seed=4,search_seconds=2.0"
     assert planner_spec(p.parse_args(["--planner", "vdnn"])) == "vdnn"
+
+
+def test_compress_is_a_fourth_code_decided_per_tensor(resnet20):
+    """home:compress=2 searches keep/swap/recompute/compress per tensor: only the tensors it
+    marks COMPRESS are compressed (not every feature map, as the wrapper over other planners
+    does), the plan fits, and it runs on the CPU device."""
+    from neuron.memory.planners.base import COMPRESS
+    from neuron.memory.planners.compress import Compressed
+    graph, ex, budget = resnet20
+    h = get_planner("home:iterations=4,swarm=6,seed=1,compress=2")
+    assert isinstance(h, Home) and not isinstance(h, Compressed) and h.rate == 2
+    ctx = PlanContext(ex, budget)
+    cands = droppable(ex.schedule)
+    # the all-compress seed particle: every candidate compressed, nothing else
+    d = h.decisions(ctx, cands, np.full(len(cands), 3, np.int8))
+    assert set(d.compress) == {t.id for t in cands} and set(d.compress.values()) == {2}
+    assert set(d.tensors.values()) == {COMPRESS}
+    plan = h.plan(ctx)
+    squeezed = {n for n, c in plan.tensors.items() if c == COMPRESS}
+    by_name = {t.name: t.id for t in cands}
+    assert set(plan.compress) == {by_name[n] for n in squeezed}
+    assert ctx.evaluate(plan)["fits"]
+    run = Executor(graph, 4, optimizer=nn.SGD(lr=0.05), seed=3, budget=budget,
+                   planner="home:iterations=4,swarm=6,seed=1,compress=2")
+    rng = np.random.default_rng(0)
+    loss = run.train_step(rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
+                          rng.integers(0, 10, 4))
+    assert np.isfinite(loss)
