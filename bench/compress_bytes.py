@@ -21,8 +21,12 @@ PLANNERS = ["superneurons", "vdnn"]
 
 def main(argv=None):
     ap = arg_parser(__doc__)
-    ap.add_argument("--deepest", action="store_true")
-    ap.add_argument("--host-budget", default="128GiB")
+    ap.add_argument("--deepest", action="store_true",
+                    help="also search the deepest Table-4 ResNet with and without compression "
+                    "(minutes)")
+    ap.add_argument("--host-budget", default="64GiB",
+                    help="host memory for offloaded tensors in --deepest (default 64GiB, the "
+                    "pinned cap bench/deepest.py uses)")
     args = ap.parse_args(argv)
     from neuron.executor import Executor
     from neuron.memory.clock import makespan
@@ -69,7 +73,7 @@ def main(argv=None):
         md += [f"## Deepest Table-4 ResNet, batch 16, 12 GiB arena, --offload-params, host "
                f"budget {args.host_budget}, planner superneurons", "",
                "| compress | deepest depth | search s |", "|---|---|---|"]
-        for rate in (None, 2):
+        for rate in (None, 2, 4):
             spec = "superneurons" + (f":compress={rate}" if rate else "")
             t0 = time.perf_counter()
             r = deepest("resnet", 16, 12 * GiB, planner=spec, offload_params=True,

@@ -21,6 +21,13 @@ dependencies the executor really creates (CudaDevice + Pool):
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
 
+With a pipelined cost model (a GPU profile with host issue times and event-timed kernels,
+memory/costmodel.py) the host is a timeline of its own: it issues each step, copy and
+compaction in the log's order, taking the step's host time; a kernel starts when it has been
+issued, the GPU is free and its prefetches are in; a copy or compaction starts no earlier than
+its issue. The iteration ends when the host, the GPU and the copies are done. The host never
+waits for the GPU here: the executor synchronizes only at the iteration's end.
+
 Data parallelism (``comm``, `neuron plan --data-parallel K`, K > 1) adds a third stream for the
 gradient all-reduces. The model, deliberately simple:
 
@@ -137,10 +144,15 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
     codec = codec_busy = 0.0            # the codec stream (COMPRESS)
     encoded: dict[int, float] = {}      # tensor id -> end of its encode
     tl = [] if timeline else None
+    pipe = getattr(cost, "pipelined", False)
+    host = 0.0                          # when the host has issued everything so far (pipe)
     for ev in events:
         kind = ev[0]
         if kind == "step":
             step = steps[ev[1]]
+            if pipe:
+                host += cost.host_time(step, batch)
+                compute = max(compute, host)
             start = compute
             for t in step.reads:
                 r = ready.pop(t.id, None)
@@ -165,6 +177,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
                 compute = r
         elif kind == "compact":
             dt = cost.move_time(ev[2])
+            compute = max(compute, host)
             if tl is not None:
                 tl.append(("compute", compute, compute + dt, "compact"))
             compute += dt
@@ -198,7 +211,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
                 compute += dt
                 exposed += dt
                 continue
-            start = max(copy, compute, encoded.pop(ev[1], 0.0))
+            start = max(copy, compute, host, encoded.pop(ev[1], 0.0))
             copy = start + dt
             if tl is not None:
                 tl.append(("copy", start, copy, kind))
@@ -209,7 +222,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             else:                       # fetch / offload: compute waits
                 exposed += copy - compute
                 compute = copy
-    end = max(compute, copy, codec)
+    end = max(compute, copy, codec, host)
     rep = TimeReport(end, busy, recompute, copy_busy, exposed, compaction, moved, cost.source,
                      tl or [], codec_busy)
     if comm is not None:
@@ -225,10 +238,16 @@ def unlimited_time(steps, batch: int, cost, comm=None) -> float:
     """The same network with unlimited memory: every step once, nothing moved or recomputed
     (``comm``: with the same all-reduces on the comm stream)."""
     total, grads = 0.0, []
+    pipe = getattr(cost, "pipelined", False)
+    host = 0.0
     for s in steps:
+        if pipe:                        # issued by the host, run when the GPU is free
+            host += cost.host_time(s, batch)
+            total = max(total, host)
         total += cost.step_time(s, batch) + cost.step_overhead
         if comm is not None and comm.world_size > 1 and _grad_bytes(s):
             grads.append((total, _grad_bytes(s)))
+    total = max(total, host)
     if not grads:
         return total
     return max(total, _comm_stream(grads, comm, None)[0])

@@ -3,6 +3,11 @@
 The profile is JSON keyed by layer geometry (memory/costmodel.py ``layer_key``), with the
 device, its identity, the dtype, the per-step overhead of the executor and the copy bandwidth,
 so that the simulated clock can replay any plan of the same network on measured times.
+
+On a GPU each round also runs one iteration the way training runs it, without synchronizing:
+each step's kernels between two CUDA events on the compute stream (``gpu_entries``) and the
+host's time to issue them (``host_entries``; ``host_overhead_s`` is the executor's own host
+work per step). The clock then pipelines host and GPU (costmodel ``pipelined``).
 """
 from __future__ import annotations
 
@@ -25,13 +30,46 @@ class _TimedExecutor(Executor):
     times: list
     clock = staticmethod(time.perf_counter)
 
+    events = None       # a list: time with CUDA events, unsynchronized (pipelined round)
+
     def _compute(self, step, ctx, ws):
+        if self.events is not None:
+            return self._compute_events(step, ctx, ws)
         sync, clock = self.device.synchronize, self.clock
         sync()
         t0 = clock()
         super()._compute(step, ctx, ws)
         sync()
         self.times.append((step, clock() - t0))
+
+    def _compute_events(self, step, ctx, ws):
+        import cupy as cp
+        stream = self.device.compute_stream
+        t0 = time.perf_counter()
+        e0 = stream.record(cp.cuda.Event())
+        super()._compute(step, ctx, ws)
+        e1 = stream.record(cp.cuda.Event())
+        t1 = time.perf_counter()
+        self.events.append((step, t1 - t0, e0, e1, t1))
+
+
+def pipelined_iteration(ex: "_TimedExecutor", x, y) -> dict:
+    """One iteration as training runs it (no synchronization between steps): per step the
+    host's issue time and the kernels' event time; the host's time from the start to the last
+    step issued; the iteration's wall time."""
+    import cupy as cp
+    ex.device.synchronize()
+    ex.events = []
+    t0 = time.perf_counter()
+    try:
+        ex.train_step(x, y)
+        ex.device.synchronize()
+        wall = time.perf_counter() - t0
+    finally:
+        rows, ex.events = ex.events, None
+    return {"host": [h for _, h, _, _, _ in rows],
+            "gpu": [cp.cuda.get_elapsed_time(e0, e1) / 1e3 for _, _, e0, e1, _ in rows],
+            "issued_s": rows[-1][4] - t0 if rows else 0.0, "wall_s": wall}
 
 
 def measure_iterations(ex: Executor, x, y, repeat: int, clock: str = "wall") -> list[float]:
@@ -80,10 +118,12 @@ class Profiler:
         self.ex.times = []
         self.x, self.y = random_batch(graph, batch)
         self.ex.train_step(self.x, self.y)              # warm-up
-        self.ex.times, self.iters = [], []
+        self.ex.times, self.iters, self.pipes = [], [], []
 
     def round(self) -> None:
         self.iters += measure_iterations(self.ex, self.x, self.y, 1, self.clock)
+        if self.kind != "cpu":
+            self.pipes.append(pipelined_iteration(self.ex, self.x, self.y))
 
     def result(self) -> dict:
         # the fastest of the rounds per step, and of the iterations: on shared cores, the
@@ -99,12 +139,33 @@ class Profiler:
         # everything the executor does around the kernels (pool, liveness, Python), per step
         overhead = max(0.0, (iteration_s - sum(per_step)) / n)
         spec = cpu_spec() if self.kind == "cpu" else device_spec(self.kind)
-        return {"format": "neuron-profile-1", "device": self.kind, "device_detail": spec.detail,
-                "dtype": str(self.dtype), "model": self.model or self.graph.name,
-                "batch": batch, "repeat": rounds, "clock": self.clock,
-                "measured_iteration_s": iteration_s, "step_overhead_s": overhead,
-                "copy_bandwidth": spec.copy_bandwidth, "copy_latency": spec.copy_latency,
-                "entries": entries, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out = {"format": "neuron-profile-1", "device": self.kind, "device_detail": spec.detail,
+               "dtype": str(self.dtype), "model": self.model or self.graph.name,
+               "batch": batch, "repeat": rounds, "clock": self.clock,
+               "measured_iteration_s": iteration_s, "step_overhead_s": overhead,
+               "copy_bandwidth": spec.copy_bandwidth, "copy_latency": spec.copy_latency,
+               "entries": entries, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if self.pipes:
+            out.update(pipelined_entries(ex.steps, batch, self.pipes))
+        return out
+
+
+def pipelined_entries(steps, batch: int, pipes: list[dict]) -> dict:
+    """Per geometry the fastest round's host and kernel times (medians over the steps of the
+    same geometry, as ``entries``), and the executor's host work per step."""
+    n = len(steps)
+    host = [min(p["host"][k] for p in pipes) for k in range(n)]
+    gpu = [min(p["gpu"][k] for p in pipes) for k in range(n)]
+    tables: dict[str, dict[str, list[float]]] = {"host_entries": {}, "gpu_entries": {}}
+    for step, h, g in zip(steps, host, gpu):
+        key = layer_key(step.layer, step.phase, batch)
+        tables["host_entries"].setdefault(key, []).append(h)
+        tables["gpu_entries"].setdefault(key, []).append(g)
+    issued = min(p["issued_s"] for p in pipes)
+    return {**{t: {k: statistics.median(v) for k, v in rows.items()}
+               for t, rows in tables.items()},
+            "host_overhead_s": max(0.0, (issued - sum(host)) / n),
+            "pipelined_iteration_s": min(p["wall_s"] for p in pipes)}
 
 
 def profile_model(graph, batch: int, *, device: str = "cpu", repeat: int = 3,

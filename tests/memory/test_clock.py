@@ -122,6 +122,82 @@ def test_neuron_profile_measures_every_step_geometry(tmp_path):
     assert prof["measured_iteration_s"] > 0
 
 
+# ---- pipelined host and GPU (a GPU profile with host issue and event times) ----------------
+
+class PipelinedCost(FixedCost):
+    """GPU kernels of ``gpu`` s, each issued by the host in ``host`` s."""
+    pipelined = True
+
+    def __init__(self, host, gpu):
+        super().__init__(True)
+        self.host, self.gpu = host, gpu
+
+    def step_time(self, step, batch):
+        return self.gpu
+
+    def host_time(self, step, batch):
+        return self.host
+
+
+def test_pipelined_host_and_gpu_overlap_the_slower_sets_the_pace():
+    from neuron.memory.clock import unlimited_time
+    steps, _ = _steps(4)
+    ev = [("step", i, 0) for i in range(4)]
+    # GPU-bound: the host issues step i+1 while the GPU runs step i: 0.1 + 4 x 1
+    assert makespan(ev, steps, 1, PipelinedCost(0.1, 1.0)).makespan_s == pytest.approx(4.1)
+    # host-bound: the GPU waits on the host: 4 x 1 + the last kernel's 0.1
+    assert makespan(ev, steps, 1, PipelinedCost(1.0, 0.1)).makespan_s == pytest.approx(4.1)
+    # serial charging (the model without host times) would give 4 x 1.1 for both
+    assert unlimited_time(steps, 1, PipelinedCost(0.1, 1.0)) == pytest.approx(4.1)
+    assert unlimited_time(steps, 1, PipelinedCost(1.0, 0.1)) == pytest.approx(4.1)
+
+
+def test_pipelined_copies_start_no_earlier_than_the_host_issues_them():
+    steps, _ = _steps(3)
+    mib = 2**20
+    # host-bound (1 s to issue, 0.1 s kernels): the prefetch after step 0 is issued at 1 s and
+    # queued behind step 0's kernel (ends 1.1), copies 2 s (ends 3.1); step 2 is issued at 3 s
+    # and waits 0.1 s for it
+    ev = [("step", 0, 0), ("prefetch", 2, 2 * mib), ("step", 1, 0), ("step", 2, 0)]
+    r = makespan(ev, steps, 1, PipelinedCost(1.0, 0.1))
+    assert r.makespan_s == pytest.approx(3.2) and r.exposed_copy_s == pytest.approx(0.1)
+    # the same copy issued by a fast host (0.1 s) starts at 0.2: step 2 waits 2 s minus what
+    # steps 1-2 cover
+    r = makespan(ev, steps, 1, PipelinedCost(0.1, 0.1))
+    assert r.makespan_s == pytest.approx(2.3) and r.exposed_copy_s == pytest.approx(2.2 - 0.3)
+
+
+def test_a_gpu_profile_with_host_and_event_times_is_pipelined(tmp_path):
+    from neuron.memory.profile import pipelined_entries
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 8, 8))
+    from neuron.executor import Executor
+    ex = Executor(g, 2, device="virtual", policy="liveness")
+    n = len(ex.steps)
+    # two rounds: the faster of each step's times is kept; the host did 1 ms of its own work
+    # per step beyond issuing kernels
+    rounds = [{"host": [2e-3] * n, "gpu": [5e-3] * n, "issued_s": 3e-3 * n, "wall_s": 1.0},
+              {"host": [3e-3] * n, "gpu": [4e-3] * n, "issued_s": 4e-3 * n, "wall_s": 2.0}]
+    pe = pipelined_entries(ex.steps, 2, rounds)
+    assert pe["host_overhead_s"] == pytest.approx(1e-3)
+    assert pe["pipelined_iteration_s"] == 1.0
+    assert set(pe["gpu_entries"].values()) == {4e-3}
+    assert set(pe["host_entries"].values()) == {2e-3}
+    keys = {layer_key(s.layer, s.phase, 2) for s in ex.steps}
+    prof = {"format": "neuron-profile-1", "device": "h100", "dtype": "float32",
+            "entries": {k: 9e-3 for k in keys}, "step_overhead_s": 1e-4, **pe}
+    p = tmp_path / "gpu.json"
+    p.write_text(json.dumps(prof))
+    cost = CostModel.from_profile(str(p))
+    assert cost.pipelined and cost.describe()["pipelined"]
+    r = plan(g, 2, policy="liveness", cost=cost, search_min=False, trace=False)
+    # GPU-bound (4 ms kernels, 3 ms to issue each): 3 ms + n x 4 ms
+    assert r["simulated_time_s"] == pytest.approx(3e-3 + 4e-3 * n)
+    serial = cost.serial()
+    assert not serial.pipelined
+    r = plan(g, 2, policy="liveness", cost=serial, search_min=False, trace=False)
+    assert r["simulated_time_s"] == pytest.approx((9e-3 + 1e-4) * n)
+
+
 # ---- data parallelism: the comm stream (issue 15) ---------------------------------------
 
 def _backward_steps(n, grad_bytes):

@@ -67,7 +67,12 @@ def test_training_with_compression_is_deterministic_lossy_and_close(graph, rate)
 def test_off_by_default_and_cli(graph):
     ex = Executor(graph, 4, device="virtual", planner="vdnn")
     assert not ex.pool.codecs and not ex.decisions.compress
-    assert isinstance(get_planner("home:compress=2,iterations=1"), Compressed)
+    assert isinstance(get_planner("capuchin:compress=2"), Compressed)
+    # HOME decides per tensor (its fourth code) instead of the wrapper compressing every map
+    home = get_planner("home:compress=2,iterations=1")
+    assert not isinstance(home, Compressed) and home.rate == 2
+    with pytest.raises(ValueError, match="rate 3"):
+        get_planner("home:compress=3")
     with pytest.raises(ValueError, match="rate 3"):
         get_planner("vdnn:compress=3")
     p = argparse.ArgumentParser()
