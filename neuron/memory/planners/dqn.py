@@ -7,7 +7,7 @@ brief agent on the target graph itself. At plan time the agent's greedy rollout 
 ``rollouts`` - 1 rollouts with small exploration noise (epsilon ``noise``) are simulated, and
 the best is compared with the superneurons plan: the better one is returned, so the DQN
 planner is never worse than superneurons (as HOME). ``Decisions.info`` says which agent and
-which plan were used. No budget: superneurons' plan (nothing moved).
+which plan were used. No budget: every tensor kept (nothing moved or recomputed).
 """
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import time
 import numpy as np
 
 from .base import KEEP, Planner
+from .capuchin import build
 from .dqn_agent import Agent, score, train
 from .dqn_features import TraceGraph
 from .home import CODES, Home
+from .rewrite import droppable
 from .superneurons import SuperNeurons
 
 DEFAULT_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dqn_default.npz")
@@ -52,9 +54,11 @@ class Dqn(Planner):
 
     def plan(self, ctx):
         t0 = time.perf_counter()
+        if ctx.budget is None:          # nothing to fit: nothing moved or recomputed
+            d = build(ctx, droppable(ctx.schedule), {})
+            d.info["chosen"] = "keep all (no budget)"
+            return d
         sn = SuperNeurons().plan(ctx)
-        if ctx.budget is None:
-            return sn
         tg = TraceGraph(ctx)
         if not tg.n:
             return sn
