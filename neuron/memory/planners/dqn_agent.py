@@ -216,13 +216,15 @@ def plot_curve(curve, path: str, names=None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
+    colours = plt.get_cmap("tab10")
     for k in sorted({c["problem"] for c in curve}):
         pts = [(c["episode"], c["return"]) for c in curve if c["problem"] == k]
         ep, ret = zip(*pts)
         run = np.convolve(ret, np.ones(10) / 10, mode="valid") if len(ret) >= 10 else ret
         label = names[k] if names and k < len(names) else f"problem {k}"
-        ax.plot(ep, ret, ".", alpha=0.25, ms=3)
-        ax.plot(ep[len(ep) - len(run):], run, label=f"{label} (running mean of 10)")
+        ax.plot(ep, ret, ".", alpha=0.25, ms=3, color=colours(k % 10))
+        ax.plot(ep[len(ep) - len(run):], run, color=colours(k % 10),
+                label=f"{label} (running mean of 10)")
     ax.set(xlabel="episode", ylabel="return = -(overhead) or infeasible penalty",
            title="DQN planner training")
     ax.set_ylim(bottom=max(ax.get_ylim()[0], -3.5))
