@@ -21,6 +21,8 @@ setup(
     # and install as neuron.models; neuron/_source_layout.py maps the name in a checkout
     packages=find_packages(include=["neuron", "neuron.*"]) + ["neuron.models"],
     package_dir={"neuron.models": "models"},
+    # the DQN planner's default agent (bench/dqn.py trains it)
+    package_data={"neuron.memory.planners": ["dqn_default.npz"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
     zip_safe=False,

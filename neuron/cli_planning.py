@@ -22,6 +22,9 @@ def add_planner_arg(p) -> None:
                    "tensor whether to compress")
     p.add_argument("--search-seconds", type=float, default=None, metavar="T",
                    help="home: stop the swarm search after T CPU seconds (default 30)")
+    p.add_argument("--agent", default=None, metavar="FILE.npz",
+                   help="dqn: the trained agent to plan with (default: the agent bundled with "
+                   "neuron, trained by bench/dqn.py)")
 
 
 def planner_spec(args) -> str | None:
@@ -36,6 +39,10 @@ def planner_spec(args) -> str | None:
         opts["seed"] = args.seed
         if args.search_seconds is not None:
             opts["search_seconds"] = args.search_seconds
+    if name == "dqn":
+        opts["seed"] = args.seed
+        if getattr(args, "agent", None):
+            opts["agent"] = args.agent
     if rate:
         opts["compress"] = rate
     return name + ":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else name

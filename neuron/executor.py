@@ -17,7 +17,7 @@ import numpy as np
 from .devices import Device, VirtualDevice, make_device
 from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
 from .graph import Graph
-from .layers import Input, SoftmaxCrossEntropy
+from .layers import Input, MSELoss, SoftmaxCrossEntropy
 from .layers.base import Context
 from .memory.liveness import frees_for
 from .memory.policy import Policy, get_policy
@@ -47,23 +47,36 @@ def no_gc():
             gc.enable()
 
 
-def with_loss(graph: Graph) -> Graph:
-    """The training graph: graph inputs + labels -> logits -> softmax cross-entropy loss."""
-    cached = getattr(graph, "_train_graph", None)
-    if cached is not None:
-        return cached
+LOSSES = ("softmax", "mse")
+
+
+def with_loss(graph: Graph, loss: str = "softmax") -> Graph:
+    """The training graph: graph inputs + targets -> outputs -> loss. ``loss``: "softmax"
+    (softmax cross-entropy, integer labels) or "mse" (MSELoss: float targets of the output's
+    shape, for regression such as the DQN planner's Q-network)."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    cache = graph.__dict__.setdefault("_train_graphs", {})
+    if loss in cache:
+        return cache[loss]
     if len(graph.inputs) != 1:
         raise DataError(f"{graph.name}: training feeds one data input; this graph has "
                         f"{len(graph.inputs)} ({[t.name for t in graph.inputs]})")
     if len(graph.outputs) != 1 or len(graph.outputs[0].shape) != 1:
         raise DataError(f"{graph.name}: training needs one output of per-sample shape (K,), got "
                         f"{[t.shape for t in graph.outputs]}")
-    labels = Input((), dtype=np.int64, name="labels")()
-    loss_layer = SoftmaxCrossEntropy(name="loss")
+    if loss == "softmax":
+        labels = Input((), dtype=np.int64, name="labels")()
+        loss_layer = SoftmaxCrossEntropy(name="loss")
+    else:
+        labels = Input(graph.outputs[0].shape, name="labels")()
+        loss_layer = MSELoss(name="loss")
     loss_layer.training_loss = True     # another Graph over these tensors is not "dangling"
-    loss = loss_layer(graph.outputs[0], labels)
-    tg = Graph(graph.inputs + [labels], [loss], name=graph.name)
-    graph._train_graph = tg
+    out = loss_layer(graph.outputs[0], labels)
+    tg = Graph(graph.inputs + [labels], [out], name=graph.name)
+    cache[loss] = tg
+    if loss == "softmax":
+        graph._train_graph = tg
     return tg
 
 
@@ -103,10 +116,13 @@ class Executor:
                  host_budget: int | None = None, tensor_cache: bool = True,
                  compact: bool | None = None, chunks: int = 1,
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
-                 _plan_from=None):
+                 loss: str = "softmax", _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         self.graph = graph
+        if loss not in LOSSES:
+            raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        self.loss = loss            # "softmax" (integer labels) or "mse" (float targets)
         self.batch, self.dtype, self.seed = int(batch), np.dtype(dtype), int(seed)
         self.optimizer = optimizer or SGD()
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
@@ -163,7 +179,7 @@ class Executor:
         self._step_flag = self.device.step_flag() if self.device.computes else None
 
     def _make_plan(self, graph):
-        self.train_graph = with_loss(graph)
+        self.train_graph = with_loss(graph, self.loss)
         self.schedule: Schedule = build_chunked_schedule(
             self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names)
         self.recompute_report = None
@@ -226,7 +242,7 @@ class Executor:
                          host_budget=self.host_budget, tensor_cache=self.tensor_cache,
                          compact=self.compact, chunks=self.chunks,
                          block=self.block,
-                         strategy=self.strategy, _plan_from=self)
+                         strategy=self.strategy, loss=self.loss, _plan_from=self)
             v.record_trace = trace
             if events:
                 v.pool.log = []
@@ -326,6 +342,9 @@ class Executor:
             raise DataError(f"input {data.name}: batch has shape {x.shape}, the network expects "
                             f"{want}")
         y = np.asarray(y)
+        if self.loss == "mse":
+            return {data.producer.name: x.astype(self.dtype, copy=False),
+                    labels.producer.name: self._regression_targets(x, y)}
         if y.shape != (self.batch,):
             raise DataError(f"labels: shape {y.shape}, expected ({self.batch},)")
         if not np.issubdtype(y.dtype, np.integer):
@@ -338,6 +357,20 @@ class Executor:
             raise DataError(f"input {data.name}: batch contains NaN or infinity")
         return {data.producer.name: x.astype(self.dtype, copy=False),
                 labels.producer.name: y.astype(np.int64, copy=False)}
+
+    def _regression_targets(self, x, y):
+        """MSE targets: real floating point, finite, shape (batch, K)."""
+        want = (self.batch, *self.train_graph.inputs[1].shape)
+        if y.dtype.kind != "f":
+            raise DataError(f"targets: dtype {y.dtype} is not a real floating type (the mse "
+                            "loss regresses float targets)")
+        if y.shape != want:
+            raise DataError(f"targets: shape {y.shape}, expected {want} (batch, outputs)")
+        if not np.all(np.isfinite(y)):
+            raise DataError("targets: contain NaN or infinity")
+        if not np.all(np.isfinite(x)):
+            raise DataError("input: batch contains NaN or infinity")
+        return y.astype(self.dtype, copy=False)
 
     @contextlib.contextmanager
     def _exclusive(self, what: str):
@@ -396,6 +429,8 @@ class Executor:
                 self.last_logits = np.concatenate([self.device.to_numpy(v) for v in keep])
             finally:
                 self._end_iteration()
+            if self.loss == "mse":         # regression: nothing to count as correct
+                return ctx.losses["loss"], 0
             correct = int((self.last_logits.argmax(axis=1) == np.asarray(y)).sum())
             return ctx.losses["loss"], correct
 

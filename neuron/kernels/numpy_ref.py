@@ -38,7 +38,7 @@ __all__ = [
     "dropout_forward", "dropout_apply", "dropout_backward",
     "lrn_forward", "lrn_backward",
     "add_forward", "concat_forward", "concat_backward",
-    "softmax_xent_forward", "softmax_xent_backward",
+    "softmax_xent_forward", "softmax_xent_backward", "mse_forward", "mse_backward",
     "nonfinite_flag_new", "nonfinite_flag_clear", "nonfinite_flag_update", "nonfinite_flag_read",
     "sgd_update", "fill", "copy", "add_inplace",
 ]
@@ -760,6 +760,20 @@ def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
     t[np.arange(n), labels] -= 1
     t *= 1.0 / (total or n)
     _grad_finish(dlogits, t, accumulate)
+
+
+def mse_forward(pred, target):
+    """Mean over the batch of 0.5 * sum((pred - target)^2), in float64, as a Python float."""
+    d = pred.astype(np.float64) - target.astype(np.float64)
+    return float(0.5 * np.sum(d * d) / pred.shape[0])
+
+
+def mse_backward(pred, target, dpred, accumulate=False, total=None):
+    """(pred - target) / ``total`` samples (default: these)."""
+    t = _grad_target(dpred, accumulate)
+    np.subtract(pred, target, out=t)
+    t *= 1.0 / (total or pred.shape[0])
+    _grad_finish(dpred, t, accumulate)
 
 
 # --------------------------------------------------------------------------

@@ -6,10 +6,10 @@ from .data import Input, input_tensor
 from .dropout import Dropout
 from .join import Add, Concat
 from .linear import Linear
-from .loss import SoftmaxCrossEntropy
+from .loss import MSELoss, SoftmaxCrossEntropy
 from .norm import LRN, BatchNorm
 from .pool import AvgPool2d, GlobalAvgPool, MaxPool2d
 
 __all__ = ["Add", "AvgPool2d", "BatchNorm", "Concat", "Context", "Conv2d", "Dropout",
            "GlobalAvgPool", "Input", "LRN", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
-           "ParamSpec", "ReLU", "Sigmoid", "SoftmaxCrossEntropy", "Tanh", "input_tensor"]
+           "ParamSpec", "ReLU", "Sigmoid", "SoftmaxCrossEntropy", "MSELoss", "Tanh", "input_tensor"]

@@ -43,3 +43,40 @@ class SoftmaxCrossEntropy(Layer):
 
 # Backward reads the labels (input 1) but not the logits.
 SoftmaxCrossEntropy.retain_inputs = (1,)
+
+
+class MSELoss(Layer):
+    """Squared error for regression (the DQN planner's Q-network, planners/dqn_agent.py):
+    loss = mean over the batch of 0.5 * sum_k (pred_k - target_k)^2, so the gradient is
+    (pred - target) / batch. Targets are float, shape (K,) per sample like the prediction."""
+    kind = "loss"
+    num_inputs = 2                  # prediction, target
+    type_name = "MSELoss"
+
+    def infer_shapes(self, in_shapes):
+        pred, target = in_shapes
+        if len(pred) != 1:
+            raise ShapeError(f"{self.name}: predictions must be (K,) per sample, got {pred}")
+        if tuple(target) != tuple(pred):
+            raise ShapeError(f"{self.name}: targets must match predictions {pred}, got {target}")
+        self.width = pred[0]
+        return [()]
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        loss = k.mse_forward(ins[0], ins[1])
+        outs[0][...] = loss
+        ch = ctx.chunk
+        if ch is None:
+            ctx.losses[self.name] = float(loss)
+        else:
+            part = float(loss) * ch.size / ch.total
+            ctx.losses[self.name] = part if ch.first else ctx.losses[self.name] + part
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        if dins[0] is not None:
+            total = None if ctx.chunk is None else ctx.chunk.total
+            k.mse_backward(ins[0], ins[1], dins[0], **ctx.grad_kw(0), total=total)
+
+
+# Backward reads both the predictions and the targets.
+MSELoss.retain_inputs = (0, 1)

@@ -13,6 +13,7 @@ _REGISTRY = {
     "capuchin": ("capuchin", "Capuchin"),
     "checkmate": ("checkmate", "Checkmate"),
     "home": ("home", "Home"),
+    "dqn": ("dqn", "Dqn"),
 }
 
 

@@ -77,7 +77,8 @@ def test_every_planner_trains_bit_identically_to_liveness(name, planner):
     # not fit, so a budget below the liveness peak may need no move at all)
     keep_all_fits = budget is not None and Executor(
         graph, batch, device="virtual", policy="liveness").simulate(budget)["fits"]
-    if (planner not in ("capuchin", "checkmate") or budget is not None) and not keep_all_fits:
+    if (planner not in ("capuchin", "checkmate", "dqn") or budget is not None) \
+            and not keep_all_fits:          # these three keep everything without a budget
         assert counts["swap"] + counts["recompute"] > 0, counts
     assert ex.pool.high_water == ex.planned["peak_bytes"]
 

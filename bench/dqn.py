@@ -1,0 +1,147 @@
+"""The DQN planner (seed 000): train one agent, save it as the bundled default, and evaluate
+it on the networks it was trained on and on networks it has not seen.
+
+Training: resnet_cifar-20 and vgg11 at 32x32, batch 32, budgets resident + f x (liveness
+peak - resident) for f in TRAIN_FRACTIONS (bench/planners.py part 2's budgets). The agent is
+written to neuron/memory/planners/dqn_default.npz, the curve to
+bench/results/dqn_training.png.
+Evaluation (simulated time, analytic H100 cost model):
+- seen: resnet_cifar-20, vgg11 at f in 1, 0.7, 0.5: DQN against the checkmate MILP optimum
+  (target: within 5%) and superneurons;
+- unseen: resnet_cifar-32 and -56 at 32x32 (f 0.7, 0.5; checkmate too), and resnet50 and
+  densenet121 at 224x224, 0.3 x the liveness peak (target: no worse than superneurons).
+"DQN (agent alone)" is the best agent rollout before the comparison with superneurons that
+the planner makes; "dqn" is what the planner returns.
+
+    nice python bench/dqn.py [--episodes 1500] [--parts train,small,unseen,big]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import RESULTS, arg_parser, provenance, write  # noqa: E402
+from bench.home import row  # noqa: E402
+
+TRAIN = [("resnet_cifar", 20), ("vgg11", None)]
+TRAIN_FRACTIONS = [1.0, 0.85, 0.7, 0.5]
+SEEN_FRACTIONS = [1.0, 0.7, 0.5]
+UNSEEN_SMALL = [("resnet_cifar", 32), ("resnet_cifar", 56)]
+BIG = [("resnet50", None), ("densenet121", None)]
+
+
+def budgets(graph, fractions):
+    from neuron.executor import Executor
+    ex = Executor(graph, 32, device="virtual", policy="liveness")
+    live = ex.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in ex.persistent)
+    return ex, [(f, int(resident + f * (live - resident))) for f in fractions]
+
+
+def fmt(r):
+    return f"{r['simulated_s'] * 1e3:.3f} ms" if r["fits"] else "no"
+
+
+def pct(a, b):
+    if not (a["fits"] and b["fits"]):
+        return None
+    return a["simulated_s"] / b["simulated_s"] - 1
+
+
+def cell(g):
+    return "n/a" if g is None else f"{100 * g:+.1f}%"
+
+
+def main(argv=None):
+    ap = arg_parser(__doc__)
+    ap.add_argument("--episodes", type=int, default=1500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", default="train,small,unseen,big")
+    args = ap.parse_args(argv)
+    from neuron.memory.costmodel import CostModel
+    from neuron.memory.planners import PlanContext
+    from neuron.memory.planners.dqn import DEFAULT_AGENT
+    from neuron.memory.planners.dqn_agent import plot_curve, train
+    from neuron.memory.planners.dqn_features import TraceGraph
+    from neuron.models import build_model
+    cost = CostModel.analytic("h100")
+    prov = provenance()
+    md = ["# DQN planner (seed 000): trained on two networks, evaluated on seen and unseen",
+          "", f"{prov}", ""]
+    out = {"provenance": prov, "cost_model": cost.describe(), "rows": []}
+    names = []
+    if "train" in args.parts:
+        problems = []
+        for name, depth in TRAIN:
+            graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
+            ex, bs = budgets(graph, TRAIN_FRACTIONS)
+            for f, b in bs:
+                ctx = PlanContext(ex, b, cost)
+                problems.append((ctx, TraceGraph(ctx)))
+                names.append(f"{name}{depth or ''} f={f:g}")
+        agent, curve = train(problems, args.episodes, seed=args.seed, names=names)
+        agent.meta["networks"] = names
+        agent.save(DEFAULT_AGENT)
+        plot_curve(curve, os.path.join(RESULTS, "dqn_training.png"), names)
+        m = agent.meta
+        out["training"] = {"meta": m, "curve": curve}
+        md += ["## Training", "",
+               f"{m['episodes']} episodes on {', '.join(names)} (batch 32, 32x32): "
+               f"{m['train_s']} s on this machine's CPU (Q-network trained by neuron's own "
+               f"Executor), {m['simulations']} distinct simulations. Agent saved to "
+               f"neuron/memory/planners/dqn_default.npz. Curve: bench/results/dqn_training.png",
+               ""]
+        print(md[-2], flush=True)
+    dqn = f"dqn:seed={args.seed}"
+    if "small" in args.parts or "unseen" in args.parts:
+        md += ["## Small graphs: gap to the checkmate MILP optimum (batch 32, 32x32)", "",
+               "| model | seen in training | f | checkmate | superneurons | DQN (agent alone) | "
+               "dqn (planner) | dqn vs optimum | chosen |", "|---|---|---|---|---|---|---|---|---|"]
+        sets = ([(n, d, SEEN_FRACTIONS, "yes") for n, d in TRAIN] if "small" in args.parts
+                else []) + ([(n, d, [0.7, 0.5], "no") for n, d in UNSEEN_SMALL]
+                            if "unseen" in args.parts else [])
+        for name, depth, fractions, seen in sets:
+            graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
+            _, bs = budgets(graph, fractions)
+            for f, b in bs:
+                rs = {p: row(graph, 32, p, b, cost) for p in ("checkmate", "superneurons", dqn)}
+                d, opt = rs[dqn], rs["checkmate"]
+                gap = pct(d, opt)
+                for p, r in rs.items():
+                    r.update(model=f"{name}{depth or ''}", fraction=f, seen=seen, part="small",
+                             gap_to_optimum=gap if p == dqn else None)
+                    out["rows"].append(r)
+                alone = d.get("info", {}).get("dqn_best_s")
+                md.append(f"| {name}{depth or ''} | {seen} | {f:g} | {fmt(opt)} | "
+                          f"{fmt(rs['superneurons'])} | "
+                          f"{'no fit' if alone is None else f'{alone * 1e3:.3f} ms'} | {fmt(d)} "
+                          f"| {cell(gap)} | {d.get('info', {}).get('chosen')} |")
+                print(md[-1], flush=True)
+        md.append("")
+    if "big" in args.parts:
+        md += ["## Unseen large networks, batch 32, 224x224, 0.3 x liveness peak", "",
+               "| model | superneurons | DQN (agent alone) | dqn (planner) | vs superneurons | "
+               "plan time | chosen |", "|---|---|---|---|---|---|---|"]
+        for name, depth in BIG:
+            from neuron.executor import Executor
+            graph = build_model(name, depth=depth)
+            live = Executor(graph, 32, device="virtual",
+                            policy="liveness").simulate(None, trace=False)["peak_bytes"]
+            b = int(0.3 * live)
+            sn, d = row(graph, 32, "superneurons", b, cost), row(graph, 32, dqn, b, cost)
+            for r in (sn, d):
+                r.update(model=name, fraction=0.3, seen="no", part="big")
+                out["rows"].append(r)
+            i = d.get("info", {})
+            alone = i.get("dqn_best_s")
+            md.append(f"| {name} | {fmt(sn)} | "
+                      f"{'no fit' if alone is None else f'{alone * 1e3:.3f} ms'} | {fmt(d)} | "
+                      f"{cell(pct(d, sn))} | {d.get('plan_s')} s | {i.get('chosen')} |")
+            print(md[-1], flush=True)
+        md.append("")
+    write("dqn", out, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

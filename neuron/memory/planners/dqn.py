@@ -1,0 +1,86 @@
+"""The DQN planner (Chen, seed 000): a learned Q-network decides keep / swap / recompute per
+candidate tensor (features, embedding: dqn_features.py; agent, training: dqn_agent.py).
+
+``--planner dqn [--agent FILE]``: without --agent the agent bundled with the package
+(``dqn_default.npz``, trained by bench/dqn.py) is used; if it is missing the planner trains a
+brief agent on the target graph itself. At plan time the agent's greedy rollout and
+``rollouts`` - 1 rollouts with small exploration noise (epsilon ``noise``) are simulated, and
+the best is compared with the superneurons plan: the better one is returned, so the DQN
+planner is never worse than superneurons (as HOME). ``Decisions.info`` says which agent and
+which plan were used. No budget: every tensor kept (nothing moved or recomputed).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .base import KEEP, Planner
+from .capuchin import build
+from .dqn_agent import Agent, score, train
+from .dqn_features import TraceGraph
+from .home import CODES, Home
+from .rewrite import droppable
+from .superneurons import SuperNeurons
+
+DEFAULT_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dqn_default.npz")
+
+
+class Dqn(Planner):
+    name = "dqn"
+    description = "deep Q-network over keep/swap/recompute per tensor, never worse than superneurons"
+
+    def __init__(self, agent: str | None = None, seed: int = 0, rollouts: int = 8,
+                 noise: float = 0.1, episodes: int = 150):
+        if rollouts < 1 or not 0 <= noise < 1 or episodes < 1:
+            raise ValueError(f"dqn: rollouts >= 1, 0 <= noise < 1 and episodes >= 1, got "
+                             f"rollouts={rollouts} noise={noise} episodes={episodes}")
+        self.agent_path = agent or None
+        self.seed, self.rollouts, self.noise = int(seed), int(rollouts), float(noise)
+        self.episodes = int(episodes)
+        self._agent = Agent.load(agent) if agent else None    # a bad file fails here, early
+
+    def agent(self, ctx, tg):
+        """(agent, where it came from)."""
+        if self._agent is not None:
+            return self._agent, self.agent_path
+        if os.path.exists(DEFAULT_AGENT):
+            self._agent = Agent.load(DEFAULT_AGENT)
+            return self._agent, "bundled default (" + os.path.basename(DEFAULT_AGENT) + ")"
+        a, _ = train([(ctx, tg)], self.episodes, seed=self.seed, progress=False,
+                     names=["target graph"])
+        return a, f"trained on the target graph ({self.episodes} episodes; no bundled agent)"
+
+    def plan(self, ctx):
+        t0 = time.perf_counter()
+        if ctx.budget is None:          # nothing to fit: nothing moved or recomputed
+            d = build(ctx, droppable(ctx.schedule), {})
+            d.info["chosen"] = "keep all (no budget)"
+            return d
+        sn = SuperNeurons().plan(ctx)
+        tg = TraceGraph(ctx)
+        if not tg.n:
+            return sn
+        agent, source = self.agent(ctx, tg)
+        rng, cache = np.random.default_rng(self.seed), {}
+        best_vec, best_t = None, None
+        for i in range(self.rollouts):
+            vec = agent.rollout(tg, 0.0 if i == 0 else self.noise, rng)
+            _, t = score(ctx, tg, vec, cache)
+            if t is not None and (best_t is None or t < best_t):
+                best_vec, best_t = vec, t
+        home = Home()
+        sn_fit = home.fitness(ctx, sn)
+        sn_t = sn_fit if sn_fit < 1e3 else None
+        if best_t is not None and (sn_t is None or best_t < sn_t):
+            d, chosen = home.decisions(ctx, tg.cands, best_vec), "dqn"
+        else:
+            d, chosen = sn, "superneurons"
+        greedy = np.array([CODES.index(d.tensors.get(t.name, KEEP)) for t in tg.cands])
+        d.info.update({"agent": source, "chosen": chosen, "rollouts": self.rollouts,
+                       "dqn_best_s": best_t, "superneurons_s": sn_t, "tensors": tg.n,
+                       "agent_networks": getattr(agent, "meta", {}).get("networks"),
+                       "plan_s": round(time.perf_counter() - t0, 3),
+                       "decided": {c: int((greedy == i).sum()) for i, c in enumerate(CODES)}})
+        return d

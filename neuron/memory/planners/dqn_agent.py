@@ -1,0 +1,237 @@
+"""The DQN planner's agent (seed 000, Algorithm 1): a Q-network trained by neuron itself.
+
+Q(g) -> 3 action values (keep, swap, recompute) for the current candidate. The network is a
+neuron Graph (Linear-ReLU-Linear-ReLU-Linear) trained by neuron's own Executor on the CPU with
+the MSE loss (layers/loss.py) and SGD with momentum: the framework trains its own planner.
+Acting and the targets use a NumPy copy of the weights (the same Linear arithmetic).
+
+Training (Algorithm 1, with the choices the paper leaves open stated):
+- episodes walk the candidates in forward order; epsilon-greedy with epsilon = 1 - episode/l
+  (floored at ``eps_min``); each episode plans one (network, budget) problem, in turn;
+- reward: each step minus its action's estimated cost over the iteration time (tensor_costs:
+  exposed swap time, recompute time; keep 0), and at the terminal step the correction that
+  makes the episode's return exactly minus the simulated overhead, time / unlimited - 1
+  (``ctx.evaluate`` via HOME's fitness), or, if the plan does not fit, -(2 + bytes over the
+  budget / bytes to free); gamma = 1 (episodic, so the return is the objective);
+- experience replay; y = r + gamma max_a' Q_target(s') (y constant, Q(terminal) = 0); only the
+  chosen action's output is trained (the others' targets are the current prediction);
+- deviations: ``sgd_steps`` minibatch steps per episode rather than one per transition (each
+  executor step costs milliseconds), and a target network refreshed every episode (not in the
+  paper; standard DQN). Simulations are cached by decision vector.
+Inputs are standardised with means and deviations of states from random rollouts, saved with
+the weights.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import numpy as np
+
+from .dqn_features import STATE_DIM, Episode, TraceGraph
+
+VERSION = 1
+ACTIONS = ("keep", "swap", "recompute")
+INFEASIBLE = 2.0
+
+
+class AgentFileError(ValueError):
+    """An agent file that cannot be read or does not match this planner."""
+
+
+def q_graph(hidden: int):
+    from ...graph import Graph
+    from ...layers import Linear, ReLU, input_tensor
+    x = input_tensor((STATE_DIM,), name="state")
+    h = ReLU(name="q.r1")(Linear(hidden, name="q.l1")(x))
+    h = ReLU(name="q.r2")(Linear(hidden, name="q.l2")(h))
+    return Graph([x], [Linear(len(ACTIONS), name="q.out")(h)], name="dqn")
+
+
+LAYERS = ("q.l1", "q.l2", "q.out")
+
+
+class Agent:
+    """Weights (NumPy), input standardisation and metadata; ``q`` evaluates states."""
+
+    def __init__(self, weights: dict, mean, std, meta: dict):
+        self.w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+        self.mean, self.std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+        self.meta = meta
+
+    def q(self, states) -> np.ndarray:
+        h = (np.atleast_2d(states) - self.mean) / self.std
+        for i, name in enumerate(LAYERS):
+            h = h @ self.w[name + ".weight"].T + self.w[name + ".bias"]
+            if i < len(LAYERS) - 1:
+                h = np.maximum(h, 0.0)
+        return h
+
+    def rollout(self, tg: TraceGraph, eps: float = 0.0, rng=None) -> np.ndarray:
+        ep = Episode(tg)
+        while not ep.done:
+            if eps and rng.random() < eps:
+                ep.step(int(rng.integers(0, 3)))
+            else:
+                ep.step(int(np.argmax(self.q(ep.state())[0])))
+        return ep.actions
+
+    def save(self, path: str) -> None:
+        arrays = {"w:" + k: v for k, v in self.w.items()}
+        np.savez(path, mean=self.mean, std=self.std,
+                 meta=np.array(json.dumps(self.meta)), **arrays)
+
+    @classmethod
+    def load(cls, path: str) -> "Agent":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except FileNotFoundError:
+            raise AgentFileError(f"dqn agent {path}: no such file") from None
+        except Exception as e:      # not a zip / npz, truncated, pickled objects
+            raise AgentFileError(f"dqn agent {path}: not a readable .npz agent file ({e})") \
+                from None
+        try:
+            meta = json.loads(str(data["meta"]))
+            mean, std = data["mean"], data["std"]
+            w = {k[2:]: v for k, v in data.items() if k.startswith("w:")}
+        except (KeyError, ValueError) as e:
+            raise AgentFileError(f"dqn agent {path}: missing or bad entry ({e})") from None
+        if meta.get("version") != VERSION or meta.get("state_dim") != STATE_DIM:
+            raise AgentFileError(f"dqn agent {path}: version {meta.get('version')} / state "
+                                 f"size {meta.get('state_dim')}, this planner reads version "
+                                 f"{VERSION} / {STATE_DIM}; retrain it (bench/dqn.py)")
+        need = [f"{n}.{p}" for n in LAYERS for p in ("weight", "bias")]
+        if any(k not in w for k in need) or mean.shape != (STATE_DIM,) \
+                or std.shape != (STATE_DIM,) or w["q.l1.weight"].shape[1] != STATE_DIM \
+                or w["q.out.weight"].shape[0] != len(ACTIONS):
+            raise AgentFileError(f"dqn agent {path}: weights missing or of the wrong shape")
+        if not all(np.isfinite(v).all() for v in [mean, std, *w.values()]):
+            raise AgentFileError(f"dqn agent {path}: contains NaN or infinity")
+        return cls(w, mean, std, meta)
+
+
+def score(ctx, tg: TraceGraph, actions, cache: dict):
+    """(return, simulated seconds or None) of a decision vector; cached by vector."""
+    key = actions.tobytes()
+    if key not in cache:
+        from .home import INFEASIBLE_S, Home
+        h = Home()
+        f = h.fitness(ctx, h.decisions(ctx, tg.cands, actions))
+        if f < INFEASIBLE_S:
+            cache[key] = (-(f / tg.base_s - 1.0), f)
+        else:
+            over = (f - INFEASIBLE_S) * 1e9 if f < 2 * INFEASIBLE_S else tg.need
+            cache[key] = (-(INFEASIBLE + over / max(tg.need, 1.0)), None)
+    return cache[key]
+
+
+def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
+          batch: int = 64, sgd_steps: int = 8, replay: int = 20000, eps_min: float = 0.05,
+          seed: int = 0, progress: bool = True, names=None):
+    """Train on ``problems``, a list of (PlanContext, TraceGraph); returns (Agent, curve)."""
+    from ...executor import Executor
+    from ...optim import SGD
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    # input standardisation from random rollouts (states need no simulation)
+    sample = []
+    for _, tg in problems:
+        for _ in range(8):
+            ep = Episode(tg)
+            while not ep.done:
+                sample.append(ep.state())
+                ep.step(int(rng.integers(0, 3)))
+    sample = np.array(sample)
+    mean, std = sample.mean(0), sample.std(0) + 1e-3
+    ex = Executor(q_graph(hidden), batch, loss="mse", seed=seed,
+                  optimizer=SGD(lr=lr, momentum=0.9))
+    meta = {"version": VERSION, "state_dim": STATE_DIM, "hidden": hidden,
+            "networks": list(names or []), "episodes": episodes, "lr": lr, "gamma": 1.0,
+            "date": datetime.date.today().isoformat(), "seed": seed}
+
+    def snapshot():
+        return Agent(ex.parameters(), mean, std, meta)
+
+    target = snapshot()
+    caches = [dict() for _ in problems]
+    D_s, D_a, D_r, D_s2, D_done = [], [], [], [], []
+    curve, bar = [], None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=episodes, desc="dqn training", unit="episode", leave=False)
+    for e in range(episodes):
+        k = e % len(problems)
+        ctx, tg = problems[k]
+        eps = max(eps_min, 1.0 - e / episodes)
+        ep, traj = Episode(tg), []
+        while not ep.done:
+            s = ep.state()
+            a = int(rng.integers(0, 3)) if rng.random() < eps \
+                else int(np.argmax(target.q(s)[0]))
+            r = ep.step(a)
+            traj.append([s, a, r, ep.state(), ep.done])
+        ret, t = score(ctx, tg, ep.actions, caches[k])
+        traj[-1][2] += ret - sum(x[2] for x in traj)    # the terminal correction
+        for s, a, r, s2, d in traj:
+            for lst, v in zip((D_s, D_a, D_r, D_s2, D_done), (s, a, r, s2, d)):
+                lst.append(v)
+        if len(D_s) > replay:
+            for lst in (D_s, D_a, D_r, D_s2, D_done):
+                del lst[:len(lst) - replay]
+        losses = []
+        if len(D_s) >= batch:
+            S, A, R = np.array(D_s), np.array(D_a), np.array(D_r)
+            S2, DN = np.array(D_s2), np.array(D_done)
+            for _ in range(sgd_steps):
+                idx = rng.integers(0, len(S), batch)
+                cur = snapshot()
+                y = cur.q(S[idx])
+                nxt = np.where(DN[idx], 0.0, target.q(S2[idx]).max(1))
+                y[np.arange(batch), A[idx]] = R[idx] + nxt
+                xs = ((S[idx] - mean) / std).astype(np.float32)
+                # the executor sees standardised states; the snapshot standardises itself
+                losses.append(ex.train_step(xs, y.astype(np.float32)))
+        target = snapshot()
+        curve.append({"episode": e + 1, "problem": k, "epsilon": round(eps, 4),
+                      "return": float(ret), "fits": t is not None, "time_s": t,
+                      "overhead": None if t is None else t / tg.base_s - 1.0,
+                      "loss": float(np.mean(losses)) if losses else None,
+                      "elapsed_s": round(time.perf_counter() - t0, 3)})
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(eps=f"{eps:.2f}", ret=f"{ret:.3f}")
+    if bar is not None:
+        bar.close()
+    meta["train_s"] = round(time.perf_counter() - t0, 2)
+    meta["simulations"] = sum(len(c) for c in caches)
+    return target, curve
+
+
+def plot_curve(curve, path: str, names=None) -> None:
+    """The learning curve: each episode's overhead (fitting plans) per training problem, with
+    a running mean, and the exploration rate."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours = plt.get_cmap("tab10")
+    for k in sorted({c["problem"] for c in curve}):
+        pts = [(c["episode"], c["return"]) for c in curve if c["problem"] == k]
+        ep, ret = zip(*pts)
+        run = np.convolve(ret, np.ones(10) / 10, mode="valid") if len(ret) >= 10 else ret
+        label = names[k] if names and k < len(names) else f"problem {k}"
+        ax.plot(ep, ret, ".", alpha=0.25, ms=3, color=colours(k % 10))
+        ax.plot(ep[len(ep) - len(run):], run, color=colours(k % 10),
+                label=f"{label} (running mean of 10)")
+    ax.set(xlabel="episode", ylabel="return = -(overhead) or infeasible penalty",
+           title="DQN planner training")
+    ax.set_ylim(bottom=max(ax.get_ylim()[0], -3.5))
+    ax2 = ax.twinx()
+    ax2.plot([c["episode"] for c in curve], [c["epsilon"] for c in curve], "k:", lw=1)
+    ax2.set_ylabel("epsilon (dotted)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

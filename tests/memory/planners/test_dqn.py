@@ -1,0 +1,122 @@
+"""The DQN planner (seed 000): fits where superneurons fits, never worse than superneurons,
+trains bit-identically to liveness, round-trips its agent file, and fails clearly on a bad
+one. A tiny agent (few episodes) keeps the tests fast."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from neuron.cli import main
+from neuron.cli_planning import add_planner_arg, planner_spec
+from neuron.executor import Executor
+from neuron.memory.planners import PlanContext, get_planner
+from neuron.memory.planners.dqn import Dqn
+from neuron.memory.planners.dqn_agent import Agent, AgentFileError, train
+from neuron.memory.planners.dqn_features import STATE_DIM, Episode, TraceGraph
+from neuron.models import build_model
+
+from planner_training import make, train as two_steps  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    graph = build_model("resnet_cifar", depth=20, in_shape=(3, 8, 8))
+    ex = Executor(graph, 4, device="virtual", policy="liveness")
+    peak = ex.simulate(None, trace=False)["peak_bytes"]
+    budget = int(peak * 0.9)
+    ctx = PlanContext(ex, budget)
+    tg = TraceGraph(ctx)
+    agent, curve = train([(ctx, tg)], 12, progress=False, names=["resnet_cifar20 8x8"])
+    path = str(tmp_path_factory.mktemp("dqn") / "agent.npz")
+    agent.save(path)
+    return graph, ex, budget, ctx, tg, agent, curve, path
+
+
+def test_features_and_states(setup):
+    tg = setup[4]
+    assert tg.n > 0 and tg.x.shape == (tg.n, 6) and np.isfinite(tg.x).all()
+    ep = Episode(tg)
+    s0 = ep.state()
+    assert s0.shape == (STATE_DIM,)
+    ep.step(1)
+    assert ep.state()[-3] < s0[-3]          # fraction of candidates left goes down
+
+
+def test_training_curve_and_meta(setup):
+    *_, agent, curve, _ = setup
+    assert len(curve) == 12 and curve[0]["epsilon"] == 1.0
+    assert agent.meta["networks"] == ["resnet_cifar20 8x8"] and agent.meta["episodes"] == 12
+
+
+def test_plan_fits_and_is_never_worse_than_superneurons(setup):
+    _, ex, budget, ctx, _, _, _, path = setup
+    d = Dqn(agent=path).plan(ctx)
+    sn = ctx.evaluate(get_planner("superneurons").plan(ctx))
+    mine = ctx.evaluate(d)
+    assert sn["fits"] and mine["fits"] and mine["peak_bytes"] <= budget
+    assert mine["time_s"] <= sn["time_s"]
+    assert d.info["agent"] == path and d.info["chosen"] in ("dqn", "superneurons")
+    free = Dqn(agent=path).plan(PlanContext(ex, None))
+    assert free.counts()["keep"] == len(free.tensors) == len(d.tensors)
+
+
+def test_plan_trains_bit_identically_to_liveness(setup):
+    graph, _, budget, *_, path = setup
+    ref = two_steps(make(graph, 4, policy="liveness"), graph, 4)
+    mine = two_steps(make(graph, 4, planner=f"dqn:agent={path}", budget=budget), graph, 4)
+    assert ref[0] == mine[0]
+    for k, v in ref[1].items():
+        np.testing.assert_array_equal(v, mine[1][k], err_msg=k)
+
+
+def test_save_load_round_trip_gives_identical_q(setup, tmp_path):
+    *_, tg, agent, _, path = setup
+    again = Agent.load(path)
+    states = np.array([Episode(tg).state() for _ in range(2)])
+    np.testing.assert_array_equal(agent.q(states), again.q(states))
+    assert again.meta == json.loads(json.dumps(agent.meta))
+
+
+def test_bad_agent_files_are_clear_errors(setup, tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file at all")
+    with pytest.raises(AgentFileError, match="not a readable"):
+        Dqn(agent=str(bad))
+    with pytest.raises(AgentFileError, match="no such file"):
+        Dqn(agent=str(tmp_path / "missing.npz"))
+    agent = setup[5]
+    wrong = Agent({**agent.w, "q.out.weight": agent.w["q.out.weight"][:2]}, agent.mean,
+                  agent.std, agent.meta)
+    wrong.save(str(tmp_path / "wrong.npz"))
+    with pytest.raises(AgentFileError, match="wrong shape"):
+        Agent.load(str(tmp_path / "wrong.npz"))
+    old = Agent(agent.w, agent.mean, agent.std, {**agent.meta, "version": 0})
+    old.save(str(tmp_path / "old.npz"))
+    with pytest.raises(AgentFileError, match="retrain"):
+        Agent.load(str(tmp_path / "old.npz"))
+
+
+def test_options_and_their_errors():
+    with pytest.raises(ValueError, match="dqn"):
+        get_planner("dqn:colour=3")
+    with pytest.raises(ValueError, match="rollouts"):
+        get_planner("dqn:rollouts=0")
+    p = argparse.ArgumentParser()
+    add_planner_arg(p)
+    args = p.parse_args(["--planner", "dqn", "--seed", "2", "--agent", "a.npz"])
+    assert planner_spec(args) == "dqn:seed=2,agent=a.npz"
+
+
+def test_cli_plan_with_dqn(setup, capsys):
+    path = setup[-1]
+    graph = build_model("resnet_cifar", depth=20)
+    peak = Executor(graph, 8, device="virtual",
+                    policy="liveness").simulate(None, trace=False)["peak_bytes"]
+    rc = main(["plan", "resnet_cifar", "--depth", "20", "--batch", "8", "--planner", "dqn",
+               "--agent", path, "--budget", str(int(peak * 0.9)), "--no-min-budget", "--json"])
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    r = json.loads(out)
+    assert rc == 0 and r["planner"].startswith("dqn:") and r["fits"]
