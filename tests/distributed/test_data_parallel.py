@@ -100,17 +100,25 @@ def test_a_stalled_rank_times_out_naming_the_collective(tmp_path, mode):
     assert seconds < 60         # the stalled rank sleeps 60 s: the abort ended it
 
 
-def test_cli_train_data_parallel_reports_global_batch_and_checkpoints_once(tmp_path):
+@pytest.mark.parametrize("overlap", ["--overlap", "--no-overlap"])
+def test_cli_train_data_parallel_reports_global_batch_and_checkpoints_once(tmp_path, overlap):
     ck = tmp_path / "ck.npz"
     r = mpirun("-m", "neuron", "train", "resnet_cifar", "--depth", "8", "--batch", "4",
                "--iters", "2", "--data-parallel", "--sync-bn", "--no-progress", "--device",
-               "cpu", "--dp-check-every", "1", "--checkpoint", str(ck), "--json")
+               "cpu", "--dp-check-every", "1", "--checkpoint", str(ck), "--json", overlap,
+               "--bucket-mb", "0.01")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(s) for s in r.stdout.splitlines() if s.startswith("{")]
     assert len(lines) == 1                  # rank 0 reports for the job
     res = lines[0]
     assert res["world_size"] == 2 and res["global_batch"] == 8 and res["sync_bn"]
     assert res["engine"] == "mpi" and res["allreduce_calls"] > 0
+    assert res["overlap"] == (overlap == "--overlap")
+    assert res["bucket_mb"] == (0.01 if overlap == "--overlap" else None)
+    # rank 0's collectives: the time backward waited on them, within the training time
+    assert 0 <= res["allreduce_wait_s"] <= res["seconds"]
+    assert res["allreduce_bytes"] > 0 and res["allreduce_span_s"] >= 0
+    assert "all-reduce (" in r.stdout and "waited" in r.stdout
     assert ck.exists()
     # only rank 0 wrote: no second temp file was left behind or renamed over it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]
