@@ -136,6 +136,7 @@ class MpiComm(Communicator):
         self.timeout_s = float(timeout_s)
         self._failed = None
         self._inflight: list = []           # started, not yet seen complete (Pending)
+        self._broken = None                 # the collective whose failure stops the job
         self._install_failure_signal()
 
     def _install_failure_signal(self):
@@ -171,6 +172,13 @@ class MpiComm(Communicator):
         return done
 
     def _wait_all(self, reqs, what: str):
+        try:
+            self._poll_all(reqs, what)
+        except (RankFailureError, CollectiveTimeoutError):
+            self._broken = what
+            raise
+
+    def _poll_all(self, reqs, what: str):
         """Poll requests until all are done; sleep a little between polls so that the peers
         (which share the cores here) get to run."""
         deadline = time.monotonic() + self.timeout_s
@@ -217,6 +225,11 @@ class MpiComm(Communicator):
         return handle.done
 
     def wait(self, handle):
+        if not handle.done and self._broken is not None:
+            # the job is stopping (the error was raised once): the clean-up that frees the
+            # other buckets' gradients must not wait out the timeout again for each
+            handle.done = True
+            return
         if not handle.done:
             self._wait_all(handle.reqs, handle.what)
             self._complete(handle)
