@@ -7,8 +7,11 @@ so K ranks process K x batch. Three runs of the same model on synthetic data:
 - dp x 1:    one process through the data-parallel path (mpiexec -n 1: all-reduces of a world of
              one, loss gather, replica checks) -- its overhead against plain;
 - dp x K:    K processes under mpiexec; scaling efficiency = throughput(K) / (K x throughput(1)).
+- dp x K, no overlap: the same with a blocking all-reduce per layer (--no-overlap): the
+             all-reduce overlapping backward in buckets (--bucket-mb) against none.
 
-Each rank reports its time inside gradient all-reduces. With --device cuda the ranks use NCCL,
+Each rank reports the time backward waited on gradient all-reduces (exposed) and the time the
+collectives were in flight (start to seen complete). With --device cuda the ranks use NCCL,
 one GPU each (world size 1 on a one-GPU machine: the overhead of the NCCL path).
 
 On a shared machine run it under `nice` and say so: the efficiency then also measures the other
@@ -45,6 +48,11 @@ def parse_args(argv=None):
                    "one's best (the least disturbed by other load)")
     p.add_argument("--note", default="", help="free text kept with the result (e.g. shared "
                    "cores, nice level)")
+    p.add_argument("--bucket-mb", type=float, default=0.05,
+                   help="gradient bucket of the overlapping runs, MiB (default 0.05: several "
+                   "buckets in resnet_cifar depth 8's 0.3 MiB of gradients; DDP's 25 would be "
+                   "one bucket started at the last layer, i.e. no overlap)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false", help=argparse_hidden())
     p.add_argument("--worker", choices=["plain", "dp"], default=None, help=argparse_hidden())
     return p.parse_args(argv)
 
@@ -67,17 +75,11 @@ def worker(args) -> None:
             select_local_gpu()
         comm = make_comm("auto", device=args.device)
     graph = build_model(args.model, depth=args.depth)
-    ex = Executor(graph, args.batch, device=args.device, seed=0)
-    comm_s = [0.0]
+    overlap = comm is not None and args.overlap
+    ex = Executor(graph, args.batch, device=args.device, seed=0,
+                  grad_buckets=int(args.bucket_mb * 2**20) if overlap else None)
     if comm is not None:
         dp = DataParallel(ex, comm, check_every=0)
-        reduce = comm.allreduce_sum
-
-        def timed(arrays, what):
-            t = time.perf_counter()
-            reduce(arrays, what)
-            comm_s[0] += time.perf_counter() - t
-        comm.allreduce_sum = timed
     rank, world = (comm.rank, comm.world_size) if comm else (0, 1)
     rng = np.random.default_rng(0)
     gb = args.batch * world
@@ -87,28 +89,35 @@ def worker(args) -> None:
     step = (lambda: dp.train_step(x[sl], y[sl])) if dp else (lambda: ex.train_step(x, y))
     for _ in range(args.warmup):
         step()
-    comm_s[0] = 0.0
+    if dp:
+        dp.allreduce_wait_s = dp.allreduce_span_s = 0.0
+        dp.allreduce_calls = 0
     ex.device.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.iters):
         step()
     ex.device.synchronize()
     seconds = time.perf_counter() - t0
-    times = comm.allgather(np.array([seconds, comm_s[0]]), "timings") if comm else [
-        np.array([seconds, 0.0])]
+    mine = [seconds, dp.allreduce_wait_s, dp.allreduce_span_s] if dp else [seconds, 0.0, 0.0]
+    times = comm.allgather(np.array(mine), "timings") if comm else [np.array(mine)]
     if rank == 0:
         slowest = max(float(t[0]) for t in times)
         print(json.dumps({"world_size": world, "seconds": slowest,
                           "images_per_sec": args.iters * gb / slowest,
+                          "seconds_per_iter": slowest / args.iters,
                           "allreduce_seconds_per_rank": [float(t[1]) for t in times],
-                          "allreduce_calls": dp.allreduce_calls if dp else 0,
+                          "allreduce_inflight_seconds_per_rank": [float(t[2]) for t in times],
+                          "overlap": bool(dp and dp.overlap),
+                          "allreduce_calls_per_iter": (dp.allreduce_calls / args.iters
+                                                       if dp else 0),
                           "device": ex.device.name}))
 
 
-def launch(args, mode: str, ranks: int) -> dict:
+def launch(args, mode: str, ranks: int, overlap: bool = True) -> dict:
     base = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--model", args.model,
             "--depth", str(args.depth), "--batch", str(args.batch), "--warmup",
-            str(args.warmup), "--iters", str(args.iters), "--device", args.device]
+            str(args.warmup), "--iters", str(args.iters), "--device", args.device,
+            "--bucket-mb", str(args.bucket_mb), *([] if overlap else ["--no-overlap"])]
     if mode == "dp":
         mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
                    or shutil.which("mpiexec"))
@@ -129,11 +138,12 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args)
     import numpy as np
-    runs = {"plain": [], "dp1": [], "dpk": []}
+    runs = {"plain": [], "dp1": [], "dpk": [], "dpk_blocking": []}
     for _ in range(args.repeats):
         runs["plain"].append(launch(args, "plain", 1))
         runs["dp1"].append(launch(args, "dp", 1))
         runs["dpk"].append(launch(args, "dp", args.ranks))
+        runs["dpk_blocking"].append(launch(args, "dp", args.ranks, overlap=False))
     best = {k: max(v, key=lambda r: r["images_per_sec"]) for k, v in runs.items()}
     median = {k: float(np.median([r["images_per_sec"] for r in v])) for k, v in runs.items()}
     plain, dp1, dpk = best["plain"], best["dp1"], best["dpk"]
@@ -145,7 +155,9 @@ def main(argv=None) -> None:
     payload = {**prov, "note": args.note, "model": args.model, "depth": args.depth,
                "batch_per_rank": args.batch, "iters": args.iters, "warmup": args.warmup,
                "threads_per_rank": args.threads, "repeats": args.repeats, "all_runs": runs,
+               "bucket_mb": args.bucket_mb,
                "plain": plain, "dp_1": dp1, f"dp_{args.ranks}": dpk,
+               f"dp_{args.ranks}_no_overlap": best["dpk_blocking"],
                "median_images_per_sec": median, "scaling_efficiency": eff,
                "scaling_efficiency_median": eff_median, "dp_path_overhead": overhead,
                "dp_path_overhead_median": overhead_median}
@@ -157,18 +169,29 @@ def main(argv=None) -> None:
           f"of {args.iters} timed iterations after {args.warmup} warm-up", ""]
     if args.note:
         md += [f"note: {args.note}", ""]
-    md += ["| run | ranks | global batch | best img/s | median img/s | all-reduce s per rank "
-           "(of the best run's s) |", "|---|---|---|---|---|---|"]
-    for name, key in [("plain", "plain"), ("data-parallel", "dp1"), ("data-parallel", "dpk")]:
+    md += ["| run | ranks | global batch | best img/s | median img/s | ms per iteration | "
+           "all-reduce calls per iteration | exposed all-reduce s per rank (of the best run's "
+           "s) | collectives in flight s per rank |", "|---|---|---|---|---|---|---|---|---|"]
+    ov = f"overlap, {args.bucket_mb:g} MiB buckets"
+    for name, key in [("plain", "plain"), (f"data-parallel, {ov}", "dp1"),
+                      (f"data-parallel, {ov}", "dpk"),
+                      ("data-parallel, blocking per layer", "dpk_blocking")]:
         r = best[key]
         ar = ", ".join(f"{s:.3f}" for s in r["allreduce_seconds_per_rank"]) or "-"
+        fl = ", ".join(f"{s:.3f}" for s in r.get("allreduce_inflight_seconds_per_rank", ())) \
+            or "-"
         md.append(f"| {name} | {r['world_size']} | {args.batch * r['world_size']} | "
-                  f"{r['images_per_sec']:.1f} | {median[key]:.1f} | {ar} (of {r['seconds']:.2f}) |")
+                  f"{r['images_per_sec']:.1f} | {median[key]:.1f} | "
+                  f"{1e3 * r['seconds_per_iter']:.1f} | {r['allreduce_calls_per_iter']:g} | "
+                  f"{ar} (of {r['seconds']:.2f}) | {fl} |")
     md += ["", f"scaling efficiency {args.ranks} ranks vs 1 (img/s of {args.ranks} ranks / "
            f"({args.ranks} x img/s of 1 rank)): {100 * eff:.1f}% best, {100 * eff_median:.1f}% "
            "median",
            f"data-parallel path at world size 1 vs plain: {100 * overhead:+.1f}% time best, "
-           f"{100 * overhead_median:+.1f}% median", ""]
+           f"{100 * overhead_median:+.1f}% median",
+           f"overlap vs blocking at {args.ranks} ranks: {1e3 * dpk['seconds_per_iter']:.1f} vs "
+           f"{1e3 * best['dpk_blocking']['seconds_per_iter']:.1f} ms per iteration (best), "
+           f"{median['dpk'] / median['dpk_blocking']:.3f}x the blocking img/s (median)", ""]
     write("data_parallel", payload, "\n".join(md))
 
 

@@ -491,8 +491,9 @@ def cmd_train(args) -> int:
     from .optim import SGD
     from .train import fit
     from .checkpoint import check_checkpoint_target
-    from .distributed.launch import make_train_comm, stop_all_ranks_on_error
+    from .distributed.launch import make_train_comm, stop_all_ranks_on_error, train_grad_buckets
     from .errors import UsageError
+    grad_buckets = train_grad_buckets(args)
     comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
     from .cli_planning import planner_spec
     budget = parse_bytes(args.budget) if args.budget else None
@@ -514,7 +515,7 @@ def cmd_train(args) -> int:
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
-                      planner=planner_spec(args))
+                      planner=planner_spec(args), grad_buckets=grad_buckets)
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
@@ -533,10 +534,13 @@ def cmd_train(args) -> int:
                   checkpoint=args.checkpoint, resume=args.resume, meta=meta,
                   progress=not args.no_progress, checkpoint_every=args.checkpoint_every, dp=dp)
     if dp is not None:
+        from .distributed.launch import comm_report
+        stats, comm_line = comm_report(dp, res["seconds"])
         res.update(world_size=dp.world_size, global_batch=dp.global_batch, sync_bn=dp.sync_bn,
-                   engine=comm.engine, allreduce_calls=dp.allreduce_calls)
+                   engine=comm.engine, bucket_mb=args.bucket_mb if dp.overlap else None, **stats)
         if dp.rank != 0:        # rank 0 reports for the job
             return 0
+        print(comm_line)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, dataset=args.dataset)
     res.update(ex.pool.counters())

@@ -19,6 +19,7 @@ from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteU
 from .graph import Graph
 from .layers import Input, MSELoss, SoftmaxCrossEntropy
 from .layers.base import Context
+from .distributed.overlap import after_step, due_updates
 from .memory.liveness import frees_for
 from .memory.policy import Policy, get_policy
 from .memory.pool import Pool
@@ -107,6 +108,8 @@ class Executor:
     memory.costmodel.CostModel it plans with (default: analytic H100).
     chunks: every layer's step split along the batch into this many chunk steps
     (memory/chunking.py; recompute is then off).
+    grad_buckets: bytes per gradient bucket; set, each bucket's updates are deferred to a later
+    backward step so its all-reduce overlaps backward (distributed/overlap.py). None: at once.
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -116,7 +119,8 @@ class Executor:
                  host_budget: int | None = None, tensor_cache: bool = True,
                  compact: bool | None = None, chunks: int = 1,
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
-                 loss: str = "softmax", _plan_from=None):
+                 loss: str = "softmax", grad_buckets: int | None = None,
+                 _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         self.graph = graph
@@ -140,6 +144,7 @@ class Executor:
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
         self.chunks = int(chunks)
+        self.grad_buckets = grad_buckets
         if not 1 <= self.chunks <= self.batch:
             raise ValueError(f"chunks must be between 1 and the batch ({self.batch}), got {chunks}")
         if _plan_from is not None:          # share the (immutable) plan of another executor
@@ -186,7 +191,7 @@ class Executor:
         steps = self.schedule.steps
         if self.policy.recompute and self.chunks == 1:
             steps, self.recompute_report = plan_recompute(self.schedule, self.recompute_strategy)
-        self.steps = steps
+        self.steps = steps = self._defer(steps)
         self.frees = frees_for(steps, self.policy.free_dead)
         self.eval_steps = self.schedule.forward_steps()
         self.logits_tensors = logits_chunks(self.schedule, graph, self.chunks)
@@ -205,11 +210,17 @@ class Executor:
         """A planner's decisions: the steps to run and the moves the pool makes on schedule."""
         self.policy = d.policy
         self.compact = d.policy.compact if self._compact_arg is None else bool(self._compact_arg)
-        self.steps, self.recompute_report = d.steps, d.recompute_report
-        self.frees = frees_for(d.steps, d.policy.free_dead)
+        self.steps, self.recompute_report = self._defer(d.steps), d.recompute_report
+        self.frees = frees_for(self.steps, d.policy.free_dead)
         self._offload_after = d.offload_after or None
         self._prefetch_after = d.prefetch_after or None
         self.decisions = d
+
+    def _defer(self, steps):
+        if self.grad_buckets is None:
+            return steps
+        from .distributed.overlap import defer_updates
+        return defer_updates(steps, self.grad_buckets)
 
     #: the pool class a run uses (memory/recorder.py swaps in one that logs every event)
     pool_class = Pool
@@ -514,6 +525,8 @@ class Executor:
                 if compute:
                     ws = dev.view(ws_at, (ws_bytes,), np.uint8) if ws_bytes else None
                     self._compute(step, ctx, ws)
+                if step.bucket is not None or step.due:     # all-reduce overlapping backward
+                    after_step(pool, step, self.dp)
                 if ws_off is not None:
                     pool.free_bytes(ws_off)
                     ws_off = None
@@ -583,21 +596,22 @@ class Executor:
         ctx.accumulate = frozenset()
         if step.chunk is not None and not step.chunk.applies_update:
             return                      # the gradients are still being summed over chunks
-        if self.dp is not None:     # average this layer's gradients over the ranks
+        if self.dp is not None:     # average gradients over the ranks (or start/finish buckets)
             self.dp.reduce_gradients(step, dparams)
+        updates = due_updates(step)     # its own, unless deferred; and those due here
         if undo is not None:
-            for _, p, _, _ in step.updates:
+            for _, p, _, _ in updates:
                 undo.save(p.storage)
         fused = undo is not None and getattr(self.optimizer, "checks_finite", False)
-        for pname, p, g, states in step.updates:
+        for pname, p, g, states in updates:
             state_views = [view(x) for x in states]
+            pv, gv = view(p), view(g)
             if fused:               # the update kernel checks its own results
-                self.optimizer.update(k, params[pname], dparams[pname], state_views,
-                                      flag=undo.flag)
+                self.optimizer.update(k, pv, gv, state_views, flag=undo.flag)
                 continue
-            self.optimizer.update(k, params[pname], dparams[pname], state_views)
+            self.optimizer.update(k, pv, gv, state_views)
             if undo is not None:
-                undo.check_finite([params[pname], *state_views])
+                undo.check_finite([pv, *state_views])
 
 
 _ACTIVATIONS = (Kind.ACTIVATION, Kind.DATA)

@@ -53,6 +53,25 @@ class Communicator:
     def allreduce_sum(self, arrays: list, what: str) -> None:
         raise NotImplementedError
 
+    # ---- non-blocking: start, then test/wait (gradient buckets overlapping backward) ----
+    def start_allreduce_sum(self, arrays: list, what: str) -> "Pending":
+        """Start an in-place sum over the ranks of every array (one collective per array, all
+        in flight together); the arrays must not be read, moved or freed until ``wait``.
+        The default runs it at once (a world of one, or an engine without requests)."""
+        self.allreduce_sum(arrays, what)
+        return Pending(arrays, what, done=True)
+
+    def test(self, handle: "Pending") -> bool:
+        """Progress the collective without blocking; True once it has completed."""
+        return handle.done
+
+    def wait(self, handle: "Pending") -> None:
+        """Block (bounded by the timeout) until the collective has completed."""
+        handle.done = True
+
+    def progress(self) -> None:
+        """Let in-flight collectives advance (MPI progresses only inside MPI calls)."""
+
     def allreduce_mean(self, arrays: list, what: str) -> None:
         self.allreduce_sum(arrays, what)
         if self.world_size > 1:
@@ -70,6 +89,21 @@ class Communicator:
 
     def abort(self, code: int = 1) -> None:
         pass
+
+
+class Pending:
+    """An in-flight collective: the arrays it works on, the engine's requests (MPI) or event
+    (NCCL), and when it started and was first seen complete (for the exposed-time report)."""
+    __slots__ = ("arrays", "what", "reqs", "event", "done", "t_start", "t_done")
+
+    def __init__(self, arrays, what, reqs=None, event=None, done=False):
+        self.arrays, self.what, self.reqs, self.event = arrays, what, reqs, event
+        self.done = done
+        self.t_start = time.perf_counter()
+        self.t_done = self.t_start if done else None
+
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays)
 
 
 class LocalComm(Communicator):
@@ -101,6 +135,8 @@ class MpiComm(Communicator):
             raise ValueError(f"collective timeout must be positive, got {timeout_s} s")
         self.timeout_s = float(timeout_s)
         self._failed = None
+        self._inflight: list = []           # started, not yet seen complete (Pending)
+        self._broken = None                 # the collective whose failure stops the job
         self._install_failure_signal()
 
     def _install_failure_signal(self):
@@ -122,19 +158,34 @@ class MpiComm(Communicator):
         atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
 
     def _wait(self, req, what: str):
-        """Poll a request until done; sleep a little between polls so that the peers (which
-        share the cores here) get to run."""
+        self._wait_all([req], what)
+
+    def _test_all(self, reqs, statuses, what: str) -> bool:
+        done = self.MPI.Request.Testall(reqs, statuses)
+        # a collective with a dead peer can "complete" with garbage: never trust it
+        if self._failed is not None or (done and any(
+                st.Get_error() != self.MPI.SUCCESS for st in statuses)):
+            raise RankFailureError(
+                f"rank {self.rank}/{self.world_size}: another rank of the data-parallel job "
+                f"died (the MPI launcher signalled a process failure) during {what}; "
+                "stopping")
+        return done
+
+    def _wait_all(self, reqs, what: str):
+        try:
+            self._poll_all(reqs, what)
+        except (RankFailureError, CollectiveTimeoutError):
+            self._broken = what
+            raise
+
+    def _poll_all(self, reqs, what: str):
+        """Poll requests until all are done; sleep a little between polls so that the peers
+        (which share the cores here) get to run."""
         deadline = time.monotonic() + self.timeout_s
         spins = 0
-        status = self.MPI.Status()
+        statuses = [self.MPI.Status() for _ in reqs]
         while True:
-            done = req.Test(status)
-            # a collective with a dead peer can "complete" with garbage: never trust it
-            if self._failed is not None or (done and status.Get_error() != self.MPI.SUCCESS):
-                raise RankFailureError(
-                    f"rank {self.rank}/{self.world_size}: another rank of the data-parallel job "
-                    f"died (the MPI launcher signalled a process failure) during {what}; "
-                    "stopping")
+            done = self._test_all(reqs, statuses, what)
             if done:
                 return
             if time.monotonic() > deadline:
@@ -149,15 +200,48 @@ class MpiComm(Communicator):
     def allreduce_sum(self, arrays, what):
         """In place, one non-blocking collective per array, all in flight together: no
         staging buffer outside the arena (the arrays are the plan's own gradient tensors)."""
+        self.wait(self.start_allreduce_sum(arrays, what))
+
+    def start_allreduce_sum(self, arrays, what):
+        """One Iallreduce request per array, started together; progressed by ``test`` /
+        ``progress`` (MPICH has no progress thread by default: a request advances only inside
+        MPI calls, so the executor tests the in-flight buckets at every backward step)."""
         if self.world_size == 1 or not arrays:
-            return
+            return Pending(arrays, what, done=True)
         for a in arrays:
             if not a.flags.c_contiguous:
                 raise DistributedError(f"{what}: MPI all-reduce needs contiguous arrays, got "
                                        f"strides {a.strides} for shape {a.shape}")
         reqs = [self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM) for a in arrays]
-        for r in reqs:
-            self._wait(r, what)
+        h = Pending(arrays, what, reqs=reqs)
+        self._inflight.append(h)
+        return h
+
+    def test(self, handle):
+        if not handle.done:
+            statuses = [self.MPI.Status() for _ in handle.reqs]
+            if self._test_all(handle.reqs, statuses, handle.what):
+                self._complete(handle)
+        return handle.done
+
+    def wait(self, handle):
+        if not handle.done and self._broken is not None:
+            # the job is stopping (the error was raised once): the clean-up that frees the
+            # other buckets' gradients must not wait out the timeout again for each
+            handle.done = True
+            return
+        if not handle.done:
+            self._wait_all(handle.reqs, handle.what)
+            self._complete(handle)
+
+    def _complete(self, handle):
+        handle.done, handle.t_done = True, time.perf_counter()
+        if handle in self._inflight:
+            self._inflight.remove(handle)
+
+    def progress(self):
+        for h in list(self._inflight):
+            self.test(h)
 
     def allgather(self, value, what):
         if self.world_size == 1:

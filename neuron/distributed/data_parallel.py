@@ -8,17 +8,24 @@ own PARAM_GRAD tensors: they are resident at the hook (the step has just written
 counted, evicted and offloaded by the pool like any other tensor, so a rank's plan under its own
 budget is the same with or without data parallelism.
 
+With an executor planned with ``grad_buckets`` (distributed/overlap.py) the all-reduce
+overlaps backward instead: a bucket's collective starts after its last layer's backward step,
+in-flight collectives are progressed at every backward step, and the bucket's deferred updates
+wait for it a few steps later. Which one runs is the plan's choice, not this object's.
+
 The loss each rank computes is its shard's mean, so its gradients are of that mean; averaging
 them over equal shards gives the gradient of the global batch's mean, which is what one process
 at K x batch computes.
 """
 from __future__ import annotations
 
+import time
 import zlib
 
 import numpy as np
 
 from .comm import Communicator, ParameterDivergenceError
+from .overlap import is_deferred
 from .sync_bn import SyncBatchNormKernels
 
 
@@ -43,6 +50,12 @@ class DataParallel:
         executor.dp = self
         self.allreduce_calls = 0
         self.allreduce_bytes = 0
+        # exposed: seconds backward was blocked on collectives; span: from the start of each
+        # collective to when it was seen complete (its duration, as far as polling can tell)
+        self.allreduce_wait_s = 0.0
+        self.allreduce_span_s = 0.0
+        self.overlap = is_deferred(executor.steps)
+        self._pending: dict = {}        # bucket index -> comm Pending
         # every rank initialized from the same seed: instead of sending the weights, check that
         # they agree (cheap, and it catches a rank that built a different network)
         self.check_parameters(when="at start")
@@ -53,15 +66,56 @@ class DataParallel:
         return self._sync_kernels if self._sync_kernels is not None else base
 
     def reduce_gradients(self, step, dparams: dict) -> None:
-        """Called per backward step after the layer's kernel, before its update: average this
-        layer's parameter gradients over the ranks (one collective per layer)."""
-        grads = [dparams[pname] for pname, _, _, _ in step.updates]
-        if not grads or self.world_size == 1:
+        """Called per backward step after the layer's kernel, before its updates. Blocking
+        plan: average this layer's gradients (one collective per layer). Overlapping plan:
+        progress the collectives in flight, start this step's bucket, finish the due ones."""
+        if self.world_size == 1:
             return
+        if self.overlap:
+            return self._overlap_step(step)
+        grads = [dparams[pname] for pname, _, _, _ in step.updates]
+        if not grads:
+            return
+        t0 = time.perf_counter()
         self.comm.allreduce_mean(grads, f"all-reduce of {step.layer.name}'s gradients "
                                  f"(iteration {self.ex.iteration})")
+        dt = time.perf_counter() - t0
+        self.allreduce_wait_s += dt
+        self.allreduce_span_s += dt
         self.allreduce_calls += 1
         self.allreduce_bytes += sum(int(g.nbytes) for g in grads)
+
+    def _overlap_step(self, step) -> None:
+        if self._pending:
+            self.comm.progress()
+        b = step.bucket
+        if b is not None:
+            view = self.ex.pool.view
+            grads = [view(g) for g in b.grads()]
+            self._pending[b.index] = self.comm.start_allreduce_sum(
+                grads, f"all-reduce of gradient bucket {b.index} ({', '.join(b.layers[:3])}"
+                f"{', ...' if len(b.layers) > 3 else ''}; iteration {self.ex.iteration})")
+            self.allreduce_calls += 1
+            self.allreduce_bytes += sum(int(g.nbytes) for g in grads)
+        for d in step.due:
+            h = self._pending.pop(d.index)
+            t0 = time.perf_counter()
+            self.comm.wait(h)
+            self.allreduce_wait_s += time.perf_counter() - t0
+            self.allreduce_span_s += (h.t_done or time.perf_counter()) - h.t_start
+            scale = 1.0 / self.world_size
+            for a in h.arrays:          # the mean, as allreduce_mean computes it
+                a *= a.dtype.type(scale)
+
+    def waiter(self, bucket):
+        """For the pool: the call that waits for this bucket's collective (before a move)."""
+        h = self._pending.get(bucket.index)
+        return None if h is None else (lambda: self.comm.wait(h))
+
+    def comm_stats(self) -> dict:
+        return {"allreduce_calls": self.allreduce_calls, "allreduce_bytes": self.allreduce_bytes,
+                "allreduce_wait_s": self.allreduce_wait_s,
+                "allreduce_span_s": self.allreduce_span_s, "overlap": self.overlap}
 
     # ---- training ----------------------------------------------------------------
     @property
@@ -79,7 +133,10 @@ class DataParallel:
 
     def train_step(self, x, y) -> float:
         """One iteration on this rank's shard; returns the global batch's mean loss."""
-        loss = self.ex.train_step(x, y)
+        try:
+            loss = self.ex.train_step(x, y)
+        finally:
+            self._pending.clear()       # every bucket is due by the last backward step
         if self.world_size > 1:
             self.comm.flush(f"gradient all-reduces of iteration {self.ex.iteration - 1}")
             losses = self.comm.allgather(np.float64(loss), f"loss of iteration "

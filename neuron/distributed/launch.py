@@ -2,10 +2,12 @@
 exists (a GPU rank must pick its GPU first), and stopping every rank when one fails."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 
 from .comm import DEFAULT_TIMEOUT_S
+from .overlap import DEFAULT_BUCKET_BYTES
 
 
 def add_train_arguments(p) -> None:
@@ -23,6 +25,37 @@ def add_train_arguments(p) -> None:
     p.add_argument("--dp-check-every", type=int, default=100,
                    help="check that all ranks hold identical parameters every N iterations "
                    "(0: never; default 100)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --data-parallel: all-reduce gradient buckets while backward goes "
+                   "on, each bucket's optimizer updates deferred a few backward steps (its "
+                   "gradients stay live until then, counted in the plan); --no-overlap: a "
+                   "blocking all-reduce per layer, updated at once (default: overlap)")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
+                   metavar="MB",
+                   help="with --data-parallel --overlap: consecutive layers' gradients (in "
+                   "backward order) grouped into one collective of at least MB MiB; 0: one "
+                   f"per layer (default {DEFAULT_BUCKET_BYTES / 2**20:g}, as PyTorch DDP)")
+
+
+def train_grad_buckets(args):
+    """The executor's ``grad_buckets`` for `neuron train`: bucket bytes when the all-reduce
+    overlaps backward, None otherwise (no data parallelism, or --no-overlap)."""
+    if args.bucket_mb < 0:
+        raise ValueError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
+    if not args.data_parallel or not args.overlap:
+        return None
+    return int(args.bucket_mb * 2**20)
+
+
+def comm_report(dp, seconds: float) -> tuple[dict, str]:
+    """`neuron train --json` fields and a line on the collectives of this rank (rank 0)."""
+    st = dp.comm_stats()
+    st["allreduce_exposed_fraction"] = st["allreduce_wait_s"] / seconds if seconds else None
+    line = (f"all-reduce ({'overlapping backward' if st['overlap'] else 'blocking, per layer'}):"
+            f" {st['allreduce_calls']} calls, {st['allreduce_bytes'] / 2**20:.2f} MiB; waited "
+            f"{st['allreduce_wait_s']:.3f} s of {seconds:.3f} s training (collectives in "
+            f"flight {st['allreduce_span_s']:.3f} s)")
+    return st, line
 
 
 def add_plan_arguments(p) -> None:
@@ -32,8 +65,8 @@ def add_plan_arguments(p) -> None:
                    help="per-link bandwidth for --data-parallel in Gbit/s (default 100)")
     p.add_argument("--bucket-mb", type=float, default=0.0, metavar="MB",
                    help="with --data-parallel: model consecutive layers' gradients as one "
-                   "collective of at least MB MiB (fewer per-call latencies; the executor "
-                   "itself still reduces per layer); default 0: one collective per layer")
+                   "collective of at least MB MiB (fewer per-call latencies; `train "
+                   "--data-parallel --bucket-mb` runs them so); default 0: one per layer")
 
 
 def make_train_comm(args):

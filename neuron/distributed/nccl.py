@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from .comm import (DEFAULT_TIMEOUT_S, CollectiveTimeoutError, Communicator, DistributedError,
-                   MpiComm)
+                   MpiComm, Pending)
 
 _LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
                     "SLURM_LOCALID", "LOCAL_RANK")
@@ -67,6 +67,51 @@ class NcclComm(Communicator):
 
     def _stream(self):
         return self.stream if self.stream is not None else self._cp.cuda.get_current_stream()
+
+    def _check(self, arrays, what):
+        for a in arrays:
+            if not a.flags.c_contiguous:
+                raise DistributedError(f"{what}: NCCL needs contiguous arrays, got strides "
+                                       f"{a.strides} for shape {a.shape}")
+            if np.dtype(a.dtype) not in self._types:
+                raise DistributedError(f"{what}: no NCCL type for dtype {a.dtype}")
+
+    def start_allreduce_sum(self, arrays, what):
+        """GPU-UNVERIFIED. A bucket on a side stream (``comm_stream``): it starts after the
+        compute stream's event (the gradients are written), runs while backward goes on, and
+        ``wait`` makes the compute stream wait for its event on the GPU (the host does not
+        block; the deferred update queued after it reads the averaged gradient)."""
+        if not arrays:
+            return Pending(arrays, what, done=True)
+        self._check(arrays, what)
+        cp, nccl = self._cp, self._nccl
+        if getattr(self, "comm_stream", None) is None:
+            self.comm_stream = cp.cuda.Stream(non_blocking=True)
+        compute = self._stream()
+        self.comm_stream.wait_event(compute.record())
+        nccl.groupStart()
+        try:
+            for a in arrays:
+                self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, self._types[np.dtype(a.dtype)],
+                                    nccl.NCCL_SUM, self.comm_stream.ptr)
+        finally:
+            nccl.groupEnd()
+        return Pending(arrays, what, event=self.comm_stream.record())
+
+    def test(self, handle):
+        if not handle.done and handle.event is not None and handle.event.done:
+            handle.done = True
+            handle.t_done = time.perf_counter()
+        return handle.done
+
+    def wait(self, handle):
+        """Order the compute stream after the collective (device-side); flush() bounds the
+        host's wait once per iteration, with the timeout."""
+        if handle.event is not None and not handle.done:
+            self._stream().wait_event(handle.event)
+            self._pending = (handle.event, handle.what)
+        handle.done = True
+        handle.t_done = time.perf_counter()
 
     def allreduce_sum(self, arrays, what):
         if not arrays:

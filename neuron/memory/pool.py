@@ -71,6 +71,9 @@ class Pool:
         self.async_copies = getattr(device, "async_copies", False)
         self.inflight: dict[int, object] = {}   # tensor id -> event of its prefetch
         self.deferred: list = []                # (event, host buffer) to reuse once done
+        # tensors an in-flight collective reads and writes (distributed/overlap.py): tensor
+        # id -> a call that waits for it (None in the plan, where nothing is in flight)
+        self.collectives: dict[int, object] = {}
         self.host_pool.reclaim = self._reclaim_host
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
@@ -133,6 +136,8 @@ class Pool:
             if new != off:
                 if self.inflight:
                     self._settle(t)
+                if self.collectives:
+                    self._settle_collective(tid)
                 dev.move(off, new, t.nbytes)
                 self.offset[tid] = new
                 self.moved_bytes += t.nbytes
@@ -203,6 +208,9 @@ class Pool:
         """Drop a tensor wherever it is."""
         if self.inflight:
             self._settle(t)
+        if t.id in self.collectives:
+            self._settle_collective(t.id)
+            self.unpin_collective([t])
         if t.id in self.offset:
             off = self.offset.pop(t.id)
             self._account_tensor(t, -1)
@@ -297,6 +305,29 @@ class Pool:
         if ev is not None:
             self.device.compute_wait(ev)
 
+    def pin_collective(self, tensors, wait=None) -> None:
+        """A collective (a gradient bucket's all-reduce) works on these tensors in place until
+        it completes: like pinned parameters they leave the LRU (never evicted); ``wait``
+        (a call, in a real run) is made before one is moved, offloaded or freed, as an
+        in-flight prefetch is settled first."""
+        for t in tensors:
+            self.lru.pop(t.id, None)
+            self.pinned.add(t.id)
+            self.collectives[t.id] = wait
+
+    def unpin_collective(self, tensors) -> None:
+        for t in tensors:
+            if t.id in self.collectives:
+                del self.collectives[t.id]
+                self.pinned.discard(t.id)
+                if t.id in self.offset:
+                    self.lru[t.id] = t
+
+    def _settle_collective(self, tid: int) -> None:
+        wait = self.collectives.get(tid)
+        if wait is not None:
+            wait()
+
     def alloc_all(self, tensors, step=None) -> None:
         for t in tensors:
             self.alloc(t, step)
@@ -306,6 +337,9 @@ class Pool:
         for t in tensors:
             if self.inflight:
                 self._settle(t)
+            if t.id in self.collectives:
+                self._settle_collective(t.id)
+                self.unpin_collective([t])
             off = offset.pop(t.id, None)
             if off is None:                 # on the host, or a block: the general path
                 self.free(t)
@@ -373,6 +407,8 @@ class Pool:
             return offload_compressed(self, t, self.codecs[t.id])
         if self.inflight:
             self._settle(t)
+        if self.collectives:
+            self._settle_collective(t.id)
         buf = self.host_pool.get(t.nbytes)
         off = self.offset.pop(t.id)
         view = self.device.view(off, t.shape, t.dtype)

@@ -3,7 +3,9 @@
 Built once per (graph, batch, dtype, optimizer) from the layers' declarations. Liveness,
 recomputation, offload and the simulator all work on this table, never on the layers.
 Forward steps F1..FN follow the route; backward steps BN..B1 mirror it. Each backward step
-also applies the optimizer to its layer's parameters (so their gradients die at once).
+also applies the optimizer to its layer's parameters (so their gradients die at once), unless
+the update is deferred to a later backward step while the gradients' all-reduce overlaps
+backward (distributed/overlap.py: then they live until that step).
 Recomputation (memory/recompute.py) inserts "R" steps: forward re-runs writing fresh versions
 of dropped tensors, which the backward steps are then bound to.
 """
@@ -34,6 +36,13 @@ class Step:
     grad_targets: list = field(default_factory=list)
     updates: list = field(default_factory=list)    # (local name, param, grad, [state tensors])
     workspace_bytes: int = 0
+    # gradient all-reduce overlapping backward (distributed/overlap.py): this step starts the
+    # collective of ``bucket`` after its kernel; the buckets in ``due`` must be complete here,
+    # and their updates run after this step's kernel; ``deferred``: this step's own updates
+    # run at a later step (its gradients live until then: they are that step's reads)
+    bucket: object = None
+    due: list = field(default_factory=list)
+    deferred: bool = False
     chunk: object = None                            # memory/chunking.py: which part of the batch
     reads: list = field(default_factory=list)      # derived by bind()
     writes: list = field(default_factory=list)
@@ -68,9 +77,21 @@ class Step:
                     reads[g.id] = g
             for _, _, g, states in self.updates:
                 writes[g.id] = g
+                if self.deferred:
+                    continue
                 for s in states:
                     b = s.storage
                     reads[b.id] = b
+            # a bucket's collective reads every gradient of the bucket; a due bucket's updates
+            # read its gradients, parameters and optimizer state
+            for bk in ([self.bucket] if self.bucket is not None else []) + self.due:
+                for _, p, g, states in bk.updates:
+                    if g.id not in writes:
+                        reads[g.id] = g
+                    if bk in self.due:
+                        for s in (p, *states):
+                            b = s.storage
+                            reads[b.id] = b
         self.reads = list(reads.values())
         self.writes = [t for tid, t in writes.items() if tid not in reads]
         self.ids = tuple(t.id for t in self.reads) + tuple(t.id for t in self.writes)

@@ -3,7 +3,9 @@ data-parallel for 3 steps and saves each rank's parameters to OUT/rank{r}.npz.
 
 MODE: plain (no BN) | syncbn (BN, --sync-bn) | offload (no BN; superneurons policy with
 parameters offloaded to the host under a tight budget) | die (rank 1 kills itself at iteration 2) |
-stall (rank 1 stops taking part at iteration 2; short collective timeout)."""
+stall (rank 1 stops taking part at iteration 2; short collective timeout). A "+ov" suffix
+(plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
+buckets of at least 600 bytes (several per iteration of these small networks)."""
 import os
 import signal
 import sys
@@ -19,9 +21,10 @@ from neuron.distributed import DataParallel, DistributedError, MpiComm  # noqa: 
 
 def main(out, mode, batch):
     comm = MpiComm(timeout_s=60.0)
-    kw = {}
+    mode, overlap = mode.split("+")[0], mode.endswith("+ov")
+    kw = {"grad_buckets": 600} if overlap else {}
     if mode == "offload":       # the arena holds one layer's parameters at a time
-        kw = dict(policy="superneurons", offload_params=True, budget=40 * 1024)
+        kw.update(policy="superneurons", offload_params=True, budget=40 * 1024)
     ex = make_executor(batch, bn=mode == "syncbn", **kw)
     dp = DataParallel(ex, comm, sync_bn=mode == "syncbn", check_every=1)
     if mode == "stall":     # short, but only once both ranks are set up (start-up is uneven)
@@ -39,6 +42,8 @@ def main(out, mode, batch):
         sys.stderr.flush()
         comm.abort(3)
     np.savez(os.path.join(out, f"rank{comm.rank}.npz"), losses=np.array(losses),
+             stats=np.array([dp.allreduce_calls, dp.allreduce_bytes, dp.overlap,
+                             ex.planned["peak_bytes"], ex.pool.high_water]),
              **{k.replace(":", "__"): v for k, v in ex.state_dict().items()})
 
 

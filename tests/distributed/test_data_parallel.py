@@ -43,11 +43,13 @@ def load(path):
         return {k: z[k] for k in z.files}
 
 
-@pytest.mark.parametrize("mode", ["plain", "syncbn", "offload"])
+@pytest.mark.parametrize("mode", ["plain", "syncbn", "offload", "plain+ov", "syncbn+ov",
+                                  "offload+ov"])
 def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, mode):
     """plain: no BN; syncbn: BN with --sync-bn; offload: no BN, each rank under a tight budget
-    with parameters offloaded (the all-reduce runs on gradients the pool placed)."""
-    b, bn = 4, mode == "syncbn"
+    with parameters offloaded (the all-reduce runs on gradients the pool placed). +ov: the
+    all-reduce overlaps backward in buckets, the updates deferred (distributed/overlap.py)."""
+    b, bn = 4, mode.startswith("syncbn")
     r, _ = worker(tmp_path, mode, b)
     assert r.returncode == 0, r.stderr
     ranks = [load(tmp_path / f"rank{i}.npz") for i in range(2)]
@@ -56,7 +58,15 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, mode):
     # the reported loss is the global batch's mean
     np.testing.assert_allclose(ranks[0]["losses"], losses, rtol=1e-5)
     state = single.state_dict()
-    assert len(state) == len(ranks[0]) - 1
+    assert len(state) == len(ranks[0]) - 2      # but losses and stats
+    calls, nbytes, overlap, planned_peak, high_water = ranks[0]["stats"]
+    assert overlap == mode.endswith("+ov")
+    # every trainable gradient all-reduced once per iteration (fewer calls in buckets)
+    grad_bytes = sum(g.nbytes for g in single.schedule.param_grads.values())
+    assert nbytes == 3 * grad_bytes
+    layers = len({q.rsplit(".", 1)[0] for q in single.schedule.param_grads})
+    assert (calls < 3 * layers) if overlap else (calls == 3 * layers)
+    assert high_water == planned_peak           # each rank ran its own plan
     for name, want in state.items():
         key = name.replace(":", "__")
         # the replicas: bitwise identical
@@ -65,8 +75,9 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, mode):
         np.testing.assert_allclose(ranks[0][key], want, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def test_a_killed_rank_stops_the_other_with_a_clear_error(tmp_path):
-    r, seconds = worker(tmp_path, "die")
+@pytest.mark.parametrize("mode", ["die", "die+ov"])
+def test_a_killed_rank_stops_the_other_with_a_clear_error(tmp_path, mode):
+    r, seconds = worker(tmp_path, mode)
     assert r.returncode != 0
     # rank 0 says so as soon as the launcher signals it; MPI sometimes ends rank 0 before
     # it can, and then the launcher's own line names the dead rank's signal
@@ -76,24 +87,38 @@ def test_a_killed_rank_stops_the_other_with_a_clear_error(tmp_path):
     assert seconds < 60
 
 
-def test_a_stalled_rank_times_out_naming_the_collective(tmp_path):
-    r, seconds = worker(tmp_path, "stall")
+@pytest.mark.parametrize("mode", ["stall", "stall+ov"])
+def test_a_stalled_rank_times_out_naming_the_collective(tmp_path, mode):
+    r, seconds = worker(tmp_path, mode)
     assert r.returncode != 0
-    assert "all-reduce of fc2's gradients (iteration 2) did not complete within 5 s" in r.stderr
+    if mode == "stall":
+        assert "all-reduce of fc2's gradients (iteration 2) did not complete within 5 s" \
+            in r.stderr
+    else:           # the first bucket's wait, at its due step
+        assert "all-reduce of gradient bucket 0 (fc2" in r.stderr
+        assert "iteration 2) did not complete within 5 s" in r.stderr
     assert seconds < 60         # the stalled rank sleeps 60 s: the abort ended it
 
 
-def test_cli_train_data_parallel_reports_global_batch_and_checkpoints_once(tmp_path):
+@pytest.mark.parametrize("overlap", ["--overlap", "--no-overlap"])
+def test_cli_train_data_parallel_reports_global_batch_and_checkpoints_once(tmp_path, overlap):
     ck = tmp_path / "ck.npz"
     r = mpirun("-m", "neuron", "train", "resnet_cifar", "--depth", "8", "--batch", "4",
                "--iters", "2", "--data-parallel", "--sync-bn", "--no-progress", "--device",
-               "cpu", "--dp-check-every", "1", "--checkpoint", str(ck), "--json")
+               "cpu", "--dp-check-every", "1", "--checkpoint", str(ck), "--json", overlap,
+               "--bucket-mb", "0.01")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(s) for s in r.stdout.splitlines() if s.startswith("{")]
     assert len(lines) == 1                  # rank 0 reports for the job
     res = lines[0]
     assert res["world_size"] == 2 and res["global_batch"] == 8 and res["sync_bn"]
     assert res["engine"] == "mpi" and res["allreduce_calls"] > 0
+    assert res["overlap"] == (overlap == "--overlap")
+    assert res["bucket_mb"] == (0.01 if overlap == "--overlap" else None)
+    # rank 0's collectives: the time backward waited on them, within the training time
+    assert 0 <= res["allreduce_wait_s"] <= res["seconds"]
+    assert res["allreduce_bytes"] > 0 and res["allreduce_span_s"] >= 0
+    assert "all-reduce (" in r.stdout and "waited" in r.stdout
     assert ck.exists()
     # only rank 0 wrote: no second temp file was left behind or renamed over it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]
