@@ -192,7 +192,8 @@ class Executor:
         if self.policy.recompute and self.chunks == 1:
             steps, self.recompute_report = plan_recompute(self.schedule, self.recompute_strategy)
         self.steps = steps = self._defer(steps)
-        self.frees = frees_for(steps, self.policy.free_dead)
+        # a planner replaces the steps (and so their frees): computed once, for its steps
+        self.frees = frees_for(steps, self.policy.free_dead) if self.planner is None else None
         self.eval_steps = self.schedule.forward_steps()
         self.logits_tensors = logits_chunks(self.schedule, graph, self.chunks)
         self._eval_frees = None             # computed on the first evaluate()
@@ -204,14 +205,19 @@ class Executor:
         if self.planner is not None:
             from .memory.planners import PlanContext, get_planner
             planner = get_planner(self.planner)
-            self._apply_decisions(planner.plan(PlanContext(self, self._plan_budget, self.cost)))
+            ctx = PlanContext(self, self._plan_budget, self.cost)
+            d = planner.plan(ctx)
+            self._apply_decisions(d, ctx.frees(d.steps, d.policy.free_dead))
 
-    def _apply_decisions(self, d):
-        """A planner's decisions: the steps to run and the moves the pool makes on schedule."""
+    def _apply_decisions(self, d, frees=None):
+        """A planner's decisions: the steps to run and the moves the pool makes on schedule
+        (``frees``: those of ``d.steps``, when already known)."""
         self.policy = d.policy
         self.compact = d.policy.compact if self._compact_arg is None else bool(self._compact_arg)
         self.steps, self.recompute_report = self._defer(d.steps), d.recompute_report
-        self.frees = frees_for(self.steps, d.policy.free_dead)
+        # deferred updates (data-parallel overlap) change the steps' reads: their own frees
+        self.frees = frees if frees is not None and self.steps is d.steps else \
+            frees_for(self.steps, d.policy.free_dead)
         self._offload_after = d.offload_after or None
         self._prefetch_after = d.prefetch_after or None
         self.decisions = d

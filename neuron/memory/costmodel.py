@@ -127,9 +127,9 @@ class CostModel:
         self.dtype = np.dtype(dtype)
         self.profile = profile
         self.source = source or ("profile" if profile else "analytic")
-        self._cache: dict[tuple, float] = {}
-        self._macs: dict[tuple, int] = {}      # forward and backward share a layer's count
-        self._host: dict[tuple, float] = {}
+        self._cache: dict[tuple, tuple] = {}   # -> (layer, seconds)
+        self._macs: dict[tuple, tuple] = {}    # -> (layer, count): forward and backward share it
+        self._host: dict[tuple, tuple] = {}    # -> (layer, seconds)
         # pipelined: host issue times and event-timed kernels (a GPU profile has both)
         self.pipelined = bool(profile and profile.get("gpu_entries")
                               and profile.get("host_entries"))
@@ -177,20 +177,25 @@ class CostModel:
     def step_time(self, step, batch: int) -> float:
         """Seconds of one step's kernel (not counting the per-step overhead)."""
         key = id(step.layer), step.phase == "B", batch
-        t = self._cache.get(key)
-        if t is None:
-            t = self._cache[key] = (self._profiled(step, batch) if self.profile is not None
-                                    else self._analytic(step, batch))
+        hit = self._cache.get(key)
+        # the entry holds its layer: a layer's id is reused once it is freed, and a cost model
+        # outlives graphs (the planners bench plans model after model with one)
+        if hit is not None and hit[0] is step.layer:
+            return hit[1]
+        t = (self._profiled(step, batch) if self.profile is not None
+             else self._analytic(step, batch))
+        self._cache[key] = (step.layer, t)
         return t
 
     def host_time(self, step, batch: int) -> float:
         """Seconds the host takes to issue one step (pipelined models only), with the
         executor's own work between steps."""
         key = id(step.layer), step.phase == "B", batch
-        t = self._host.get(key)
-        if t is None:
-            t = self._host[key] = self._profiled(step, batch, "host_entries") + \
-                self.host_overhead
+        hit = self._host.get(key)
+        if hit is not None and hit[0] is step.layer:    # as step_time's cache
+            return hit[1]
+        t = self._profiled(step, batch, "host_entries") + self.host_overhead
+        self._host[key] = (step.layer, t)
         return t
 
     def serial(self) -> "CostModel":
@@ -217,9 +222,12 @@ class CostModel:
     def _analytic(self, step, batch) -> float:
         layer = step.layer
         key = id(layer), batch
-        macs = self._macs.get(key)
-        if macs is None:
-            macs = self._macs[key] = layer.flops(batch)
+        hit = self._macs.get(key)
+        if hit is not None and hit[0] is layer:
+            macs = hit[1]
+        else:
+            macs = layer.flops(batch)
+            self._macs[key] = (layer, macs)
         # backward computes data and weight gradients: about twice the forward arithmetic
         flops = 2.0 * macs * (2.0 if step.phase == "B" else 1.0)
         moved = 0

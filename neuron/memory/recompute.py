@@ -20,7 +20,6 @@ after its last backward use.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from .schedule import Schedule, Step
@@ -111,7 +110,7 @@ def plan_recompute(schedule: Schedule, strategy: str = "cost") -> tuple[list[Ste
         return made
 
     for s in steps:
-        s = copy.copy(s)               # never renumber the schedule's own steps
+        s = s.copy()               # never renumber the schedule's own steps
         if s.phase != "B":
             new_steps.append(s)
             continue

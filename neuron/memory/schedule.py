@@ -97,6 +97,12 @@ class Step:
         self.ids = tuple(t.id for t in self.reads) + tuple(t.id for t in self.writes)
         return self
 
+    def copy(self) -> "Step":
+        """A shallow copy (copy.copy's result, without its generic protocol's cost)."""
+        new = Step.__new__(Step)
+        new.__dict__.update(self.__dict__)
+        return new
+
     @property
     def name(self) -> str:
         return f"{self.phase}{self.index}:{self.layer.name}"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..clock import makespan
 from ..costmodel import CostModel
+from ..liveness import frees_for
 from ..policy import Policy
 from ..schedule import Step
 
@@ -62,16 +63,49 @@ class PlanContext:
         self.batch = ex.batch
         self.budget = budget
         self.cost = cost or CostModel.analytic("h100", dtype=ex.dtype)
+        # per steps list (a planner simulates the same steps under several decisions): its
+        # frees, tensor uses and cumulative compute time, each derived once
+        self._derived: dict = {}
 
     def step_time(self, step) -> float:
         return self.cost.step_time(step, self.batch) + self.cost.step_overhead
+
+    def _memo(self, what: str, steps, make):
+        key = what, id(steps)
+        hit = self._derived.get(key)
+        if hit is not None and hit[0] is steps:
+            return hit[1]
+        if len(self._derived) >= 16:        # a search makes many step lists: keep the newest
+            self._derived.pop(next(iter(self._derived)))
+        value = make()
+        self._derived[key] = (steps, value)     # holding steps keeps its id unique
+        return value
+
+    def frees(self, steps, free_dead: bool = True) -> list:
+        """Liveness's frees of these steps (memory/liveness.py), once per list."""
+        return self._memo(("frees", free_dead), steps, lambda: frees_for(steps, free_dead))
+
+    def uses(self, steps) -> tuple[dict, dict]:
+        """swap.uses of these steps, once per list (do not modify the dicts)."""
+        from .swap import uses
+        return self._memo("uses", steps, lambda: uses(steps))
+
+    def cum_time(self, steps) -> list:
+        """cum[k]: compute seconds of steps[:k], once per list."""
+        def make():
+            cum, acc, st = [0.0], 0.0, self.step_time
+            for s in steps:
+                acc += st(s)
+                cum.append(acc)
+            return cum
+        return self._memo("cum", steps, make)
 
     def simulate(self, d: Decisions, arena="budget", events: bool = False) -> dict:
         """One iteration of these decisions in an arena (default: the budget; None:
         unbounded)."""
         v = copy.copy(self._ex)
         v.planner = None
-        v._apply_decisions(d)
+        v._apply_decisions(d, self.frees(d.steps, d.policy.free_dead))
         return v.simulate(self.budget if arena == "budget" else arena, trace=False,
                           events=events)
 

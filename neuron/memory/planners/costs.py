@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .rewrite import producers
-from .swap import uses
 
 
 @dataclass
@@ -22,10 +21,8 @@ class TensorCost:
 
 def tensor_costs(ctx, cands) -> list[TensorCost]:
     steps = ctx.schedule.steps
-    last_fwd, first_bwd = uses(steps)
-    cum = [0.0]
-    for s in steps:
-        cum.append(cum[-1] + ctx.step_time(s))
+    last_fwd, first_bwd = ctx.uses(steps)
+    cum = ctx.cum_time(steps)
     fwd_time = {id(s.layer): ctx.step_time(s) for s in steps if s.phase == "F"}
     prod = producers(ctx.schedule)
     out = []

@@ -10,7 +10,6 @@ modes); this is the general mechanism for planners that choose tensors themselve
 """
 from __future__ import annotations
 
-import copy
 
 from ..recompute import RecomputeReport, rebind, recompute_step, renumber
 from ..schedule import Schedule, Step
@@ -81,7 +80,7 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
         return current[t.id]
 
     for s in steps:
-        s = copy.copy(s)
+        s = s.copy()
         if s.phase == "B":
             binding = {t.id: materialize(t) for t in [*s.ins, *s.outs]
                        if t is not None and t.id in drop}

@@ -11,6 +11,25 @@ simulated once, and each activation the LRU evicted becomes a planned offload ri
 last forward use, whose copy overlaps the next step (an eviction on demand stalls compute until
 its copy is out: on the H100, ResNet-50 at twice PyTorch's batch in 12 GiB hid none of its
 copies). The planned variant is kept only where the simulated clock finds it faster.
+
+Budget-aware (the paper's order: liveness first, then the tensor cache's offloads, then
+cost-aware recompute, each only as memory requires). Under a budget three variants are
+candidates:
+
+- ``liveness``: liveness alone (no eviction; compaction where the free bytes are scattered),
+  only where its live tensors can fit the budget at all;
+- ``cache``: liveness and the tensor cache, no recompute, in its LRU and its planned-eviction
+  form;
+- ``paper``: the full policy, cost-aware recompute of cheap segments first (the plan without a
+  budget).
+
+Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
+paper variant, as before. A candidate is skipped, unsimulated, when a lower bound on its time
+(``time_bound``: its compute, and the copies its live bytes over the budget force: sound for
+the cache's LRU and planned moves alike) is no
+better than the best time found, and the search stops once a time equals the compute of the
+schedule alone (nothing can be faster). ``info["variant"]`` names the winner,
+``info["candidates"]`` each candidate's bound and simulated times (or why it was skipped).
 """
 from __future__ import annotations
 
@@ -29,39 +48,138 @@ class SuperNeurons(Planner):
     description = "liveness + cost-aware recompute + LRU tensor cache + time-based prefetch"
     recompute_strategy = "cost"
 
-    def plan(self, ctx) -> Decisions:
+    def paper(self, ctx, cands=None) -> tuple[Decisions, list]:
+        """The paper's policy: cost-aware recompute of the cheap segments, the rest kept (with
+        a prefetch point). Returns the decisions and the kept tensors."""
+        cands = droppable(ctx.schedule) if cands is None else cands
         steps, report = plan_recompute(ctx.schedule, self.recompute_strategy)
         dropped = {t.name.split("@")[0] for s in steps if s.phase == "R" for t in s.outs}
-        cands = droppable(ctx.schedule)
         kept = [t for t in cands if t.name not in dropped]
         _, prefetch_after = swap_schedule(steps, kept, ctx)
-        d = Decisions(steps, policy=get_policy("superneurons"), prefetch_after=prefetch_after,
-                      recompute_report=report,
-                      tensors={t.name: RECOMPUTE if t.name in dropped else KEEP for t in cands})
-        return d if ctx.budget is None else plan_evictions(ctx, d, kept)
+        return Decisions(steps, policy=get_policy("superneurons"), prefetch_after=prefetch_after,
+                         recompute_report=report,
+                         tensors={t.name: RECOMPUTE if t.name in dropped else KEEP
+                                  for t in cands}), kept
+
+    def cache_only(self, ctx, cands) -> Decisions:
+        """Liveness and the tensor cache, nothing recomputed."""
+        steps = ctx.schedule.steps
+        _, prefetch_after = swap_schedule(steps, cands, ctx)
+        return Decisions(steps, policy=get_policy("superneurons"), prefetch_after=prefetch_after,
+                         tensors={t.name: KEEP for t in cands})
+
+    def plan(self, ctx) -> Decisions:
+        cands = droppable(ctx.schedule)
+        paper, kept = self.paper(ctx, cands)
+        if ctx.budget is None:
+            return paper
+        steps = ctx.schedule.steps
+        floor = ctx.cum_time(steps)[-1]     # the compute of the schedule alone
+        plain = time_bound(ctx, steps)
+        # name, time bound, the decisions and the tensors the cache may evict (None: no cache)
+        variants = [
+            ("liveness", plain if fits_alone(ctx, steps) else float("inf"),
+             lambda: (Decisions(steps, policy=get_policy("liveness"),
+                                tensors={t.name: KEEP for t in cands}), None)),
+            ("cache", plain, lambda: (self.cache_only(ctx, cands), cands)),
+            ("paper", time_bound(ctx, paper.steps), lambda: (paper, kept))]
+        best, best_s, log = None, float("inf"), {}
+        for name, bound, make in sorted(variants, key=lambda v: v[1]):
+            entry = log[name] = {"lower_bound_s": bound}
+            if bound == float("inf"):
+                entry["skipped"] = "its live bytes exceed the budget"
+                continue
+            if bound >= best_s:
+                entry["skipped"] = "bound no better than the best time"
+                continue
+            if best_s <= floor:
+                entry["skipped"] = "the best time is the compute alone"
+                continue
+            d, mine = make()
+            if mine is None:
+                r = ctx.evaluate(d)
+                t = r["time_s"]
+            else:
+                d, t = plan_evictions(ctx, d, mine, best_s)
+                entry.update(d.info.get("evictions", {}))
+            entry.update(fits=t < float("inf"), time_s=t)
+            if t < best_s:
+                best, best_s = (name, d), t
+        if best is None:                    # nothing fits: the paper's plan and its error
+            best = ("paper", paper)
+        name, d = best
+        d.info["variant"] = name
+        d.info["candidates"] = log
+        return d
 
 
-def plan_evictions(ctx, d: Decisions, kept) -> Decisions:
+def fits_alone(ctx, steps) -> bool:
+    """Whether the live tensors of ``steps`` (nothing evicted) can fit the budget at all."""
+    return time_bound(ctx, steps, live_only=True) == 0.0
+
+
+def time_bound(ctx, steps, live_only: bool = False) -> float:
+    """A lower bound on the simulated time of running ``steps`` in the budget with the tensor
+    cache: their compute, and at each step k where the live non-persistent tensors exceed what
+    the budget leaves them by X bytes, those X bytes were copied out before step k and must be
+    copied back after it on the one copy stream, so time >= max(compute before k, X / bw) +
+    max(compute from k on, X / bw)."""
+    cum = ctx.cum_time(steps)
+    total = cum[-1]
+    ex = ctx._ex
+    avail = ctx.budget - (0 if ex.offload_params else sum(t.nbytes for t in ex.persistent))
+    bw = ctx.cost.copy_bandwidth
+    frees = ctx.frees(steps, True)
+    seen: set = set()
+    live, bound = 0, total
+    for k, s in enumerate(steps):
+        for t in s.writes:
+            if not t.persistent and t.id not in seen:
+                seen.add(t.id)
+                live += t.nbytes
+        if live > avail:
+            if live_only:
+                return float("inf")
+            x = (live - avail) / bw
+            c = cum[k]
+            b = max(c, x) + max(total - c, x)
+            if b > bound:
+                bound = b
+        for t in frees[k]:
+            live -= t.nbytes
+    return 0.0 if live_only else bound
+
+
+def plan_evictions(ctx, d: Decisions, kept, best_s: float = float("inf")):
     """``d`` with the LRU cache's evictions (found by simulating it) offloaded by plan, if the
-    simulated clock finds that faster."""
+    simulated clock finds that faster; and its simulated time (inf: it does not fit). The
+    planned form is not simulated where it cannot win: each of its offloads is copied out and
+    back on the one copy stream, so its time is at least those copies, and it must beat both
+    the LRU form and ``best_s`` (another candidate's time)."""
     r = ctx.simulate(d, events=True)
     if not r["fits"]:
-        return d
+        return d, float("inf")
+    # the LRU plan's time from the simulation already run (one simulation fewer: planning a
+    # 10^4-layer ResNet is held to 10 s)
+    before = makespan(r["events"], d.steps, ctx.batch, ctx.cost).makespan_s
     by_id = {t.id: t for t in kept}
     evicted = list({e[1]: by_id[e[1]] for e in r["events"]
                     if e[0] == "offload" and e[1] in by_id}.values())
     if not evicted:
-        return d
+        return d, before
+    copies = 2 * sum(ctx.cost.copy_time(t.nbytes) for t in evicted)
+    if copies >= min(before, best_s):
+        d.info["evictions"] = {"tensors": len(evicted), "lru_time_s": before,
+                               "planned_time_s": None, "planned_bound_s": copies,
+                               "planned": False}
+        return d, before
     offload_after, _ = swap_schedule(d.steps, evicted, ctx)
     planned = dataclasses.replace(
-        d, offload_after=offload_after,
+        d, offload_after=offload_after, info=dict(d.info),
         tensors={**d.tensors, **{t.name: SWAP for t in evicted}})
-    # the LRU plan's time from the simulation already run (one simulation fewer: planning a
-    # 10^4-layer ResNet is held to 10 s)
-    before = makespan(r["events"], d.steps, ctx.batch, ctx.cost).makespan_s
     after = ctx.evaluate(planned)
     choice = planned if after["fits"] and after["time_s"] < before else d
     choice.info["evictions"] = {"tensors": len(evicted), "lru_time_s": before,
                                 "planned_time_s": after["time_s"],
                                 "planned": choice is planned}
-    return choice
+    return choice, min(before, after["time_s"])

@@ -2,6 +2,8 @@
 bit-identically to liveness; bad names and budgets are clear errors (issue 12)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from neuron.errors import MemoryBudgetError
 from neuron.executor import Executor
 from neuron.memory.costmodel import CostModel
 from neuron.memory.planners import PlanContext, get_planner, planner_names
+from neuron.memory.policy import get_policy
 from neuron.memory.planners.checkmate import MAX_STEPS
 from neuron.memory.planners.sublinear import split_points
 from neuron.memory.planners.swap import uses
@@ -147,3 +150,34 @@ def test_planner_context_evaluates_time_and_peak():
     r = ctx.evaluate(ex.decisions, None)
     assert r["fits"] and r["time_s"] > 0 and r["peak_bytes"] == ex.simulate(None)["peak_bytes"]
     assert get_planner("vdnn-conv").conv_only
+
+
+def _superneurons_at(fraction):
+    graph, batch = model("resnet20")
+    _, peak = reference("resnet20")
+    ex = Executor(graph, batch, device="virtual", policy="liveness")
+    return ex, PlanContext(ex, int(peak * fraction))
+
+
+def test_superneurons_at_the_liveness_peak_recomputes_nothing_and_takes_liveness_time():
+    ex, ctx = _superneurons_at(1.0)
+    d = get_planner("superneurons").plan(ctx)
+    assert d.info["variant"] == "liveness" and d.counts()["recompute"] == 0
+    live = ctx.evaluate(dataclasses.replace(d, policy=get_policy("liveness")))
+    assert ctx.evaluate(d)["time_s"] == live["time_s"]
+    assert ctx.evaluate(d)["time_s"] < ctx.evaluate(get_planner("superneurons").paper(ctx)[0],
+                                                   None)["time_s"]
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.7, 0.5, 0.3])
+def test_superneurons_variant_is_never_slower_than_the_paper_policy(fraction):
+    from neuron.memory.planners.superneurons import plan_evictions
+    ex, ctx = _superneurons_at(fraction)
+    sn = get_planner("superneurons")
+    d = sn.plan(ctx)
+    paper, kept = sn.paper(ctx)
+    paper_d, paper_s = plan_evictions(ctx, paper, kept)
+    mine = ctx.evaluate(d)
+    if paper_s < float("inf"):
+        assert mine["fits"] and mine["time_s"] <= paper_s
+    assert set(d.info["candidates"]) == {"liveness", "cache", "paper"}
