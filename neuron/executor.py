@@ -17,7 +17,6 @@ import numpy as np
 from .devices import Device, VirtualDevice, make_device
 from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
 from .graph import Graph
-from .layers import Input, MSELoss, SoftmaxCrossEntropy
 from .layers.base import Context
 from .distributed.overlap import after_step, due_updates
 from .memory.liveness import frees_for
@@ -29,6 +28,7 @@ from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
 from .sizes import size_arg
+from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
 from .undo import UndoRecord
 
@@ -46,39 +46,6 @@ def no_gc():
     finally:
         if was:
             gc.enable()
-
-
-LOSSES = ("softmax", "mse")
-
-
-def with_loss(graph: Graph, loss: str = "softmax") -> Graph:
-    """The training graph: graph inputs + targets -> outputs -> loss. ``loss``: "softmax"
-    (softmax cross-entropy, integer labels) or "mse" (MSELoss: float targets of the output's
-    shape, for regression such as the DQN planner's Q-network)."""
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    cache = graph.__dict__.setdefault("_train_graphs", {})
-    if loss in cache:
-        return cache[loss]
-    if len(graph.inputs) != 1:
-        raise DataError(f"{graph.name}: training feeds one data input; this graph has "
-                        f"{len(graph.inputs)} ({[t.name for t in graph.inputs]})")
-    if len(graph.outputs) != 1 or len(graph.outputs[0].shape) != 1:
-        raise DataError(f"{graph.name}: training needs one output of per-sample shape (K,), got "
-                        f"{[t.shape for t in graph.outputs]}")
-    if loss == "softmax":
-        labels = Input((), dtype=np.int64, name="labels")()
-        loss_layer = SoftmaxCrossEntropy(name="loss")
-    else:
-        labels = Input(graph.outputs[0].shape, name="labels")()
-        loss_layer = MSELoss(name="loss")
-    loss_layer.training_loss = True     # another Graph over these tensors is not "dangling"
-    out = loss_layer(graph.outputs[0], labels)
-    tg = Graph(graph.inputs + [labels], [out], name=graph.name)
-    cache[loss] = tg
-    if loss == "softmax":
-        graph._train_graph = tg
-    return tg
 
 
 @dataclass
@@ -346,48 +313,9 @@ class Executor:
 
     # ---- running ----------------------------------------------------------------------
     def _feed(self, x, y) -> dict:
-        data, labels = self.train_graph.inputs
         if self.device.computes is False:
             return {}
-        x = np.asarray(x)
-        if x.dtype.kind != "f":     # complex loses its imaginary part, integers are unscaled
-            raise DataError(f"input {data.name}: batch has dtype {x.dtype}; give normalized real "
-                            "floating point images (e.g. x.astype(np.float32) / 255, then "
-                            "standardized)")
-        want = (self.batch, *data.shape)
-        if x.shape != want:
-            raise DataError(f"input {data.name}: batch has shape {x.shape}, the network expects "
-                            f"{want}")
-        y = np.asarray(y)
-        if self.loss == "mse":
-            return {data.producer.name: x.astype(self.dtype, copy=False),
-                    labels.producer.name: self._regression_targets(x, y)}
-        if y.shape != (self.batch,):
-            raise DataError(f"labels: shape {y.shape}, expected ({self.batch},)")
-        if not np.issubdtype(y.dtype, np.integer):
-            raise DataError(f"labels: dtype {y.dtype} is not an integer type")
-        k = self.train_graph.layers["loss"].num_classes
-        if y.size and (y.min() < 0 or y.max() >= k):
-            bad = y[(y < 0) | (y >= k)][0]
-            raise DataError(f"labels: value {bad} out of range [0, {k}) for the loss layer")
-        if not np.all(np.isfinite(x)):
-            raise DataError(f"input {data.name}: batch contains NaN or infinity")
-        return {data.producer.name: x.astype(self.dtype, copy=False),
-                labels.producer.name: y.astype(np.int64, copy=False)}
-
-    def _regression_targets(self, x, y):
-        """MSE targets: real floating point, finite, shape (batch, K)."""
-        want = (self.batch, *self.train_graph.inputs[1].shape)
-        if y.dtype.kind != "f":
-            raise DataError(f"targets: dtype {y.dtype} is not a real floating type (the mse "
-                            "loss regresses float targets)")
-        if y.shape != want:
-            raise DataError(f"targets: shape {y.shape}, expected {want} (batch, outputs)")
-        if not np.all(np.isfinite(y)):
-            raise DataError("targets: contain NaN or infinity")
-        if not np.all(np.isfinite(x)):
-            raise DataError("input: batch contains NaN or infinity")
-        return y.astype(self.dtype, copy=False)
+        return feed(self.train_graph, self.batch, self.dtype, self.loss, x, y)
 
     @contextlib.contextmanager
     def _exclusive(self, what: str):
