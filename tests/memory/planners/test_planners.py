@@ -181,3 +181,24 @@ def test_superneurons_variant_is_never_slower_than_the_paper_policy(fraction):
     if paper_s < float("inf"):
         assert mine["fits"] and mine["time_s"] <= paper_s
     assert set(d.info["candidates"]) == {"liveness", "cache", "paper"}
+
+
+def test_the_executor_reuses_the_planners_simulation_of_its_answer():
+    """A planner has usually simulated the decisions it returns: the executor's simulate()
+    gives that result, and it is the one a fresh simulation gives."""
+    from neuron.executor import Executor
+    from neuron.models import build_model
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 8, 8))
+    live = Executor(g, 4, device="virtual", policy="liveness")
+    peak = live.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in live.persistent)
+    b = int(resident + 0.6 * (peak - resident))
+    ex = Executor(g, 4, device="virtual", planner="superneurons", budget=b)
+    assert ex._planned_sim is not None
+    reused = ex.simulate(b, trace=False, events=True)
+    fresh = ex._simulate(b, trace=False, events=True)
+    assert reused["fits"] and fresh["fits"]
+    assert reused["peak_bytes"] == fresh["peak_bytes"]
+    assert reused["events"] == fresh["events"]
+    # another arena, or a per-step trace, is simulated anew
+    assert ex.simulate(b, trace=True)["trace"]
