@@ -12,9 +12,14 @@ Training (Algorithm 1, with the choices the paper leaves open stated):
   exposed swap time, recompute time; keep 0), and at the terminal step the correction that
   makes the episode's return exactly minus the simulated overhead, time / unlimited - 1
   (``ctx.evaluate`` via HOME's fitness), or, if the plan does not fit, -(2 + bytes over the
-  budget / bytes to free); gamma = 1 (episodic, so the return is the objective);
-- experience replay; y = r + gamma max_a' Q_target(s') (y constant, Q(terminal) = 0); only the
-  chosen action's output is trained (the others' targets are the current prediction);
+  budget / bytes to free, capped at 1: the returns stay in [-3, 0] so that the small cost
+  differences between fitting plans are not drowned in the fit error of large penalties);
+  gamma = 1 (episodic, so the return is the objective);
+- experience replay; targets (``target``): by default the Monte Carlo return from the step
+  on (the return of a 41-step episode reaches every step at once, where 1-step bootstrapping
+  y = r + gamma max_a' Q_target(s'), "td", carries the terminal correction back one step per
+  update), or "max", the larger of the two; only the chosen action's output is trained (the
+  others' targets are the current prediction);
 - deviations: ``sgd_steps`` minibatch steps per episode rather than one per transition (each
   executor step costs milliseconds), and a target network refreshed every episode (not in the
   paper; standard DQN). Simulations are cached by decision vector.
@@ -31,7 +36,7 @@ import numpy as np
 
 from .dqn_features import STATE_DIM, Episode, TraceGraph
 
-VERSION = 1
+VERSION = 2
 ACTIONS = ("keep", "swap", "recompute")
 INFEASIBLE = 2.0
 
@@ -123,14 +128,19 @@ def score(ctx, tg: TraceGraph, actions, cache: dict):
             cache[key] = (-(f / tg.base_s - 1.0), f)
         else:
             over = (f - INFEASIBLE_S) * 1e9 if f < 2 * INFEASIBLE_S else tg.need
-            cache[key] = (-(INFEASIBLE + over / max(tg.need, 1.0)), None)
+            cache[key] = (-(INFEASIBLE + min(over / max(tg.need, 1.0), 1.0)), None)
     return cache[key]
 
 
 def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
           batch: int = 64, sgd_steps: int = 8, replay: int = 20000, eps_min: float = 0.05,
-          seed: int = 0, progress: bool = True, names=None):
-    """Train on ``problems``, a list of (PlanContext, TraceGraph); returns (Agent, curve)."""
+          seed: int = 0, progress: bool = True, names=None, target: str = "mc"):
+    """Train on ``problems``, a list of (PlanContext, TraceGraph); returns (Agent, curve).
+    ``target``: "td" (1-step, y = r + max Q_target(s')), "mc" (the episode's return from
+    the step on) or "max" (the larger of the two: the Monte Carlo return is a lower bound on
+    the optimal value)."""
+    if target not in ("td", "mc", "max"):
+        raise ValueError(f"dqn train: target td, mc or max, got {target!r}")
     from ...executor import Executor
     from ...optim import SGD
     rng = np.random.default_rng(seed)
@@ -149,14 +159,14 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
                   optimizer=SGD(lr=lr, momentum=0.9))
     meta = {"version": VERSION, "state_dim": STATE_DIM, "hidden": hidden,
             "networks": list(names or []), "episodes": episodes, "lr": lr, "gamma": 1.0,
-            "date": datetime.date.today().isoformat(), "seed": seed}
+            "date": datetime.date.today().isoformat(), "seed": seed, "target": target}
 
     def snapshot():
         return Agent(ex.parameters(), mean, std, meta)
 
-    target = snapshot()
+    tnet = snapshot()
     caches = [dict() for _ in problems]
-    D_s, D_a, D_r, D_s2, D_done = [], [], [], [], []
+    D_s, D_a, D_r, D_s2, D_done, D_g = [], [], [], [], [], []
     curve, bar = [], None
     if progress:
         from tqdm import tqdm
@@ -169,31 +179,40 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
         while not ep.done:
             s = ep.state()
             a = int(rng.integers(0, 3)) if rng.random() < eps \
-                else int(np.argmax(target.q(s)[0]))
+                else int(np.argmax(tnet.q(s)[0]))
             r = ep.step(a)
             traj.append([s, a, r, ep.state(), ep.done])
         ret, t = score(ctx, tg, ep.actions, caches[k])
         traj[-1][2] += ret - sum(x[2] for x in traj)    # the terminal correction
-        for s, a, r, s2, d in traj:
-            for lst, v in zip((D_s, D_a, D_r, D_s2, D_done), (s, a, r, s2, d)):
+        g = 0.0
+        for x in reversed(traj):                        # return from each step on
+            g += x[2]
+            x.append(g)
+        for s, a, r, s2, d, g in traj:
+            for lst, v in zip((D_s, D_a, D_r, D_s2, D_done, D_g), (s, a, r, s2, d, g)):
                 lst.append(v)
         if len(D_s) > replay:
-            for lst in (D_s, D_a, D_r, D_s2, D_done):
+            for lst in (D_s, D_a, D_r, D_s2, D_done, D_g):
                 del lst[:len(lst) - replay]
         losses = []
         if len(D_s) >= batch:
             S, A, R = np.array(D_s), np.array(D_a), np.array(D_r)
-            S2, DN = np.array(D_s2), np.array(D_done)
+            S2, DN, G = np.array(D_s2), np.array(D_done), np.array(D_g)
             for _ in range(sgd_steps):
                 idx = rng.integers(0, len(S), batch)
                 cur = snapshot()
                 y = cur.q(S[idx])
-                nxt = np.where(DN[idx], 0.0, target.q(S2[idx]).max(1))
-                y[np.arange(batch), A[idx]] = R[idx] + nxt
+                if target == "mc":
+                    yt = G[idx]
+                else:
+                    yt = R[idx] + np.where(DN[idx], 0.0, tnet.q(S2[idx]).max(1))
+                    if target == "max":
+                        yt = np.maximum(yt, G[idx])
+                y[np.arange(batch), A[idx]] = yt
                 xs = ((S[idx] - mean) / std).astype(np.float32)
                 # the executor sees standardised states; the snapshot standardises itself
                 losses.append(ex.train_step(xs, y.astype(np.float32)))
-        target = snapshot()
+        tnet = snapshot()
         curve.append({"episode": e + 1, "problem": k, "epsilon": round(eps, 4),
                       "return": float(ret), "fits": t is not None, "time_s": t,
                       "overhead": None if t is None else t / tg.base_s - 1.0,
@@ -206,7 +225,7 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
         bar.close()
     meta["train_s"] = round(time.perf_counter() - t0, 2)
     meta["simulations"] = sum(len(c) for c in caches)
-    return target, curve
+    return tnet, curve
 
 
 def plot_curve(curve, path: str, names=None) -> None:

@@ -26,7 +26,11 @@ still to free (the unbudgeted peak minus the budget, less the bytes of the candi
 or recomputed so far, a cheap running account rather than a simulation) over the total to
 free, that total over all candidate bytes, the fraction of candidates left, and the current
 node's exposed swap time and recompute time over the iteration time (what its two actions
-would cost, from tensor_costs).
+would cost, from tensor_costs), the bytes still to free over the bytes of this and the later
+candidates (the share of the remaining capacity that must still go; 0 once nothing more must
+be freed, e.g. at a budget >= the peak, where keeping is right; > 1 means no plan can fit any
+more), the bytes still to free over this candidate's bytes (/10, capped at 1), and whether
+any bytes are still to free at all.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from .rewrite import droppable
 
 T_ROUNDS = 4
 N_FEATURES = 6
-N_DYNAMIC = 5
+N_DYNAMIC = 8
 NODE_DIM = N_FEATURES * (T_ROUNDS + 1)
 STATE_DIM = 2 * NODE_DIM + N_DYNAMIC
 
@@ -69,6 +73,7 @@ class TraceGraph:
         self.x = x
         self.exposed = np.array([c.exposed_s / self.base_s for c in self.costs])
         self.recompute = np.array([c.recompute_s / self.base_s for c in self.costs])
+        self.rest = np.cumsum(self.nbytes[::-1])[::-1] if n else np.zeros(0)
         self.adj = self._adjacency()
 
     def _adjacency(self) -> np.ndarray:
@@ -118,8 +123,12 @@ class Episode:
         emb, i = self._emb, self.i
         total = max(tg.nbytes.sum(), 1.0)
         left = max(tg.need - self.freed, 0.0)
+        cap = max(tg.rest[i], 1.0)      # bytes of this and the later candidates
         dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (tg.n - i) / tg.n,
-               tg.exposed[i], tg.recompute[i]]
+               tg.exposed[i], tg.recompute[i],
+               min(left / cap, 2.0),                   # share of what is left that must go
+               min(left / tg.nbytes[i], 10.0) / 10.0 if tg.nbytes[i] else 0.0,
+               1.0 if left > 0 else 0.0]               # still bytes to free: keep is wrong
         return np.concatenate([emb.mean(0), emb[i], dyn])
 
     def step(self, action: int) -> float:

@@ -42,7 +42,7 @@ def test_features_and_states(setup):
     s0 = ep.state()
     assert s0.shape == (STATE_DIM,)
     ep.step(1)
-    assert ep.state()[-3] < s0[-3]          # fraction of candidates left goes down
+    assert ep.state()[-6] < s0[-6]          # fraction of candidates left goes down
 
 
 def test_training_curve_and_meta(setup):
@@ -120,3 +120,19 @@ def test_cli_plan_with_dqn(setup, capsys):
     out = capsys.readouterr().out.strip().splitlines()[-1]
     r = json.loads(out)
     assert rc == 0 and r["planner"].startswith("dqn:") and r["fits"]
+
+
+def test_bundled_agent_keeps_everything_at_the_liveness_peak():
+    """At a budget >= the liveness peak nothing must be freed: the bundled agent's greedy
+    rollout keeps every tensor (its Q-values, not a rule), so the plan costs nothing."""
+    from neuron.memory.costmodel import CostModel
+    from neuron.memory.planners.dqn import DEFAULT_AGENT
+    graph = build_model("resnet_cifar", depth=20, in_shape=(3, 32, 32), num_classes=10)
+    ex = Executor(graph, 32, device="virtual", policy="liveness")
+    peak = ex.simulate(None, trace=False)["peak_bytes"]
+    ctx = PlanContext(ex, peak, CostModel.analytic("h100"))
+    tg = TraceGraph(ctx)
+    assert tg.need == 0
+    assert (Agent.load(DEFAULT_AGENT).rollout(tg) == 0).all()
+    d = Dqn().plan(ctx)
+    assert d.info["chosen"] == "dqn" and d.counts()["keep"] == len(d.tensors)
