@@ -61,8 +61,6 @@ def main(argv=None):
     ap = arg_parser(__doc__)
     ap.add_argument("--episodes", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--target", default="mc", choices=("mc", "td", "max"),
-                    help="Q targets: Monte Carlo returns, 1-step TD, or the larger")
     ap.add_argument("--parts", default="train,small,unseen,big")
     args = ap.parse_args(argv)
     from neuron.memory.costmodel import CostModel
@@ -91,8 +89,7 @@ def main(argv=None):
                     continue
                 problems.append((ctx, TraceGraph(ctx)))
                 names.append(label)
-        agent, curve = train(problems, args.episodes, seed=args.seed, names=names,
-                             target=args.target)
+        agent, curve = train(problems, args.episodes, seed=args.seed, names=names)
         agent.meta["networks"] = names
         agent.save(DEFAULT_AGENT)
         plot_curve(curve, os.path.join(RESULTS, "dqn_training.png"), names)
