@@ -2,9 +2,9 @@
 it on the networks it was trained on and on networks it has not seen.
 
 Training: resnet_cifar-20 (7 budgets), -8, -14 and vgg11 at 32x32, batch 32, budgets
-resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/planners.py part 2's budgets), except
-problems where superneurons finds no fitting plan (no signal to learn from). The agent is
-written to neuron/memory/planners/dqn_default.npz, the curve to
+resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/planners.py
+part 2's budgets), except problems where superneurons finds no fitting plan (no signal to
+learn from). The agent is written to neuron/memory/planners/dqn_default.npz, the curve to
 bench/results/dqn_training.png.
 Evaluation (simulated time, analytic H100 cost model):
 - seen: resnet_cifar-20, vgg11 at f in 1, 0.7, 0.5: DQN against the checkmate MILP optimum
@@ -14,7 +14,7 @@ Evaluation (simulated time, analytic H100 cost model):
 "DQN (agent alone)" is the best agent rollout before the comparison with superneurons that
 the planner makes; "dqn" is what the planner returns.
 
-    nice python bench/dqn.py [--episodes 1500] [--parts train,small,unseen,big]
+    nice python bench/dqn.py [--episodes 1200] [--parts train,small,unseen,big]
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def cell(g):
 
 def main(argv=None):
     ap = arg_parser(__doc__)
-    ap.add_argument("--episodes", type=int, default=1500)
+    ap.add_argument("--episodes", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="train,small,unseen,big")
     args = ap.parse_args(argv)
@@ -72,7 +72,8 @@ def main(argv=None):
     from neuron.models import build_model
     cost = CostModel.analytic("h100")
     prov = provenance()
-    md = ["# DQN planner (seed 000): trained on two networks, evaluated on seen and unseen",
+    md = ["# DQN planner (seed 000): trained on small CIFAR networks, evaluated on seen and "
+          "unseen",
           "", f"{prov}", ""]
     out = {"provenance": prov, "cost_model": cost.describe(), "rows": []}
     names = []
@@ -161,22 +162,25 @@ def targets(rows):
     small = [r for r in rows if r.get("part") == "small" and r["planner"].startswith("dqn")]
     opt = {(r["model"], r["fraction"]): r for r in rows
            if r.get("part") == "small" and r["planner"] == "checkmate"}
-    if small:
-        gaps, alone = [], []
+    for seen, what in (("yes", "the small graphs seen in training"),
+                       ("no", "the unseen small graphs")):
+        gaps = []
         for r in small:
             o = opt[(r["model"], r["fraction"])]
-            if not o["fits"]:
+            if r["seen"] != seen or not o["fits"]:
                 continue
             a = r.get("info", {}).get("dqn_best_s")
             gaps.append((f"{r['model']} f={r['fraction']:g}", r.get("gap_to_optimum"),
                          None if a is None else a / o["simulated_s"] - 1))
+        if not gaps:
+            continue
         ok = all(g is not None and g <= 0.05 for _, g, _ in gaps)
         ok_alone = all(a is not None and a <= 0.05 for *_, a in gaps)
-        md.append(f"- DQN planner within 5% of the checkmate optimum on the small graphs "
-                  f"(where the optimum fits): {'met' if ok else 'NOT met'}; the agent alone "
-                  f"(no superneurons fallback): {'met' if ok_alone else 'NOT met'}. "
-                  "Planner / agent alone: " + ", ".join(
-                      f"{n} {cell(g)} / {cell(a)}" for n, g, a in gaps) + ".")
+        md.append(f"- DQN planner within 5% of the checkmate optimum on {what} (where the "
+                  f"optimum fits): {'met' if ok else 'NOT met'}; the agent alone (no "
+                  f"superneurons fallback): {'met' if ok_alone else 'NOT met'}. Planner / "
+                  "agent alone: " + ", ".join(f"{n} {cell(g)} / {cell(a)}"
+                                               for n, g, a in gaps) + ".")
     big = [r for r in rows if r.get("part") == "big"]
     if big:
         parts, ok, ok_alone = [], True, True
