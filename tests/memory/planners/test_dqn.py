@@ -44,7 +44,7 @@ def test_features_and_states(setup):
     assert s0[0, -5] > s0[1, -5] == s0[2, -5]   # dropping frees bytes, keeping does not
     # the afterstate shortcut equals embedding the changed features from scratch
     x = tg.x.copy()
-    x[0, 5], x[0, 7] = 0.0, 1.0
+    x[0, 5], x[0, 7] = 0.0, tg.cover[0]   # recompute flag: the share of the deficit covered
     emb = tg.embed(x)
     np.testing.assert_allclose(s0[2, :2 * emb.shape[1]],
                                np.concatenate([emb.mean(0), emb[0]]), atol=1e-12)
