@@ -48,7 +48,7 @@ from .rewrite import droppable
 
 T_ROUNDS = 4
 N_FEATURES = 8
-ACTION_FLAGS = True
+ACTION_FLAGS = True     # False: ablation without features 7, 8 (drops not recorded per node)
 N_DYNAMIC = 5
 NODE_DIM = N_FEATURES * (T_ROUNDS + 1)
 STATE_DIM = 2 * NODE_DIM + N_DYNAMIC
