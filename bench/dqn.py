@@ -1,9 +1,10 @@
 """The DQN planner (seed 000): train one agent, save it as the bundled default, and evaluate
 it on the networks it was trained on and on networks it has not seen.
 
-Training: resnet_cifar-20 and vgg11 at 32x32, batch 32, budgets resident + f x (liveness
-peak - resident) for f in TRAIN_FRACTIONS (bench/planners.py part 2's budgets). The agent is
-written to neuron/memory/planners/dqn_default.npz, the curve to
+Training: resnet_cifar-20 (7 budgets), -8, -14 and vgg11 at 32x32, batch 32, budgets
+resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/planners.py
+part 2's budgets), except problems where superneurons finds no fitting plan (no signal to
+learn from). The agent is written to neuron/memory/planners/dqn_default.npz, the curve to
 bench/results/dqn_training.png.
 Evaluation (simulated time, analytic H100 cost model):
 - seen: resnet_cifar-20, vgg11 at f in 1, 0.7, 0.5: DQN against the checkmate MILP optimum
@@ -13,7 +14,7 @@ Evaluation (simulated time, analytic H100 cost model):
 "DQN (agent alone)" is the best agent rollout before the comparison with superneurons that
 the planner makes; "dqn" is what the planner returns.
 
-    nice python bench/dqn.py [--episodes 1500] [--parts train,small,unseen,big]
+    nice python bench/dqn.py [--episodes 1200] [--parts train,small,unseen,big]
 """
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import RESULTS, arg_parser, provenance, write  # noqa: E402
 from bench.home import row  # noqa: E402
 
-TRAIN = [("resnet_cifar", 20), ("vgg11", None)]
-TRAIN_FRACTIONS = [1.0, 0.85, 0.7, 0.5]
+TRAIN = [(("resnet_cifar", 20), [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]),
+         (("resnet_cifar", 8), [1.0, 0.7, 0.5]),
+         (("resnet_cifar", 14), [1.0, 0.8, 0.6, 0.4]),
+         (("vgg11", None), [1.0, 0.85, 0.7, 0.5])]
+SEEN = [("resnet_cifar", 20), ("vgg11", None)]
 SEEN_FRACTIONS = [1.0, 0.7, 0.5]
 UNSEEN_SMALL = [("resnet_cifar", 32), ("resnet_cifar", 56)]
 BIG = [("resnet50", None), ("densenet121", None)]
@@ -55,7 +59,7 @@ def cell(g):
 
 def main(argv=None):
     ap = arg_parser(__doc__)
-    ap.add_argument("--episodes", type=int, default=1500)
+    ap.add_argument("--episodes", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="train,small,unseen,big")
     args = ap.parse_args(argv)
@@ -64,22 +68,28 @@ def main(argv=None):
     from neuron.memory.planners.dqn import DEFAULT_AGENT
     from neuron.memory.planners.dqn_agent import plot_curve, train
     from neuron.memory.planners.dqn_features import TraceGraph
+    from neuron.memory.planners.superneurons import SuperNeurons
     from neuron.models import build_model
     cost = CostModel.analytic("h100")
     prov = provenance()
-    md = ["# DQN planner (seed 000): trained on two networks, evaluated on seen and unseen",
+    md = ["# DQN planner (seed 000): trained on small CIFAR networks, evaluated on seen and "
+          "unseen",
           "", f"{prov}", ""]
     out = {"provenance": prov, "cost_model": cost.describe(), "rows": []}
     names = []
     if "train" in args.parts:
-        problems = []
-        for name, depth in TRAIN:
+        problems, dropped = [], []
+        for (name, depth), fractions in TRAIN:
             graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
-            ex, bs = budgets(graph, TRAIN_FRACTIONS)
+            ex, bs = budgets(graph, fractions)
             for f, b in bs:
                 ctx = PlanContext(ex, b, cost)
+                label = f"{name}{depth or ''} f={f:g}"
+                if not ctx.evaluate(SuperNeurons().plan(ctx))["fits"]:
+                    dropped.append(label)       # no plan fits: only noise to learn from
+                    continue
                 problems.append((ctx, TraceGraph(ctx)))
-                names.append(f"{name}{depth or ''} f={f:g}")
+                names.append(label)
         agent, curve = train(problems, args.episodes, seed=args.seed, names=names)
         agent.meta["networks"] = names
         agent.save(DEFAULT_AGENT)
@@ -87,7 +97,9 @@ def main(argv=None):
         m = agent.meta
         out["training"] = {"meta": m, "curve": curve}
         md += ["## Training", "",
-               f"{m['episodes']} episodes on {', '.join(names)} (batch 32, 32x32): "
+               f"{m['episodes']} episodes on {', '.join(names)} (batch 32, 32x32; targets: "
+               f"{m['target']}; dropped, no fitting superneurons plan: "
+               f"{', '.join(dropped) or 'none'}): "
                f"{m['train_s']} s on this machine's CPU (Q-network trained by neuron's own "
                f"Executor), {m['simulations']} distinct simulations. Agent saved to "
                f"neuron/memory/planners/dqn_default.npz. Curve: bench/results/dqn_training.png",
@@ -98,7 +110,7 @@ def main(argv=None):
         md += ["## Small graphs: gap to the checkmate MILP optimum (batch 32, 32x32)", "",
                "| model | seen in training | f | checkmate | superneurons | DQN (agent alone) | "
                "dqn (planner) | dqn vs optimum | chosen |", "|---|---|---|---|---|---|---|---|---|"]
-        sets = ([(n, d, SEEN_FRACTIONS, "yes") for n, d in TRAIN] if "small" in args.parts
+        sets = ([(n, d, SEEN_FRACTIONS, "yes") for n, d in SEEN] if "small" in args.parts
                 else []) + ([(n, d, [0.7, 0.5], "no") for n, d in UNSEEN_SMALL]
                             if "unseen" in args.parts else [])
         for name, depth, fractions, seen in sets:
@@ -140,7 +152,52 @@ def main(argv=None):
                       f"{cell(pct(d, sn))} | {d.get('plan_s')} s | {i.get('chosen')} |")
             print(md[-1], flush=True)
         md.append("")
+    md += targets(out["rows"])
     write("dqn", out, "\n".join(md) + "\n")
+
+
+def targets(rows):
+    """The Targets section, computed from this run's rows."""
+    md = ["## Targets (computed from the rows above)", ""]
+    small = [r for r in rows if r.get("part") == "small" and r["planner"].startswith("dqn")]
+    opt = {(r["model"], r["fraction"]): r for r in rows
+           if r.get("part") == "small" and r["planner"] == "checkmate"}
+    for seen, what in (("yes", "the small graphs seen in training"),
+                       ("no", "the unseen small graphs")):
+        gaps = []
+        for r in small:
+            o = opt[(r["model"], r["fraction"])]
+            if r["seen"] != seen or not o["fits"]:
+                continue
+            a = r.get("info", {}).get("dqn_best_s")
+            gaps.append((f"{r['model']} f={r['fraction']:g}", r.get("gap_to_optimum"),
+                         None if a is None else a / o["simulated_s"] - 1))
+        if not gaps:
+            continue
+        ok = all(g is not None and g <= 0.05 for _, g, _ in gaps)
+        ok_alone = all(a is not None and a <= 0.05 for *_, a in gaps)
+        md.append(f"- DQN planner within 5% of the checkmate optimum on {what} (where the "
+                  f"optimum fits): {'met' if ok else 'NOT met'}; the agent alone (no "
+                  f"superneurons fallback): {'met' if ok_alone else 'NOT met'}. Planner / "
+                  "agent alone: " + ", ".join(f"{n} {cell(g)} / {cell(a)}"
+                                               for n, g, a in gaps) + ".")
+    big = [r for r in rows if r.get("part") == "big"]
+    if big:
+        parts, ok, ok_alone = [], True, True
+        for m in dict.fromkeys(r["model"] for r in big):
+            sn = next(r for r in big if r["model"] == m and r["planner"] == "superneurons")
+            d = next(r for r in big if r["model"] == m and r["planner"].startswith("dqn"))
+            a = d.get("info", {}).get("dqn_best_s")
+            g = pct(d, sn)
+            ga = None if a is None or not sn["fits"] else a / sn["simulated_s"] - 1
+            ok &= g is not None and g <= 1e-9
+            ok_alone &= ga is not None and ga <= 1e-9
+            parts.append(f"{m} {cell(g)} / {cell(ga)}")
+        md.append(f"- No worse than superneurons on the large unseen networks at 0.3 x "
+                  f"liveness peak: {'met' if ok else 'NOT met'}; the agent alone: "
+                  f"{'met' if ok_alone else 'NOT met'}. Planner / agent alone vs "
+                  "superneurons: " + ", ".join(parts) + ".")
+    return md + [""]
 
 
 if __name__ == "__main__":

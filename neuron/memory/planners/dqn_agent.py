@@ -1,9 +1,11 @@
 """The DQN planner's agent (seed 000, Algorithm 1): a Q-network trained by neuron itself.
 
-Q(g) -> 3 action values (keep, swap, recompute) for the current candidate. The network is a
-neuron Graph (Linear-ReLU-Linear-ReLU-Linear) trained by neuron's own Executor on the CPU with
-the MSE loss (layers/loss.py) and SGD with momentum: the framework trains its own planner.
-Acting and the targets use a NumPy copy of the weights (the same Linear arithmetic).
+Q(s, a) = r(s, a) + W(g'_a) for the current candidate's three actions (keep, swap,
+recompute): r is minus the action's estimated cost, W the learned value of the afterstate
+g'_a (dqn_features.py). W is a neuron Graph (Linear-ReLU-Linear-ReLU-Linear, one output)
+trained by neuron's own Executor on the CPU with the MSE loss (layers/loss.py) and SGD with
+momentum: the framework trains its own planner. Acting uses a NumPy copy of the weights (the
+same Linear arithmetic).
 
 Training (Algorithm 1, with the choices the paper leaves open stated):
 - episodes walk the candidates in forward order; epsilon-greedy with epsilon = 1 - episode/l
@@ -12,14 +14,19 @@ Training (Algorithm 1, with the choices the paper leaves open stated):
   exposed swap time, recompute time; keep 0), and at the terminal step the correction that
   makes the episode's return exactly minus the simulated overhead, time / unlimited - 1
   (``ctx.evaluate`` via HOME's fitness), or, if the plan does not fit, -(2 + bytes over the
-  budget / bytes to free); gamma = 1 (episodic, so the return is the objective);
-- experience replay; y = r + gamma max_a' Q_target(s') (y constant, Q(terminal) = 0); only the
-  chosen action's output is trained (the others' targets are the current prediction);
-- deviations: ``sgd_steps`` minibatch steps per episode rather than one per transition (each
-  executor step costs milliseconds), and a target network refreshed every episode (not in the
-  paper; standard DQN). Simulations are cached by decision vector.
-Inputs are standardised with means and deviations of states from random rollouts, saved with
-the weights.
+  budget / bytes to free, capped at 1: the returns stay in [-3, 0] so that the small cost
+  differences between fitting plans are not drowned in the fit error of large penalties);
+  gamma = 1 (episodic, so the return is the objective); keep-all at a budget >= the peak
+  returns 0, every other plan less;
+- experience replay of (afterstate, Monte Carlo return after the action): the return of a
+  41-step episode reaches every step at once (1-step bootstrapping, tried first, carries the
+  terminal correction back one step per update and learned worse plans);
+- deviations: afterstates (Q is not one network output per action; the immediate cost is
+  known, not learned), ``sgd_steps`` minibatch steps per episode rather than one per
+  transition (each executor step costs milliseconds), no target network (Monte Carlo targets
+  need none). Simulations are cached by decision vector.
+Inputs are standardised with means and deviations of afterstates from random rollouts, saved
+with the weights.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ import numpy as np
 
 from .dqn_features import STATE_DIM, Episode, TraceGraph
 
-VERSION = 1
+VERSION = 3
 ACTIONS = ("keep", "swap", "recompute")
 INFEASIBLE = 2.0
 
@@ -46,7 +53,7 @@ def q_graph(hidden: int):
     x = input_tensor((STATE_DIM,), name="state")
     h = ReLU(name="q.r1")(Linear(hidden, name="q.l1")(x))
     h = ReLU(name="q.r2")(Linear(hidden, name="q.l2")(h))
-    return Graph([x], [Linear(len(ACTIONS), name="q.out")(h)], name="dqn")
+    return Graph([x], [Linear(1, name="q.out")(h)], name="dqn")
 
 
 LAYERS = ("q.l1", "q.l2", "q.out")
@@ -68,13 +75,18 @@ class Agent:
                 h = np.maximum(h, 0.0)
         return h
 
+    def values(self, ep: Episode) -> np.ndarray:
+        """Q(s, a) for the three actions at the episode's current node: the action's reward
+        (minus its estimated cost) plus the learned value W of its afterstate."""
+        return -ep.costs() + self.q(ep.afterstates())[:, 0]
+
     def rollout(self, tg: TraceGraph, eps: float = 0.0, rng=None) -> np.ndarray:
         ep = Episode(tg)
         while not ep.done:
             if eps and rng.random() < eps:
                 ep.step(int(rng.integers(0, 3)))
             else:
-                ep.step(int(np.argmax(self.q(ep.state())[0])))
+                ep.step(int(np.argmax(self.values(ep))))
         return ep.actions
 
     def save(self, path: str) -> None:
@@ -105,7 +117,7 @@ class Agent:
         need = [f"{n}.{p}" for n in LAYERS for p in ("weight", "bias")]
         if any(k not in w for k in need) or mean.shape != (STATE_DIM,) \
                 or std.shape != (STATE_DIM,) or w["q.l1.weight"].shape[1] != STATE_DIM \
-                or w["q.out.weight"].shape[0] != len(ACTIONS):
+                or w["q.out.weight"].shape[0] != 1:
             raise AgentFileError(f"dqn agent {path}: weights missing or of the wrong shape")
         if not all(np.isfinite(v).all() for v in [mean, std, *w.values()]):
             raise AgentFileError(f"dqn agent {path}: contains NaN or infinity")
@@ -123,7 +135,7 @@ def score(ctx, tg: TraceGraph, actions, cache: dict):
             cache[key] = (-(f / tg.base_s - 1.0), f)
         else:
             over = (f - INFEASIBLE_S) * 1e9 if f < 2 * INFEASIBLE_S else tg.need
-            cache[key] = (-(INFEASIBLE + over / max(tg.need, 1.0)), None)
+            cache[key] = (-(INFEASIBLE + min(over / max(tg.need, 1.0), 1.0)), None)
     return cache[key]
 
 
@@ -141,22 +153,24 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
         for _ in range(8):
             ep = Episode(tg)
             while not ep.done:
-                sample.append(ep.state())
-                ep.step(int(rng.integers(0, 3)))
+                a = int(rng.integers(0, 3))
+                sample.append(ep.afterstates()[a])
+                ep.step(a)
     sample = np.array(sample)
     mean, std = sample.mean(0), sample.std(0) + 1e-3
     ex = Executor(q_graph(hidden), batch, loss="mse", seed=seed,
                   optimizer=SGD(lr=lr, momentum=0.9))
     meta = {"version": VERSION, "state_dim": STATE_DIM, "hidden": hidden,
             "networks": list(names or []), "episodes": episodes, "lr": lr, "gamma": 1.0,
-            "date": datetime.date.today().isoformat(), "seed": seed}
+            "date": datetime.date.today().isoformat(), "seed": seed,
+            "target": "monte carlo, afterstates"}
 
     def snapshot():
         return Agent(ex.parameters(), mean, std, meta)
 
-    target = snapshot()
+    agent = snapshot()
     caches = [dict() for _ in problems]
-    D_s, D_a, D_r, D_s2, D_done = [], [], [], [], []
+    D_s, D_g = [], []
     curve, bar = [], None
     if progress:
         from tqdm import tqdm
@@ -167,33 +181,30 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
         eps = max(eps_min, 1.0 - e / episodes)
         ep, traj = Episode(tg), []
         while not ep.done:
-            s = ep.state()
+            after = ep.afterstates()
             a = int(rng.integers(0, 3)) if rng.random() < eps \
-                else int(np.argmax(target.q(s)[0]))
+                else int(np.argmax(-ep.costs() + agent.q(after)[:, 0]))
             r = ep.step(a)
-            traj.append([s, a, r, ep.state(), ep.done])
+            traj.append([after[a], r])
         ret, t = score(ctx, tg, ep.actions, caches[k])
-        traj[-1][2] += ret - sum(x[2] for x in traj)    # the terminal correction
-        for s, a, r, s2, d in traj:
-            for lst, v in zip((D_s, D_a, D_r, D_s2, D_done), (s, a, r, s2, d)):
-                lst.append(v)
+        # the afterstate's target: the return after its action (Monte Carlo): the later
+        # steps' rewards and the terminal correction, ret - (the rewards up to this step)
+        spent = np.cumsum([r for _, r in traj])
+        for (s, _), c in zip(traj, spent):
+            D_s.append(s)
+            D_g.append(ret - c)
         if len(D_s) > replay:
-            for lst in (D_s, D_a, D_r, D_s2, D_done):
-                del lst[:len(lst) - replay]
+            del D_s[:len(D_s) - replay]
+            del D_g[:len(D_g) - replay]
         losses = []
         if len(D_s) >= batch:
-            S, A, R = np.array(D_s), np.array(D_a), np.array(D_r)
-            S2, DN = np.array(D_s2), np.array(D_done)
+            S, G = np.array(D_s), np.array(D_g)
             for _ in range(sgd_steps):
                 idx = rng.integers(0, len(S), batch)
-                cur = snapshot()
-                y = cur.q(S[idx])
-                nxt = np.where(DN[idx], 0.0, target.q(S2[idx]).max(1))
-                y[np.arange(batch), A[idx]] = R[idx] + nxt
                 xs = ((S[idx] - mean) / std).astype(np.float32)
                 # the executor sees standardised states; the snapshot standardises itself
-                losses.append(ex.train_step(xs, y.astype(np.float32)))
-        target = snapshot()
+                losses.append(ex.train_step(xs, G[idx, None].astype(np.float32)))
+        agent = snapshot()
         curve.append({"episode": e + 1, "problem": k, "epsilon": round(eps, 4),
                       "return": float(ret), "fits": t is not None, "time_s": t,
                       "overhead": None if t is None else t / tg.base_s - 1.0,
@@ -206,7 +217,7 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
         bar.close()
     meta["train_s"] = round(time.perf_counter() - t0, 2)
     meta["simulations"] = sum(len(c) for c in caches)
-    return target, curve
+    return agent, curve
 
 
 def plot_curve(curve, path: str, names=None) -> None:

@@ -13,6 +13,9 @@ Node features x_v (the paper's six), each normalised so that one agent serves an
  4. time until reuse (compute between last forward and first backward use) / iteration time
  5. action position: the node's place in forward order, 0..1
  6. validity: 1 while the node's action is still to be decided, 0 once decided
+ 7, 8. decided swap, decided recompute: the share of the bytes to free (the unbudgeted peak
+    minus the budget) that dropping the node covers, min(bytes / bytes to free, 1); 0 while
+    undecided or kept, and 0 when nothing must be freed (a drop then serves nothing)
 
 Deviation from the paper (stated): the message passing is fixed, not learned. With
 Â = D^-1/2 (A + I) D^-1/2 (N(v) includes v, as in Eq. 1), the node state after T rounds is
@@ -21,12 +24,19 @@ and only the Q-network on top (an MLP, dqn_agent.py) is learned. The edge weight
 lags) are not used. Eq. 2 sums node states; here the mean is used, so that one agent's inputs
 keep their scale across networks of 17 or 400 candidates.
 
-Graph state g = [mean of node states, current node's state, dynamic features]: the bytes
-still to free (the unbudgeted peak minus the budget, less the bytes of the candidates swapped
-or recomputed so far, a cheap running account rather than a simulation) over the total to
-free, that total over all candidate bytes, the fraction of candidates left, and the current
-node's exposed swap time and recompute time over the iteration time (what its two actions
-would cost, from tensor_costs).
+Afterstates (Sutton & Barto §6.8): the network values the state *after* an action, W(g'),
+and Q(s, a) = r(s, a) + W(g'_a), with r(s, a) minus the action's estimated cost (exact for one
+action alone: tensor_costs' exposed swap time or recompute time over the iteration time; 0 to
+keep). An action's known immediate cost then never has to be learned, only what it does for
+the rest of the episode (freeing bytes towards the budget): where nothing must be freed, the
+afterstates of keep and of drop look alike and keep wins by its cost.
+Afterstate g' = [mean of node states, the decided node's state, dynamic features]: the bytes
+still to free after the action (the unbudgeted peak minus the budget, less the bytes of the
+candidates swapped or recomputed so far: a cheap running account, not a simulation) over the
+total to free (0 at a budget >= the peak), that total over all candidate bytes, the fraction
+of candidates left after this one, the bytes still to free over the bytes of the later
+candidates (the share of the remaining capacity that must still go, capped at 2: > 1 means
+no plan can fit any more), and whether any bytes are still to free at all.
 """
 from __future__ import annotations
 
@@ -37,7 +47,8 @@ from .costs import tensor_costs
 from .rewrite import droppable
 
 T_ROUNDS = 4
-N_FEATURES = 6
+N_FEATURES = 8
+ACTION_FLAGS = True     # False: ablation without features 7, 8 (drops not recorded per node)
 N_DYNAMIC = 5
 NODE_DIM = N_FEATURES * (T_ROUNDS + 1)
 STATE_DIM = 2 * NODE_DIM + N_DYNAMIC
@@ -67,9 +78,18 @@ class TraceGraph:
             x[:, 4] = np.arange(n) / max(n - 1, 1)
             x[:, 5] = 1.0
         self.x = x
+        # the share of the deficit a drop of each candidate covers (0 when nothing must go)
+        self.cover = np.minimum(self.nbytes / self.need, 1.0) if self.need else np.zeros(n)
         self.exposed = np.array([c.exposed_s / self.base_s for c in self.costs])
         self.recompute = np.array([c.recompute_s / self.base_s for c in self.costs])
+        self.rest = np.cumsum(self.nbytes[::-1])[::-1] if n else np.zeros(0)
         self.adj = self._adjacency()
+        # Â^k for k = 0..T: the embedding is linear in x, so an afterstate (one row of x
+        # changed) is the current embedding plus that row's change times column i of Â^k
+        p, self.powers = np.eye(n), []
+        for _ in range(T_ROUNDS + 1):
+            self.powers.append(p)
+            p = self.adj @ p
 
     def _adjacency(self) -> np.ndarray:
         n = self.n
@@ -108,28 +128,50 @@ class Episode:
     def done(self) -> bool:
         return self.i >= self.tg.n
 
-    def state(self) -> np.ndarray:
-        """g for the current node (zeros at the terminal state, whose Q is 0 anyway)."""
-        tg = self.tg
-        if self.done:
-            return np.zeros(STATE_DIM)
+    def afterstates(self) -> np.ndarray:
+        """The three afterstates of the current node (keep, swap, recompute): g as it would
+        be once that action is taken, shape (3, STATE_DIM)."""
+        tg, i = self.tg, self.i
         if self._emb is None:
             self._emb = tg.embed(self.x)
-        emb, i = self._emb, self.i
+        emb, n = self._emb, tg.n
+        mean, node = emb.mean(0), emb[i]
         total = max(tg.nbytes.sum(), 1.0)
-        left = max(tg.need - self.freed, 0.0)
-        dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (tg.n - i) / tg.n,
-               tg.exposed[i], tg.recompute[i]]
-        return np.concatenate([emb.mean(0), emb[i], dyn])
+        rest = tg.rest[i + 1] if i + 1 < n else 0.0     # bytes of the later candidates
+        out = np.empty((3, STATE_DIM))
+        for a in range(3):
+            d = np.zeros(N_FEATURES)
+            d[5] = -self.x[i, 5]
+            if a and ACTION_FLAGS:
+                d[5 + a] = tg.cover[i]
+            dm = np.concatenate([P[:, i].mean() * d for P in tg.powers])
+            dn = np.concatenate([P[i, i] * d for P in tg.powers])
+            left = max(tg.need - self.freed - (tg.nbytes[i] if a else 0.0), 0.0)
+            dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (n - i - 1) / n,
+                   min(left / rest, 2.0) if rest else (2.0 if left > 0 else 0.0),
+                   1.0 if left > 0 else 0.0]
+            out[a] = np.concatenate([mean + dm, node + dn, dyn])
+        return out
+
+    def costs(self) -> np.ndarray:
+        """The three actions' estimated costs at the current node over the iteration time."""
+        i = self.i
+        return np.array([0.0, self.tg.exposed[i], self.tg.recompute[i]])
 
     def step(self, action: int) -> float:
         """Take ``action`` (0 keep, 1 swap, 2 recompute) at the current node; returns the
         shaped reward: minus that action's estimated cost over the iteration time."""
         tg, i = self.tg, self.i
+        r = -self.costs()[action]
         self.actions[i] = action
+        d = np.zeros(N_FEATURES)
+        d[5] = -self.x[i, 5]
         if action:
             self.freed += tg.nbytes[i]
-        self.x[i, 5] = 0.0
-        self._emb = None
+            if ACTION_FLAGS:
+                d[5 + action] = tg.cover[i]
+        self.x[i] += d
+        if self._emb is not None:       # linear: add row i's change times column i of Â^k
+            self._emb += np.concatenate([np.outer(P[:, i], d) for P in tg.powers], 1)
         self.i += 1
-        return -(0.0, tg.exposed[i], tg.recompute[i])[action]
+        return r

@@ -37,12 +37,19 @@ def setup(tmp_path_factory):
 
 def test_features_and_states(setup):
     tg = setup[4]
-    assert tg.n > 0 and tg.x.shape == (tg.n, 6) and np.isfinite(tg.x).all()
+    assert tg.n > 0 and tg.x.shape == (tg.n, 8) and np.isfinite(tg.x).all()
     ep = Episode(tg)
-    s0 = ep.state()
-    assert s0.shape == (STATE_DIM,)
+    s0 = ep.afterstates()
+    assert s0.shape == (3, STATE_DIM) and np.isfinite(s0).all()
+    assert s0[0, -5] > s0[1, -5] == s0[2, -5]   # dropping frees bytes, keeping does not
+    # the afterstate shortcut equals embedding the changed features from scratch
+    x = tg.x.copy()
+    x[0, 5], x[0, 7] = 0.0, tg.cover[0]   # recompute flag: the share of the deficit covered
+    emb = tg.embed(x)
+    np.testing.assert_allclose(s0[2, :2 * emb.shape[1]],
+                               np.concatenate([emb.mean(0), emb[0]]), atol=1e-12)
     ep.step(1)
-    assert ep.state()[-3] < s0[-3]          # fraction of candidates left goes down
+    assert ep.afterstates()[0, -3] < s0[0, -3]  # fraction of candidates left goes down
 
 
 def test_training_curve_and_meta(setup):
@@ -75,7 +82,7 @@ def test_plan_trains_bit_identically_to_liveness(setup):
 def test_save_load_round_trip_gives_identical_q(setup, tmp_path):
     *_, tg, agent, _, path = setup
     again = Agent.load(path)
-    states = np.array([Episode(tg).state() for _ in range(2)])
+    states = Episode(tg).afterstates()
     np.testing.assert_array_equal(agent.q(states), again.q(states))
     assert again.meta == json.loads(json.dumps(agent.meta))
 
@@ -88,7 +95,7 @@ def test_bad_agent_files_are_clear_errors(setup, tmp_path):
     with pytest.raises(AgentFileError, match="no such file"):
         Dqn(agent=str(tmp_path / "missing.npz"))
     agent = setup[5]
-    wrong = Agent({**agent.w, "q.out.weight": agent.w["q.out.weight"][:2]}, agent.mean,
+    wrong = Agent({**agent.w, "q.l1.weight": agent.w["q.l1.weight"][:, :5]}, agent.mean,
                   agent.std, agent.meta)
     wrong.save(str(tmp_path / "wrong.npz"))
     with pytest.raises(AgentFileError, match="wrong shape"):
@@ -120,3 +127,19 @@ def test_cli_plan_with_dqn(setup, capsys):
     out = capsys.readouterr().out.strip().splitlines()[-1]
     r = json.loads(out)
     assert rc == 0 and r["planner"].startswith("dqn:") and r["fits"]
+
+
+def test_bundled_agent_keeps_everything_at_the_liveness_peak():
+    """At a budget >= the liveness peak nothing must be freed: the bundled agent's greedy
+    rollout keeps every tensor (its Q-values, not a rule), so the plan costs nothing."""
+    from neuron.memory.costmodel import CostModel
+    from neuron.memory.planners.dqn import DEFAULT_AGENT
+    graph = build_model("resnet_cifar", depth=20, in_shape=(3, 32, 32), num_classes=10)
+    ex = Executor(graph, 32, device="virtual", policy="liveness")
+    peak = ex.simulate(None, trace=False)["peak_bytes"]
+    ctx = PlanContext(ex, peak, CostModel.analytic("h100"))
+    tg = TraceGraph(ctx)
+    assert tg.need == 0
+    assert (Agent.load(DEFAULT_AGENT).rollout(tg) == 0).all()
+    d = Dqn().plan(ctx)
+    assert d.info["chosen"] == "dqn" and d.counts()["keep"] == len(d.tensors)
