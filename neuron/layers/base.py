@@ -12,6 +12,8 @@ activation right after its last declared use, so minimal declarations are what s
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -130,7 +132,7 @@ class Layer:
 
     def flops(self, batch: int) -> int:
         """Rough forward cost (multiply-adds), for cost-aware planning."""
-        return sum(int(np.prod(s)) for s in self.out_shapes(batch))
+        return sum(math.prod(s) for s in self.out_shapes(batch))
 
     def describe(self) -> str:
         return self.type_name

@@ -1,7 +1,7 @@
 """2-D convolution (cross-correlation, as PyTorch), with stride, padding, dilation, groups."""
 from __future__ import annotations
 
-import numpy as np
+import math
 
 from ..errors import ShapeError, GraphError
 from ..init import he_normal, zeros
@@ -92,7 +92,7 @@ class Conv2d(Layer):
 
     def flops(self, batch):
         c, kh, kw = self.param_specs["weight"].shape[1:]
-        return int(np.prod(self.out_shapes(batch)[0])) * c * kh * kw
+        return math.prod(self.out_shapes(batch)[0]) * c * kh * kw
 
     def describe(self):
         return (f"Conv {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]} "

@@ -1,7 +1,7 @@
 """Batch normalization and cross-channel local response normalization."""
 from __future__ import annotations
 
-import numpy as np
+import math
 
 from ..errors import ShapeError
 from ..init import ones, zeros
@@ -121,4 +121,4 @@ class LRN(Layer):
                            self.k, **ctx.grad_kw(0))
 
     def flops(self, batch):
-        return int(np.prod(self.out_shapes(batch)[0])) * self.size
+        return math.prod(self.out_shapes(batch)[0]) * self.size

@@ -73,7 +73,8 @@ class Dqn(Planner):
         home = Home()
         sn_fit = home.fitness(ctx, sn)
         sn_t = sn_fit if sn_fit < 1e3 else None
-        if best_t is not None and (sn_t is None or best_t < sn_t):
+        # a tie goes to the agent: it is this planner's own answer
+        if best_t is not None and (sn_t is None or best_t <= sn_t):
             d, chosen = home.decisions(ctx, tg.cands, best_vec), "dqn"
         else:
             d, chosen = sn, "superneurons"
