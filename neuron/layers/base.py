@@ -52,6 +52,9 @@ class Layer:
     kind = "generic"
     retain_inputs: tuple[int, ...] = ()
     retain_outputs: tuple[int, ...] = ()
+    #: the forward reads a result back to the host (the loss value): on a GPU the host waits
+    #: there for everything queued before it (the simulated clock's pipelined model)
+    syncs_host = False
     num_inputs: int | None = 1      # None: variadic (add, concat)
     type_name = "Layer"
     _counter: dict[str, int] = {}

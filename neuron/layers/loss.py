@@ -7,6 +7,7 @@ from .base import AuxSpec, Layer
 
 class SoftmaxCrossEntropy(Layer):
     kind = "loss"
+    syncs_host = True               # the loss value, as a float
     num_inputs = 2                  # logits, labels
     type_name = "SoftmaxLoss"
 
@@ -50,6 +51,7 @@ class MSELoss(Layer):
     loss = mean over the batch of 0.5 * sum_k (pred_k - target_k)^2, so the gradient is
     (pred - target) / batch. Targets are float, shape (K,) per sample like the prediction."""
     kind = "loss"
+    syncs_host = True               # the loss value, as a float
     num_inputs = 2                  # prediction, target
     type_name = "MSELoss"
 

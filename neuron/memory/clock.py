@@ -25,8 +25,9 @@ With a pipelined cost model (a GPU profile with host issue times and event-timed
 memory/costmodel.py) the host is a timeline of its own: it issues each step, copy and
 compaction in the log's order, taking the step's host time; a kernel starts when it has been
 issued, the GPU is free and its prefetches are in; a copy or compaction starts no earlier than
-its issue. The iteration ends when the host, the GPU and the copies are done. The host never
-waits for the GPU here: the executor synchronizes only at the iteration's end.
+its issue. The iteration ends when the host, the GPU and the copies are done. The host waits
+for the GPU only where a layer reads a result back (``Layer.syncs_host``: the loss value, the
+end of forward); the executor's other waits are on the device.
 
 Data parallelism (``comm``, `neuron plan --data-parallel K`, K > 1) adds a third stream for the
 gradient all-reduces. The model, deliberately simple:
@@ -161,6 +162,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             exposed += start - compute
             dt = cost.step_time(step, batch) + cost.step_overhead
             compute = start + dt
+            if pipe and step.phase != "B" and step.layer.syncs_host:
+                host = compute          # it reads the result back: waits for the GPU
             busy += dt
             if step.phase == "R":
                 recompute += dt
@@ -245,6 +248,8 @@ def unlimited_time(steps, batch: int, cost, comm=None) -> float:
             host += cost.host_time(s, batch)
             total = max(total, host)
         total += cost.step_time(s, batch) + cost.step_overhead
+        if pipe and s.phase != "B" and s.layer.syncs_host:
+            host = total
         if comm is not None and comm.world_size > 1 and _grad_bytes(s):
             grads.append((total, _grad_bytes(s)))
     total = max(total, host)

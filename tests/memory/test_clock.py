@@ -29,9 +29,12 @@ class FixedCost:
         return 0.5
 
 
-def _steps(n):
+def _steps(n, sync_at=None):
+    """n forward steps, each reading its own tensor; step ``sync_at`` reads back to the host."""
     t = [SimpleNamespace(id=i) for i in range(n)]
-    return [SimpleNamespace(reads=[t[i]], name=f"s{i}", phase="F") for i in range(n)], t
+    return [SimpleNamespace(reads=[t[i]], name=f"s{i}", phase="F",
+                            layer=SimpleNamespace(syncs_host=i == sync_at))
+            for i in range(n)], t
 
 
 def test_prefetch_hides_under_compute_on_two_streams():
@@ -152,6 +155,21 @@ def test_pipelined_host_and_gpu_overlap_the_slower_sets_the_pace():
     assert unlimited_time(steps, 1, PipelinedCost(1.0, 0.1)) == pytest.approx(4.1)
 
 
+def test_pipelined_host_waits_at_a_read_back():
+    """The loss reads its value back: the host issues nothing more until the GPU has run
+    everything queued before it."""
+    from neuron.memory.clock import unlimited_time
+    ev = [("step", i, 0) for i in range(4)]
+    steps, _ = _steps(4, sync_at=1)
+    # GPU-bound: host issues 0, 1 by 0.2 s; GPU ends step 1 at 2.1; the host waits till then,
+    # issues step 2 at 2.2, which starts then: 2.2 + 2 x 1
+    cost = PipelinedCost(0.1, 1.0)
+    assert makespan(ev, steps, 1, cost).makespan_s == pytest.approx(4.2)
+    assert unlimited_time(steps, 1, cost) == pytest.approx(4.2)
+    steps, _ = _steps(4)
+    assert makespan(ev, steps, 1, cost).makespan_s == pytest.approx(4.1)
+
+
 def test_pipelined_copies_start_no_earlier_than_the_host_issues_them():
     steps, _ = _steps(3)
     mib = 2**20
@@ -177,11 +195,19 @@ def test_a_gpu_profile_with_host_and_event_times_is_pipelined(tmp_path):
     # per step beyond issuing kernels
     rounds = [{"host": [2e-3] * n, "gpu": [5e-3] * n, "issued_s": 3e-3 * n, "wall_s": 1.0},
               {"host": [3e-3] * n, "gpu": [4e-3] * n, "issued_s": 4e-3 * n, "wall_s": 2.0}]
-    pe = pipelined_entries(ex.steps, 2, rounds)
+    # the loss step's host time includes its wait for the GPU: its own synchronized timing
+    # (6.5 ms) less its kernels' (4 ms) is what the host spends there
+    loss = [k for k, s in enumerate(ex.steps) if s.phase != "B" and s.layer.syncs_host]
+    assert len(loss) == 1
+    pe = pipelined_entries(ex.steps, 2, rounds, [6.5e-3 if k in loss else 9e-3
+                                                 for k in range(n)])
     assert pe["host_overhead_s"] == pytest.approx(1e-3)
     assert pe["pipelined_iteration_s"] == 1.0
     assert set(pe["gpu_entries"].values()) == {4e-3}
-    assert set(pe["host_entries"].values()) == {2e-3}
+    loss_key = layer_key(ex.steps[loss[0]].layer, "F", 2)
+    assert pe["host_entries"][loss_key] == pytest.approx(2.5e-3)
+    assert {v for k, v in pe["host_entries"].items() if k != loss_key} == {2e-3}
+    pe["host_entries"][loss_key] = 2e-3     # a uniform host for the arithmetic below
     keys = {layer_key(s.layer, s.phase, 2) for s in ex.steps}
     prof = {"format": "neuron-profile-1", "device": "h100", "dtype": "float32",
             "entries": {k: 9e-3 for k in keys}, "step_overhead_s": 1e-4, **pe}
@@ -190,8 +216,11 @@ def test_a_gpu_profile_with_host_and_event_times_is_pipelined(tmp_path):
     cost = CostModel.from_profile(str(p))
     assert cost.pipelined and cost.describe()["pipelined"]
     r = plan(g, 2, policy="liveness", cost=cost, search_min=False, trace=False)
-    # GPU-bound (4 ms kernels, 3 ms to issue each): 3 ms + n x 4 ms
-    assert r["simulated_time_s"] == pytest.approx(3e-3 + 4e-3 * n)
+    # GPU-bound (4 ms kernels, 3 ms to issue each), the host waiting at the loss (step L):
+    # the GPU ends step L at 3 ms + (L+1) x 4 ms; the host issues step L+1 3 ms later
+    L = loss[0]
+    assert r["simulated_time_s"] == pytest.approx(3e-3 + 4e-3 * (L + 1) + 3e-3
+                                                  + 4e-3 * (n - L - 1))
     serial = cost.serial()
     assert not serial.pipelined
     r = plan(g, 2, policy="liveness", cost=serial, search_min=False, trace=False)
