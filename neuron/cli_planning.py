@@ -42,6 +42,9 @@ def planner_spec(args) -> str | None:
     if name == "dqn":
         opts["seed"] = args.seed
         if getattr(args, "agent", None):
+            if "," in args.agent or "=" in args.agent:   # the "name:key=value,..." spec
+                raise ValueError(f"--agent {args.agent}: the path may not contain ',' or '='; "
+                                 "rename or link the file")
             opts["agent"] = args.agent
     if rate:
         opts["compress"] = rate

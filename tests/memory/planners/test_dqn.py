@@ -143,3 +143,14 @@ def test_bundled_agent_keeps_everything_at_the_liveness_peak():
     assert (Agent.load(DEFAULT_AGENT).rollout(tg) == 0).all()
     d = Dqn().plan(ctx)
     assert d.info["chosen"] == "dqn" and d.counts()["keep"] == len(d.tensors)
+
+
+def test_an_agent_path_that_breaks_the_option_string_is_refused():
+    import argparse
+    from neuron.cli_planning import add_planner_arg, planner_spec
+    p = argparse.ArgumentParser()
+    add_planner_arg(p)
+    assert planner_spec(p.parse_args(["--planner", "dqn", "--agent", "a.npz"])) == \
+        "dqn:seed=0,agent=a.npz"
+    with pytest.raises(ValueError, match="may not contain"):
+        planner_spec(p.parse_args(["--planner", "dqn", "--agent", "x,y=1.npz"]))
