@@ -15,7 +15,7 @@ bench/import_gpu_results.py turns them into bench/results/simulator_error.{json,
 list) and bench/results/profile_*.json. ``ok`` means every model was measured; whether the error
 is within the target (5% on a GPU, 10% on the CPU) is in the verdict and ``target_met``.
 
-    bash bench/gpu_contact.sh $OUT/kit simulator          # on the GPU machine (about 2-4 min)
+    bash bench/gpu_contact.sh $OUT simulator       # on the GPU machine (limit 300 s)
 
 ``--smoke`` (CPU tests): ResNet-20's little sibling (resnet_cifar depth 8) at 16x16, batch 2,
 one round, in seconds.

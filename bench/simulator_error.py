@@ -16,6 +16,10 @@ model (each step between two synchronizations) is reported beside it.
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 nice python bench/simulator_error.py   # CPU
     python bench/simulator_error.py --device cuda           # GPU (unverified in this session)
 
+On a GPU machine the contact kit runs the same measurement as its stage `simulator`
+(bench/gpu_simulator.py: ``bash bench/gpu_contact.sh $OUT simulator``), and
+bench/import_gpu_results.py writes its rows here as the "gpu" list.
+
 Writes bench/results/simulator_error.{json,md}: {"cpu": [{"model", "policy", "simulated_s",
 "measured_s", "rel_error"}, ...], "gpu": [...]} (a device's list is kept from an earlier run
 when this run is on the other device).
@@ -37,7 +41,7 @@ def parse_args(argv=None):
     ap = arg_parser(__doc__)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--repeat", type=int, default=3, help="timed iterations per case")
-    ap.add_argument("--models", default=",".join(m for m, _, _ in MODELS))
+    ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="CPU device: the process's CPU seconds (default; single-threaded BLAS, "
                     "so that other users of shared cores do not inflate them) or wall seconds")
