@@ -3,9 +3,10 @@
 #
 #   bash bench/gpu_contact.sh OUTDIR STAGE...
 #
-# Stages: env install tests models throughput pressure pool confirm (or "all"). Each stage runs
-# under its own `timeout`, writes <stage>.log and <stage>.json, never stops the stages after it,
-# and prints a one-line verdict. OUTDIR receives just two files, rewritten after every stage (so a
+# Stages: env install tests models throughput pressure pool confirm simulator ("all": the first
+# eight, the three planned commands below; simulator is a fourth command of its own). Each stage
+# runs under its own `timeout`, writes <stage>.log and <stage>.json, never stops the stages after
+# it, and prints a one-line verdict. OUTDIR receives just two files, rewritten after every stage (so a
 # command killed at its limit still leaves what finished): contact-<stages>.tar.gz (every log,
 # JSON and junit file) and summary-<stages>.json (the verdicts). A device machine returns at most
 # 8 files from $OUT; two per command leaves room for the three commands' outputs side by side.
@@ -14,6 +15,10 @@
 #   bash bench/gpu_contact.sh $OUT env install tests
 #   bash bench/gpu_contact.sh $OUT models throughput
 #   bash bench/gpu_contact.sh $OUT pool pressure confirm
+#   bash bench/gpu_contact.sh $OUT simulator       # simulated vs measured time (limit 300 s, its
+#                                                  # GPU time not yet measured; not in "all": the
+#                                                  # three above already take up to ~28 of a
+#                                                  # session's 30 device minutes at their limits)
 # then, here: python bench/import_gpu_results.py <the fetched folders or tarballs>
 #
 # Environment: PYTHON (default python3), NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
@@ -25,7 +30,7 @@ cd "$(dirname "$0")/.."
 
 if [ $# -lt 2 ]; then
     echo "usage: bash bench/gpu_contact.sh OUTDIR STAGE... (env install tests models throughput" \
-         "pressure pool confirm, or all)" >&2
+         "pressure pool confirm simulator, or all)" >&2
     exit 2
 fi
 OUTDIR=$1; shift
@@ -46,7 +51,7 @@ SUMMARY_LINES=()
 
 # default limits (seconds): each planned command's stages sum to at most 570 of its 600
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=380 [pool]=60
-                  [pressure]=270 [confirm]=230)
+                  [pressure]=270 [confirm]=230 [simulator]=300)
 
 pack() {
     # the summary first (the tarball holds it too), each written then moved: never half a file
@@ -82,6 +87,7 @@ stage_cmd() {
         pressure)   ensure_built && "$PY" bench/gpu_pressure.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         pool)       ensure_built && "$PY" bench/pool_vs_malloc.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         confirm)    ensure_built && "$PY" bench/gpu_confirm.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        simulator)  ensure_built && "$PY" bench/gpu_simulator.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         *)          echo "unknown stage $s"; return 2 ;;
     esac
 }

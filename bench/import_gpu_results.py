@@ -14,6 +14,11 @@ latest by date when several runs have it):
 
 * ``bench/results/throughput.json`` with one ``neuron_over_pytorch`` per configuration
   (``model:batch:precision``), and ``gpu_contact.md`` / ``throughput.md`` tables;
+* a ``simulator`` stage (bench/gpu_simulator.py) becomes the "gpu" list of
+  ``bench/results/simulator_error.{json,md}`` with its provenance (the "cpu" list is kept), and
+  its profiles ``profile_<model>_b<batch>_<side>_<device>.json`` are copied into bench/results/;
+  a run of that stage alone (its own command) updates gpu_contact.json's ``stages.simulator``
+  and keeps the rest of the file (the earlier commands' results);
 * ``bench/readme_tables.py`` (the README's tables from bench/results/*.json) is run if present.
 
 Smoke runs (``--smoke`` on the CPU) are refused unless ``--allow-smoke``: they are not GPU results.
@@ -30,7 +35,10 @@ import tarfile
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ("env", "install", "tests", "models", "throughput", "pressure", "pool", "confirm")
+STAGES = ("env", "install", "tests", "models", "throughput", "pressure", "pool", "confirm",
+          "simulator")
+#: stages that are a command of their own: importing one alone keeps gpu_contact.json's others
+STANDALONE = {"simulator"}
 
 
 def collect(sources) -> dict[str, dict]:
@@ -57,9 +65,14 @@ def collect(sources) -> dict[str, dict]:
                 data = json.load(f)
             files = [os.path.join(d, n) for n in sorted(os.listdir(d))
                      if n.split(".")[0] == stage]
+            extra = []
+            if stage == "simulator":        # its profiles, named in its rows, lie beside it
+                named = {r.get("profile") for r in data.get("rows", []) if r.get("profile")}
+                extra = [os.path.join(d, n) for n in sorted(named)
+                         if os.path.basename(n) == n and os.path.exists(os.path.join(d, n))]
             old = found.get(stage)
             if old is None or data.get("date", "") >= old["json"].get("date", ""):
-                found[stage] = {"json": data, "files": files}
+                found[stage] = {"json": data, "files": files, "profiles": extra}
     return found
 
 
@@ -121,6 +134,44 @@ def throughput_summary(found: dict) -> dict | None:
                                    if (r.get(s) or {}).get("error")} or None}
     return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
             "command": j.get("command"), "protocol": j.get("protocol"), "configs": configs}
+
+
+def import_simulator(found: dict, results: str, commit: str | None = None) -> dict | None:
+    """The simulator stage's rows -> ``results/simulator_error.{json,md}`` as the "gpu" list
+    (the "cpu" list and its provenance kept), its profiles copied into ``results``. Returns the
+    payload written, or None (no such stage, or a run without rows: the old list is kept)."""
+    rec = found.get("simulator")
+    if rec is None:
+        return None
+    j = rec["json"]
+    rows = j.get("rows") or []
+    if not rows:
+        print(f"import_gpu_results: the simulator stage has no rows ({j.get('verdict')}); "
+              "simulator_error.json left as it was", file=sys.stderr)
+        return None
+    bench = os.path.join(ROOT, "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import simulator_error as SE
+    prov = dict(j.get("provenance") or {})
+    prov.setdefault("device", j.get("device"))
+    if commit:
+        prov["commit"] = commit[:12]
+    prov["kit"] = {"stage": "simulator", "date": j.get("date"), "command": j.get("command"),
+                   "verdict": j.get("verdict"), "smoke": bool(j.get("smoke"))}
+    path = os.path.join(results, "simulator_error.json")
+    old = None
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    payload = SE.merge(old, "gpu", rows, prov)
+    os.makedirs(results, exist_ok=True)
+    _dump(path, payload)
+    with open(os.path.join(results, "simulator_error.md"), "w") as f:
+        f.write(SE.markdown(payload))
+    for src in rec.get("profiles", []):
+        shutil.copy2(src, os.path.join(results, os.path.basename(src)))
+    return payload
 
 
 def _fmt(x, spec=".2e"):
@@ -186,9 +237,17 @@ def main(argv=None) -> int:
         for path in rec["files"]:
             shutil.copy2(path, os.path.join(raw, os.path.basename(path)))
     contact = contact_summary(found)
-    _dump(os.path.join(args.results, "gpu_contact.json"), contact)
+    contact_path = os.path.join(args.results, "gpu_contact.json")
+    if set(found) <= STANDALONE and os.path.exists(contact_path):
+        # a command of its own: the earlier commands' results stay, this stage's entry is added
+        with open(contact_path) as f:
+            kept = json.load(f)
+        kept.setdefault("stages", {}).update(contact["stages"])
+        contact = kept
+    _dump(contact_path, contact)
     with open(os.path.join(args.results, "gpu_contact.md"), "w") as f:
         f.write(markdown_contact(contact))
+    import_simulator(found, args.results, args.commit)
     tp = throughput_summary(found)
     if tp is not None:
         _dump(os.path.join(args.results, "throughput.json"), tp)

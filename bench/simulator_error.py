@@ -16,6 +16,10 @@ model (each step between two synchronizations) is reported beside it.
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 nice python bench/simulator_error.py   # CPU
     python bench/simulator_error.py --device cuda           # GPU (unverified in this session)
 
+On a GPU machine the contact kit runs the same measurement as its stage `simulator`
+(bench/gpu_simulator.py: ``bash bench/gpu_contact.sh $OUT simulator``), and
+bench/import_gpu_results.py writes its rows here as the "gpu" list.
+
 Writes bench/results/simulator_error.{json,md}: {"cpu": [{"model", "policy", "simulated_s",
 "measured_s", "rel_error"}, ...], "gpu": [...]} (a device's list is kept from an earlier run
 when this run is on the other device).
@@ -37,7 +41,7 @@ def parse_args(argv=None):
     ap = arg_parser(__doc__)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--repeat", type=int, default=3, help="timed iterations per case")
-    ap.add_argument("--models", default=",".join(m for m, _, _ in MODELS))
+    ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="CPU device: the process's CPU seconds (default; single-threaded BLAS, "
                     "so that other users of shared cores do not inflate them) or wall seconds")
@@ -109,60 +113,106 @@ def finish_case(case, batch, cost):
             "measured_all_s": case["times"]}
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def _spec(m):
+    """(name, batch, side, build_model kwargs) from a MODELS-style tuple (the kwargs optional)."""
+    name, batch, side, *rest = m
+    return name, batch, side, (rest[0] if rest else {})
+
+
+def measure(models, repeat: int, device: str, profile_dir: str, *, clock: str = "cpu",
+            deadline: float | None = None, errors: list | None = None):
+    """The measurement: for each ``(name, batch, side[, build_model kwargs])`` of ``models``,
+    profile it on ``device`` round-robin with ``repeat`` timed iterations of each policy, write
+    the profile to ``profile_dir/profile_<name>_b<batch>_<side>_<device>.json`` and compare the
+    simulated makespans with the measured iterations. Returns ``(rows, provenance)``.
+
+    ``clock`` applies to the CPU device only (a GPU is timed in wall seconds). ``deadline``
+    (a ``time.perf_counter()`` value): models that would start after it are skipped. With
+    ``errors`` (a list), a model that raises is recorded there as ``{"model", "error"}`` and the
+    next one runs; without it the exception propagates (the script's behaviour)."""
+    import time
+
+    from neuron.memory.costmodel import cpu_detail
+    clock = clock if device == "cpu" else "wall"
+    rows = []
+    for m in models:
+        name, batch, side, kwargs = _spec(m)
+        if deadline is not None and time.perf_counter() > deadline:
+            if errors is not None:
+                errors.append({"model": name, "error": "skipped: the stage's deadline passed"})
+            continue
+        try:
+            rows += _measure_one(name, batch, side, kwargs, repeat, device, profile_dir, clock)
+        except Exception as e:          # noqa: BLE001 (recorded when asked to, else raised)
+            if errors is None:
+                raise
+            errors.append({"model": name, "error": f"{type(e).__name__}: {str(e)[:500]}"})
+    prov = provenance(
+        f"CPU ({cpu_detail()}, {os.cpu_count()} cores shared with other jobs), clock {clock}"
+        if device == "cpu" else _gpu_name())
+    return rows, prov
+
+
+def _measure_one(name, batch, side, kwargs, repeat, device, profile_dir, clock) -> list:
     from neuron.executor import Executor
     from neuron.memory.costmodel import CostModel
     from neuron.memory.profile import Profiler, measure_iterations
     from neuron.models import build_model
     from neuron.plan import plan
-    clock = args.clock if args.device == "cpu" else "wall"
-    rows = []
-    wanted = args.models.split(",")
-    for name, batch, side in MODELS:
-        if name not in wanted:
-            continue
-        graph = build_model(name, in_shape=(3, side, side))
-        live_peak = Executor(graph, batch, device="virtual",
-                             policy="liveness").simulate(None, trace=False)["peak_bytes"]
-        # half the liveness peak, or superneurons' minimum where parameters alone exceed it
-        sn_min = plan(graph, batch, policy="superneurons", trace=False)["min_budget_bytes"]
-        cases = [make_case(graph, batch, "liveness", None, args.device),
-                 make_case(graph, batch, "superneurons", max(live_peak // 2, sn_min),
-                           args.device)]
-        prof = Profiler(graph, batch, device=args.device, clock=clock, model=name)
-        for _ in range(args.repeat):        # round-robin: every run sees the same contention
-            prof.round()
-            for c in cases:
-                c["times"] += measure_iterations(c["ex"], c["x"], c["y"], 1, clock)
-        prof = prof.result()
-        path = os.path.join(RESULTS, f"profile_{name}_b{batch}_{side}_{prof['device']}.json")
-        os.makedirs(RESULTS, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(prof, f, indent=1)
-        cost = CostModel.from_profile(path)
+    graph = build_model(name, in_shape=(3, side, side), **kwargs)
+    live_peak = Executor(graph, batch, device="virtual",
+                         policy="liveness").simulate(None, trace=False)["peak_bytes"]
+    # half the liveness peak, or superneurons' minimum where parameters alone exceed it
+    sn_min = plan(graph, batch, policy="superneurons", trace=False)["min_budget_bytes"]
+    cases = [make_case(graph, batch, "liveness", None, device),
+             make_case(graph, batch, "superneurons", max(live_peak // 2, sn_min), device)]
+    prof = Profiler(graph, batch, device=device, clock=clock, model=name)
+    for _ in range(repeat):             # round-robin: every run sees the same contention
+        prof.round()
         for c in cases:
-            r = finish_case(c, batch, cost)
-            r.update(model=f"{name} b{batch} {side}x{side}", profile=os.path.basename(path),
-                     clock=clock)
-            rows.append(r)
-            print(f"{r['model']} {r['policy']}: simulated {r['simulated_s']:.3f} s, measured "
-                  f"{r['measured_s']:.3f} s ({100 * r['rel_error']:+.1f}%)", flush=True)
-        del cases
-    key = "cpu" if args.device == "cpu" else "gpu"
-    out_path = os.path.join(RESULTS, "simulator_error.json")
+            c["times"] += measure_iterations(c["ex"], c["x"], c["y"], 1, clock)
+    prof = prof.result()
+    path = os.path.join(profile_dir, f"profile_{name}_b{batch}_{side}_{prof['device']}.json")
+    os.makedirs(profile_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(prof, f, indent=1)
+    cost = CostModel.from_profile(path)
+    rows = []
+    for c in cases:
+        r = finish_case(c, batch, cost)
+        r.update(model=f"{name} b{batch} {side}x{side}", profile=os.path.basename(path),
+                 clock=clock)
+        rows.append(r)
+        print(f"{r['model']} {r['policy']}: simulated {r['simulated_s']:.3f} s, measured "
+              f"{r['measured_s']:.3f} s ({100 * r['rel_error']:+.1f}%)", flush=True)
+    del cases
+    return rows
+
+
+def merge(old: dict | None, key: str, rows: list, prov: dict) -> dict:
+    """simulator_error.json's payload: ``old``'s lists and provenances, ``key``'s replaced."""
     payload = {"cpu": [], "gpu": []}
-    if os.path.exists(out_path):
-        with open(out_path) as f:
-            old = json.load(f)
+    if old:
         payload.update({k: old.get(k, []) for k in ("cpu", "gpu")})
         payload.update({f"{k}_provenance": old[f"{k}_provenance"] for k in ("cpu", "gpu")
                         if f"{k}_provenance" in old})
     payload[key] = rows
-    from neuron.memory.costmodel import cpu_detail
-    payload[f"{key}_provenance"] = provenance(
-        f"CPU ({cpu_detail()}, {os.cpu_count()} cores shared with other jobs), clock {clock}"
-        if key == "cpu" else _gpu_name())
+    payload[f"{key}_provenance"] = prov
+    return payload
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    wanted = args.models.split(",")
+    rows, prov = measure([m for m in MODELS if m[0] in wanted], args.repeat, args.device,
+                         RESULTS, clock=args.clock)
+    key = "cpu" if args.device == "cpu" else "gpu"
+    out_path = os.path.join(RESULTS, "simulator_error.json")
+    old = None
+    if os.path.exists(out_path):
+        with open(out_path) as f:
+            old = json.load(f)
+    payload = merge(old, key, rows, prov)
     write("simulator_error", payload, markdown(payload))
 
 

@@ -253,3 +253,91 @@ def test_import_refuses_smoke_runs(tmp_path):
                         str(tmp_path), "--results", str(tmp_path / "res"),
                         "--no-readme-tables"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "smoke" in r.stderr
+
+
+SIM_ROW_KEYS = {"model", "policy", "budget_bytes", "simulated_s", "measured_s", "rel_error",
+                "simulated_serial_s", "serial_rel_error", "cost_model", "profile"}
+
+
+def test_simulator_stage_contract(tmp_path):
+    _run_stage("gpu_simulator.py", tmp_path)
+    d = _stage_json(tmp_path, "simulator")
+    assert d["ok"], d["verdict"]
+    assert [r["policy"] for r in d["rows"]] == ["liveness", "superneurons"]
+    for r in d["rows"]:
+        assert SIM_ROW_KEYS <= set(r), SIM_ROW_KEYS - set(r)
+        assert r["simulated_s"] > 0 and r["measured_s"] > 0
+        assert r["cost_model"] == "serial" and r["serial_rel_error"] is None    # CPU: serial
+        assert (tmp_path / r["profile"]).exists()
+    assert d["profiles"] == ["profile_resnet_cifar_b2_16_cpu.json"]
+    prof = json.loads((tmp_path / d["profiles"][0]).read_text())
+    assert prof["format"] == "neuron-profile-1" and prof["batch"] == 2
+    assert "max |error|" in d["verdict"] and "target 10%" in d["verdict"]
+    assert d["provenance"]["device"].startswith("CPU") and d["errors"] == []
+
+
+def test_simulator_verdict():
+    import gpu_simulator as G
+    rows = [{"rel_error": 0.071, "serial_rel_error": -0.182, "cost_model": "pipelined"},
+            {"rel_error": -0.02, "serial_rel_error": 0.05, "cost_model": "pipelined"}]
+    ok, v, s = G.verdict_of(rows, [], 0.05)
+    assert ok and v.startswith("pipelined model: max |error| 7.1% (serial 18.2%); target 5%: "
+                               "NOT met") and not s["target_met"]
+    ok, v, s = G.verdict_of(rows[1:], [{"model": "densenet121", "error": "x"}], 0.05)
+    assert not ok and "target 5%: met" in v and "densenet121" in v and s["target_met"]
+    ok, v, _ = G.verdict_of([], [{"model": "resnet50", "error": "OutOfMemoryError: y"}], 0.05)
+    assert not ok and v.startswith("FAIL") and "OutOfMemoryError" in v
+
+
+def test_driver_runs_the_simulator_stage(tmp_path):
+    env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
+               PYTHON=sys.executable)
+    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path),
+                        "simulator"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0 and "[simulator]" in r.stdout, r.stdout + r.stderr
+    with tarfile.open(tmp_path / "contact-simulator.tar.gz") as t:
+        names = {os.path.basename(n) for n in t.getnames()}
+    assert {"simulator.json", "simulator.log", "profile_resnet_cifar_b2_16_cpu.json"} <= names
+
+
+def test_import_simulator_stage_keeps_the_cpu_list(tmp_path):
+    TESTS = {"passed": 90, "failed": 0, "skipped": 2, "errors": 0}
+    raw = tmp_path / "raw"
+    _run_stage("gpu_simulator.py", raw)
+    stage = json.loads((raw / "simulator.json").read_text())
+    src = tmp_path / "fetched"
+    src.mkdir()
+    with tarfile.open(src / "contact-simulator.tar.gz", "w:gz") as t:
+        for f in raw.iterdir():
+            t.add(f, arcname="./" + f.name)
+    res = tmp_path / "results"
+    res.mkdir()
+    cpu_rows = [{"model": "resnet50 b8 112x112", "policy": "liveness", "budget_bytes": None,
+                 "simulated_s": 1.68, "measured_s": 1.73, "rel_error": -0.03,
+                 "cost_model": "serial", "simulated_serial_s": None, "serial_rel_error": None}]
+    (res / "simulator_error.json").write_text(json.dumps(
+        {"cpu": cpu_rows, "gpu": [], "cpu_provenance": {"commit": "abc", "device": "CPU x"}}))
+    (res / "gpu_contact.json").write_text(json.dumps(
+        {"device": "H100", "date": "2026-11-23", "commit": "abc", "tests": TESTS,
+         "models": {}, "stages": {"tests": {
+            "ok": True, "verdict": "OK"}}}))
+    cmd = [sys.executable, os.path.join(BENCH, "import_gpu_results.py"), str(src),
+           "--results", str(res), "--no-readme-tables"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "smoke" in r.stderr           # a CPU smoke run is no GPU result
+    r = subprocess.run(cmd + ["--allow-smoke", "--commit", "0123456789abcdef"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    se = json.loads((res / "simulator_error.json").read_text())
+    assert se["cpu"] == cpu_rows and se["cpu_provenance"]["commit"] == "abc"
+    assert se["gpu"] == stage["rows"] and len(se["gpu"]) == 2
+    assert se["gpu_provenance"]["commit"] == "0123456789ab"
+    assert se["gpu_provenance"]["kit"]["stage"] == "simulator"
+    md = (res / "simulator_error.md").read_text()
+    assert "(cpu)" in md and "(gpu)" in md
+    assert (res / "profile_resnet_cifar_b2_16_cpu.json").exists()
+    assert (res / "gpu_raw" / "simulator.json").exists()
+    # the stage alone (a command of its own) keeps the earlier commands' contact results
+    c = json.loads((res / "gpu_contact.json").read_text())
+    assert c["tests"] == TESTS and set(c["stages"]) == {"tests", "simulator"}
