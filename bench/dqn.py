@@ -29,6 +29,10 @@ TRAIN = [(("resnet_cifar", 20), [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]),
          (("resnet_cifar", 8), [1.0, 0.7, 0.5]),
          (("resnet_cifar", 14), [1.0, 0.8, 0.6, 0.4]),
          (("vgg11", None), [1.0, 0.85, 0.7, 0.5])]
+# held-out graphs for picking the agent (never the reported unseen ones): every 50 episodes
+# of the second half of training, and across the training seeds, the greedy policy is scored
+# on the training problems and these, relative to superneurons; the best snapshot is kept
+VALIDATE = [(("resnet_cifar", 26), [0.7, 0.5]), (("densenet_cifar", 22), [0.7, 0.5])]
 SEEN = [("resnet_cifar", 20), ("vgg11", None)]
 SEEN_FRACTIONS = [1.0, 0.7, 0.5]
 UNSEEN_SMALL = [("resnet_cifar", 32), ("resnet_cifar", 56)]
@@ -61,6 +65,8 @@ def main(argv=None):
     ap = arg_parser(__doc__)
     ap.add_argument("--episodes", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0,1,2",
+                    help="training seeds; the agent with the best selection score is kept")
     ap.add_argument("--parts", default="train,small,unseen,big")
     args = ap.parse_args(argv)
     from neuron.memory.costmodel import CostModel
@@ -68,6 +74,7 @@ def main(argv=None):
     from neuron.memory.planners.dqn import DEFAULT_AGENT
     from neuron.memory.planners.dqn_agent import plot_curve, train
     from neuron.memory.planners.dqn_features import TraceGraph
+    from neuron.memory.planners.home import Home
     from neuron.memory.planners.superneurons import SuperNeurons
     from neuron.models import build_model
     cost = CostModel.analytic("h100")
@@ -78,7 +85,7 @@ def main(argv=None):
     out = {"provenance": prov, "cost_model": cost.describe(), "rows": []}
     names = []
     if "train" in args.parts:
-        problems, dropped = [], []
+        problems, dropped, select, held_out = [], [], [], []
         for (name, depth), fractions in TRAIN:
             graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
             ex, bs = budgets(graph, fractions)
@@ -90,7 +97,30 @@ def main(argv=None):
                     continue
                 problems.append((ctx, TraceGraph(ctx)))
                 names.append(label)
-        agent, curve = train(problems, args.episodes, seed=args.seed, names=names)
+                select.append((ctx, problems[-1][1], Home().fitness(ctx, SuperNeurons().plan(ctx))))
+        for (name, depth), fractions in VALIDATE:
+            graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
+            ex, bs = budgets(graph, fractions)
+            for f, b in bs:
+                ctx = PlanContext(ex, b, cost)
+                t = Home().fitness(ctx, SuperNeurons().plan(ctx))
+                if t < 1e3:
+                    select.append((ctx, TraceGraph(ctx), t))
+                    held_out.append(f"{name}{depth or ''} f={f:g}")
+        runs = []
+        for seed in [int(x) for x in args.seeds.split(",")]:
+            agent, curve = train(problems, args.episodes, seed=seed, names=names,
+                                 select=select)
+            runs.append((agent.meta["selection_score"], seed, agent, curve))
+            print(f"seed {seed}: selection score {agent.meta['selection_score']} at episode "
+                  f"{agent.meta['selected_episode']}, {agent.meta['train_s']} s", flush=True)
+        runs.sort(key=lambda r: r[0])
+        _, seed, agent, curve = runs[0]
+        train_s = sum(r[2].meta["train_s"] for r in runs)
+        # the ensemble: every seed's selected Q-network, the best-scoring first
+        agent.others = [r[2] for r in runs[1:]]
+        agent.meta["ensemble_seeds"] = [r[1] for r in runs]
+        agent.meta["ensemble_scores"] = [r[0] for r in runs]
         agent.meta["networks"] = names
         agent.save(DEFAULT_AGENT)
         plot_curve(curve, os.path.join(RESULTS, "dqn_training.png"), names)
@@ -99,11 +129,18 @@ def main(argv=None):
         md += ["## Training", "",
                f"{m['episodes']} episodes on {', '.join(names)} (batch 32, 32x32; targets: "
                f"{m['target']}; dropped, no fitting superneurons plan: "
-               f"{', '.join(dropped) or 'none'}): "
-               f"{m['train_s']} s on this machine's CPU (Q-network trained by neuron's own "
-               f"Executor), {m['simulations']} distinct simulations. Agent saved to "
-               f"neuron/memory/planners/dqn_default.npz. Curve: bench/results/dqn_training.png",
-               ""]
+               f"{', '.join(dropped) or 'none'}), seeds {args.seeds}: "
+               f"{train_s:.2f} s in all on this machine's CPU (Q-network trained by neuron's "
+               f"own Executor). Per seed, the snapshot with the best selection score (mean log of "
+               f"the greedy plan's time over superneurons' on the training problems and the "
+               f"held-out {', '.join(held_out)}; every 50 episodes from half way) is kept; the "
+               f"agent is the ensemble of the {len(runs)} seeds' Q-networks (the planner rolls "
+               f"out each; scores, best first: "
+               + ", ".join(f"seed {r[1]} {r[0]} (episode {r[2].meta['selected_episode']})"
+                           for r in runs) + f"). Seed {seed}: {m['train_s']} s, "
+               f"{m['simulations']} distinct simulations. Agent saved to "
+               f"neuron/memory/planners/dqn_default.npz. Curve (seed {seed}): "
+               f"bench/results/dqn_training.png", ""]
         print(md[-2], flush=True)
     dqn = f"dqn:seed={args.seed}"
     if "small" in args.parts or "unseen" in args.parts:
