@@ -33,7 +33,7 @@ class Dqn(Planner):
     description = "deep Q-network over keep/swap/recompute per tensor, never worse than superneurons"
 
     def __init__(self, agent: str | None = None, seed: int = 0, rollouts: int = 8,
-                 noise: float = 0.1, episodes: int = 150):
+                 noise: float = 0.2, episodes: int = 150):
         if rollouts < 1 or not 0 <= noise < 1 or episodes < 1:
             raise ValueError(f"dqn: rollouts >= 1, 0 <= noise < 1 and episodes >= 1, got "
                              f"rollouts={rollouts} noise={noise} episodes={episodes}")
