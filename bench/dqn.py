@@ -65,8 +65,8 @@ def main(argv=None):
     ap = arg_parser(__doc__)
     ap.add_argument("--episodes", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", default="0,1,2",
-                    help="training seeds; the agent with the best selection score is kept")
+    ap.add_argument("--members", default="0:64,1:64,2:64,0:128",
+                    help="the ensemble's members, seed:hidden units each (one training each)")
     ap.add_argument("--parts", default="train,small,unseen,big")
     args = ap.parse_args(argv)
     from neuron.memory.costmodel import CostModel
@@ -97,7 +97,8 @@ def main(argv=None):
                     continue
                 problems.append((ctx, TraceGraph(ctx)))
                 names.append(label)
-                select.append((ctx, problems[-1][1], Home().fitness(ctx, SuperNeurons().plan(ctx))))
+                sn_s = Home().fitness(ctx, SuperNeurons().plan(ctx))
+                select.append((ctx, problems[-1][1], sn_s))
         for (name, depth), fractions in VALIDATE:
             graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
             ex, bs = budgets(graph, fractions)
@@ -108,18 +109,20 @@ def main(argv=None):
                     select.append((ctx, TraceGraph(ctx), t))
                     held_out.append(f"{name}{depth or ''} f={f:g}")
         runs = []
-        for seed in [int(x) for x in args.seeds.split(",")]:
+        for member in args.members.split(","):
+            seed, hidden = (int(x) for x in member.split(":"))
             agent, curve = train(problems, args.episodes, seed=seed, names=names,
-                                 select=select)
-            runs.append((agent.meta["selection_score"], seed, agent, curve))
-            print(f"seed {seed}: selection score {agent.meta['selection_score']} at episode "
+                                 select=select, hidden=hidden)
+            runs.append((agent.meta["selection_score"], member, agent, curve))
+            print(f"member {member}: selection score {agent.meta['selection_score']} at "
+                  f"episode "
                   f"{agent.meta['selected_episode']}, {agent.meta['train_s']} s", flush=True)
         runs.sort(key=lambda r: r[0])
         _, seed, agent, curve = runs[0]
         train_s = sum(r[2].meta["train_s"] for r in runs)
         # the ensemble: every seed's selected Q-network, the best-scoring first
         agent.others = [r[2] for r in runs[1:]]
-        agent.meta["ensemble_seeds"] = [r[1] for r in runs]
+        agent.meta["ensemble_members"] = [r[1] for r in runs]
         agent.meta["ensemble_scores"] = [r[0] for r in runs]
         agent.meta["networks"] = names
         agent.save(DEFAULT_AGENT)
@@ -129,17 +132,17 @@ def main(argv=None):
         md += ["## Training", "",
                f"{m['episodes']} episodes on {', '.join(names)} (batch 32, 32x32; targets: "
                f"{m['target']}; dropped, no fitting superneurons plan: "
-               f"{', '.join(dropped) or 'none'}), seeds {args.seeds}: "
+               f"{', '.join(dropped) or 'none'}), members (seed:hidden units) {args.members}: "
                f"{train_s:.2f} s in all on this machine's CPU (Q-network trained by neuron's "
                f"own Executor). Per seed, the snapshot with the best selection score (mean log of "
                f"the greedy plan's time over superneurons' on the training problems and the "
                f"held-out {', '.join(held_out)}; every 50 episodes from half way) is kept; the "
-               f"agent is the ensemble of the {len(runs)} seeds' Q-networks (the planner rolls "
+               f"agent is the ensemble of the {len(runs)} Q-networks (the planner rolls "
                f"out each; scores, best first: "
-               + ", ".join(f"seed {r[1]} {r[0]} (episode {r[2].meta['selected_episode']})"
-                           for r in runs) + f"). Seed {seed}: {m['train_s']} s, "
+               + ", ".join(f"{r[1]} {r[0]} (episode {r[2].meta['selected_episode']})"
+                           for r in runs) + f"). Member {seed}: {m['train_s']} s, "
                f"{m['simulations']} distinct simulations. Agent saved to "
-               f"neuron/memory/planners/dqn_default.npz. Curve (seed {seed}): "
+               f"neuron/memory/planners/dqn_default.npz. Curve (member {seed}): "
                f"bench/results/dqn_training.png", ""]
         print(md[-2], flush=True)
     dqn = f"dqn:seed={args.seed}"
