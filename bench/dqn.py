@@ -1,10 +1,14 @@
-"""The DQN planner (seed 000): train one agent, save it as the bundled default, and evaluate
+"""The DQN planner (seed 000): train an agent (an ensemble of Q-networks), save it as the bundled default, and evaluate
 it on the networks it was trained on and on networks it has not seen.
 
 Training: resnet_cifar-20 (7 budgets), -8, -14 and vgg11 at 32x32, batch 32, budgets
 resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/planners.py
 part 2's budgets), except problems where superneurons finds no fitting plan (no signal to
-learn from). The agent is written to neuron/memory/planners/dqn_default.npz, the curve to
+learn from). One Q-network per --members entry (seed:hidden units); in each training the
+snapshot with the best selection score (the greedy plans' mean log time over superneurons' on
+the training problems and the held-out VALIDATE graphs, never the reported unseen ones) is
+kept, and the agent is all of them (the planner rolls out each member). The agent is written
+to neuron/memory/planners/dqn_default.npz, the best-scoring member's curve to
 bench/results/dqn_training.png.
 Evaluation (simulated time, analytic H100 cost model):
 - seen: resnet_cifar-20, vgg11 at f in 1, 0.7, 0.5: DQN against the checkmate MILP optimum
@@ -14,7 +18,8 @@ Evaluation (simulated time, analytic H100 cost model):
 "DQN (agent alone)" is the best agent rollout before the comparison with superneurons that
 the planner makes; "dqn" is what the planner returns.
 
-    nice python bench/dqn.py [--episodes 1200] [--parts train,small,unseen,big]
+    nice python bench/dqn.py [--episodes 1200] [--members 0:64,1:64,2:64,0:128]
+                             [--parts train,small,unseen,big]
 """
 from __future__ import annotations
 
