@@ -1,5 +1,6 @@
-"""The DQN planner (seed 000): train an agent (an ensemble of Q-networks), save it as the bundled default, and evaluate
-it on the networks it was trained on and on networks it has not seen.
+"""The DQN planner (seed 000): train an agent (an ensemble of Q-networks), save it as the
+bundled default, and evaluate it on the networks it was trained on and on networks it has
+not seen.
 
 Training: resnet_cifar-20 (7 budgets), -8, -14 and vgg11 at 32x32, batch 32, budgets
 resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/planners.py
