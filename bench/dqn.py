@@ -1,10 +1,15 @@
-"""The DQN planner (seed 000): train one agent, save it as the bundled default, and evaluate
-it on the networks it was trained on and on networks it has not seen.
+"""The DQN planner (seed 000): train an agent (an ensemble of Q-networks), save it as the
+bundled default, and evaluate it on the networks it was trained on and on networks it has
+not seen.
 
 Training: resnet_cifar-20 (7 budgets), -8, -14 and vgg11 at 32x32, batch 32, budgets
 resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/planners.py
 part 2's budgets), except problems where superneurons finds no fitting plan (no signal to
-learn from). The agent is written to neuron/memory/planners/dqn_default.npz, the curve to
+learn from). One Q-network per --members entry (seed:hidden units); in each training the
+snapshot with the best selection score (the greedy plans' mean log time over superneurons' on
+the training problems and the held-out VALIDATE graphs, never the reported unseen ones) is
+kept, and the agent is all of them (the planner rolls out each member). The agent is written
+to neuron/memory/planners/dqn_default.npz, the best-scoring member's curve to
 bench/results/dqn_training.png.
 Evaluation (simulated time, analytic H100 cost model):
 - seen: resnet_cifar-20, vgg11 at f in 1, 0.7, 0.5: DQN against the checkmate MILP optimum
@@ -14,7 +19,8 @@ Evaluation (simulated time, analytic H100 cost model):
 "DQN (agent alone)" is the best agent rollout before the comparison with superneurons that
 the planner makes; "dqn" is what the planner returns.
 
-    nice python bench/dqn.py [--episodes 1200] [--parts train,small,unseen,big]
+    nice python bench/dqn.py [--episodes 1200] [--members 0:64,1:64,2:64,0:128]
+                             [--parts train,small,unseen,big]
 """
 from __future__ import annotations
 
@@ -29,6 +35,10 @@ TRAIN = [(("resnet_cifar", 20), [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]),
          (("resnet_cifar", 8), [1.0, 0.7, 0.5]),
          (("resnet_cifar", 14), [1.0, 0.8, 0.6, 0.4]),
          (("vgg11", None), [1.0, 0.85, 0.7, 0.5])]
+# held-out graphs for picking the agent (never the reported unseen ones): every 50 episodes
+# of the second half of training, and across the training seeds, the greedy policy is scored
+# on the training problems and these, relative to superneurons; the best snapshot is kept
+VALIDATE = [(("resnet_cifar", 26), [0.7, 0.5]), (("densenet_cifar", 22), [0.7, 0.5])]
 SEEN = [("resnet_cifar", 20), ("vgg11", None)]
 SEEN_FRACTIONS = [1.0, 0.7, 0.5]
 UNSEEN_SMALL = [("resnet_cifar", 32), ("resnet_cifar", 56)]
@@ -61,6 +71,8 @@ def main(argv=None):
     ap = arg_parser(__doc__)
     ap.add_argument("--episodes", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--members", default="0:64,1:64,2:64,0:128",
+                    help="the ensemble's members, seed:hidden units each (one training each)")
     ap.add_argument("--parts", default="train,small,unseen,big")
     args = ap.parse_args(argv)
     from neuron.memory.costmodel import CostModel
@@ -68,6 +80,7 @@ def main(argv=None):
     from neuron.memory.planners.dqn import DEFAULT_AGENT
     from neuron.memory.planners.dqn_agent import plot_curve, train
     from neuron.memory.planners.dqn_features import TraceGraph
+    from neuron.memory.planners.home import Home
     from neuron.memory.planners.superneurons import SuperNeurons
     from neuron.models import build_model
     cost = CostModel.analytic("h100")
@@ -78,7 +91,7 @@ def main(argv=None):
     out = {"provenance": prov, "cost_model": cost.describe(), "rows": []}
     names = []
     if "train" in args.parts:
-        problems, dropped = [], []
+        problems, dropped, select, held_out = [], [], [], []
         for (name, depth), fractions in TRAIN:
             graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
             ex, bs = budgets(graph, fractions)
@@ -90,7 +103,33 @@ def main(argv=None):
                     continue
                 problems.append((ctx, TraceGraph(ctx)))
                 names.append(label)
-        agent, curve = train(problems, args.episodes, seed=args.seed, names=names)
+                sn_s = Home().fitness(ctx, SuperNeurons().plan(ctx))
+                select.append((ctx, problems[-1][1], sn_s))
+        for (name, depth), fractions in VALIDATE:
+            graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
+            ex, bs = budgets(graph, fractions)
+            for f, b in bs:
+                ctx = PlanContext(ex, b, cost)
+                t = Home().fitness(ctx, SuperNeurons().plan(ctx))
+                if t < 1e3:
+                    select.append((ctx, TraceGraph(ctx), t))
+                    held_out.append(f"{name}{depth or ''} f={f:g}")
+        runs = []
+        for member in args.members.split(","):
+            seed, hidden = (int(x) for x in member.split(":"))
+            agent, curve = train(problems, args.episodes, seed=seed, names=names,
+                                 select=select, hidden=hidden)
+            runs.append((agent.meta["selection_score"], member, agent, curve))
+            print(f"member {member}: selection score {agent.meta['selection_score']} at "
+                  f"episode "
+                  f"{agent.meta['selected_episode']}, {agent.meta['train_s']} s", flush=True)
+        runs.sort(key=lambda r: r[0])
+        _, seed, agent, curve = runs[0]
+        train_s = sum(r[2].meta["train_s"] for r in runs)
+        # the ensemble: every seed's selected Q-network, the best-scoring first
+        agent.others = [r[2] for r in runs[1:]]
+        agent.meta["ensemble_members"] = [r[1] for r in runs]
+        agent.meta["ensemble_scores"] = [r[0] for r in runs]
         agent.meta["networks"] = names
         agent.save(DEFAULT_AGENT)
         plot_curve(curve, os.path.join(RESULTS, "dqn_training.png"), names)
@@ -99,11 +138,18 @@ def main(argv=None):
         md += ["## Training", "",
                f"{m['episodes']} episodes on {', '.join(names)} (batch 32, 32x32; targets: "
                f"{m['target']}; dropped, no fitting superneurons plan: "
-               f"{', '.join(dropped) or 'none'}): "
-               f"{m['train_s']} s on this machine's CPU (Q-network trained by neuron's own "
-               f"Executor), {m['simulations']} distinct simulations. Agent saved to "
-               f"neuron/memory/planners/dqn_default.npz. Curve: bench/results/dqn_training.png",
-               ""]
+               f"{', '.join(dropped) or 'none'}), members (seed:hidden units) {args.members}: "
+               f"{train_s:.2f} s in all on this machine's CPU (Q-network trained by neuron's "
+               f"own Executor). Per seed, the snapshot with the best selection score (mean log of "
+               f"the greedy plan's time over superneurons' on the training problems and the "
+               f"held-out {', '.join(held_out)}; every 50 episodes from half way) is kept; the "
+               f"agent is the ensemble of the {len(runs)} Q-networks (the planner rolls "
+               f"out each; scores, best first: "
+               + ", ".join(f"{r[1]} {r[0]} (episode {r[2].meta['selected_episode']})"
+                           for r in runs) + f"). Member {seed}: {m['train_s']} s, "
+               f"{m['simulations']} distinct simulations. Agent saved to "
+               f"neuron/memory/planners/dqn_default.npz. Curve (member {seed}): "
+               f"bench/results/dqn_training.png", ""]
         print(md[-2], flush=True)
     dqn = f"dqn:seed={args.seed}"
     if "small" in args.parts or "unseen" in args.parts:

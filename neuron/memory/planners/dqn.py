@@ -3,11 +3,13 @@ candidate tensor (features, embedding: dqn_features.py; agent, training: dqn_age
 
 ``--planner dqn [--agent FILE]``: without --agent the agent bundled with the package
 (``dqn_default.npz``, trained by bench/dqn.py) is used; if it is missing the planner trains a
-brief agent on the target graph itself. At plan time the agent's greedy rollout and
-``rollouts`` - 1 rollouts with small exploration noise (epsilon ``noise``) are simulated, and
-the best is compared with the superneurons plan: the better one is returned, so the DQN
-planner is never worse than superneurons (as HOME). ``Decisions.info`` says which agent and
-which plan were used. No budget: every tensor kept (nothing moved or recomputed).
+brief agent on the target graph itself. At plan time, for each member of the agent (an
+ensemble of Q-networks trained with different seeds or sizes, dqn_agent.Agent.members), its
+greedy rollout and ``rollouts`` - 1 rollouts with exploration noise (epsilon ``noise``) are
+simulated, and the best of all is compared with the superneurons plan: the better one is
+returned, so the DQN planner is never worse than superneurons (as HOME). ``Decisions.info``
+says which agent and which plan were used. No budget: every tensor kept (nothing moved or
+recomputed).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class Dqn(Planner):
     description = "deep Q-network over keep/swap/recompute per tensor, never worse than superneurons"
 
     def __init__(self, agent: str | None = None, seed: int = 0, rollouts: int = 8,
-                 noise: float = 0.1, episodes: int = 150):
+                 noise: float = 0.2, episodes: int = 150):
         if rollouts < 1 or not 0 <= noise < 1 or episodes < 1:
             raise ValueError(f"dqn: rollouts >= 1, 0 <= noise < 1 and episodes >= 1, got "
                              f"rollouts={rollouts} noise={noise} episodes={episodes}")
@@ -65,11 +67,13 @@ class Dqn(Planner):
         agent, source = self.agent(ctx, tg)
         rng, cache = np.random.default_rng(self.seed), {}
         best_vec, best_t = None, None
-        for i in range(self.rollouts):
-            vec = agent.rollout(tg, 0.0 if i == 0 else self.noise, rng)
-            _, t = score(ctx, tg, vec, cache)
-            if t is not None and (best_t is None or t < best_t):
-                best_vec, best_t = vec, t
+        members = getattr(agent, "members", [agent])
+        for member in members:          # an ensemble: each member's own rollouts
+            for i in range(self.rollouts):
+                vec = member.rollout(tg, 0.0 if i == 0 else self.noise, rng)
+                _, t = score(ctx, tg, vec, cache)
+                if t is not None and (best_t is None or t < best_t):
+                    best_vec, best_t = vec, t
         home = Home()
         sn_fit = home.fitness(ctx, sn)
         sn_t = sn_fit if sn_fit < 1e3 else None
@@ -81,6 +85,7 @@ class Dqn(Planner):
         greedy = np.array([CODES.index(d.tensors.get(t.name, KEEP)) for t in tg.cands])
         d.info.update({"agent": source, "chosen": chosen, "rollouts": self.rollouts,
                        "dqn_best_s": best_t, "superneurons_s": sn_t, "tensors": tg.n,
+                       "agent_members": len(members),
                        "agent_networks": getattr(agent, "meta", {}).get("networks"),
                        "plan_s": round(time.perf_counter() - t0, 3),
                        "decided": {c: int((greedy == i).sum()) for i, c in enumerate(CODES)}})

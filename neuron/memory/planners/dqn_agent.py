@@ -60,12 +60,21 @@ LAYERS = ("q.l1", "q.l2", "q.out")
 
 
 class Agent:
-    """Weights (NumPy), input standardisation and metadata; ``q`` evaluates states."""
+    """Weights (NumPy), input standardisation and metadata; ``q`` evaluates states.
 
-    def __init__(self, weights: dict, mean, std, meta: dict):
+    ``others``: further Q-networks (agents trained with other seeds) saved in the same file;
+    ``members`` is this agent and those, an ensemble the planner rolls out one by one (each
+    member's plans decided by its own Q-values; the best simulated plan is kept)."""
+
+    def __init__(self, weights: dict, mean, std, meta: dict, others=()):
         self.w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
         self.mean, self.std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
         self.meta = meta
+        self.others = list(others)
+
+    @property
+    def members(self) -> list:
+        return [self] + self.others
 
     def q(self, states) -> np.ndarray:
         h = (np.atleast_2d(states) - self.mean) / self.std
@@ -91,6 +100,9 @@ class Agent:
 
     def save(self, path: str) -> None:
         arrays = {"w:" + k: v for k, v in self.w.items()}
+        for i, o in enumerate(self.others, 1):
+            arrays.update({f"m{i}/w:{k}": v for k, v in o.w.items()})
+            arrays.update({f"m{i}/mean": o.mean, f"m{i}/std": o.std})
         np.savez(path, mean=self.mean, std=self.std,
                  meta=np.array(json.dumps(self.meta)), **arrays)
 
@@ -108,6 +120,13 @@ class Agent:
             meta = json.loads(str(data["meta"]))
             mean, std = data["mean"], data["std"]
             w = {k[2:]: v for k, v in data.items() if k.startswith("w:")}
+            parts = [(w, mean, std)]
+            for i in range(1, 1 + len({k.split("/")[0] for k in data if k.startswith("m")
+                                       and "/" in k})):
+                pre = f"m{i}/"
+                parts.append(({k[len(pre) + 2:]: v for k, v in data.items()
+                               if k.startswith(pre + "w:")},
+                              data[pre + "mean"], data[pre + "std"]))
         except (KeyError, ValueError) as e:
             raise AgentFileError(f"dqn agent {path}: missing or bad entry ({e})") from None
         if meta.get("version") != VERSION or meta.get("state_dim") != STATE_DIM:
@@ -115,13 +134,14 @@ class Agent:
                                  f"size {meta.get('state_dim')}, this planner reads version "
                                  f"{VERSION} / {STATE_DIM}; retrain it (bench/dqn.py)")
         need = [f"{n}.{p}" for n in LAYERS for p in ("weight", "bias")]
-        if any(k not in w for k in need) or mean.shape != (STATE_DIM,) \
-                or std.shape != (STATE_DIM,) or w["q.l1.weight"].shape[1] != STATE_DIM \
-                or w["q.out.weight"].shape[0] != 1:
-            raise AgentFileError(f"dqn agent {path}: weights missing or of the wrong shape")
-        if not all(np.isfinite(v).all() for v in [mean, std, *w.values()]):
-            raise AgentFileError(f"dqn agent {path}: contains NaN or infinity")
-        return cls(w, mean, std, meta)
+        for w, mean, std in parts:
+            if any(k not in w for k in need) or mean.shape != (STATE_DIM,) \
+                    or std.shape != (STATE_DIM,) or w["q.l1.weight"].shape[1] != STATE_DIM \
+                    or w["q.out.weight"].shape[0] != 1:
+                raise AgentFileError(f"dqn agent {path}: weights missing or of the wrong shape")
+            if not all(np.isfinite(v).all() for v in [mean, std, *w.values()]):
+                raise AgentFileError(f"dqn agent {path}: contains NaN or infinity")
+        return cls(*parts[0], meta, [cls(*p, meta) for p in parts[1:]])
 
 
 def score(ctx, tg: TraceGraph, actions, cache: dict):
@@ -141,8 +161,15 @@ def score(ctx, tg: TraceGraph, actions, cache: dict):
 
 def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
           batch: int = 64, sgd_steps: int = 8, replay: int = 20000, eps_min: float = 0.05,
-          seed: int = 0, progress: bool = True, names=None):
-    """Train on ``problems``, a list of (PlanContext, TraceGraph); returns (Agent, curve)."""
+          seed: int = 0, progress: bool = True, names=None, select=None,
+          select_every: int = 50, select_from: float = 0.5):
+    """Train on ``problems``, a list of (PlanContext, TraceGraph); returns (Agent, curve).
+
+    ``select``: a list of (PlanContext, TraceGraph, reference seconds) problems (the training
+    problems, held-out validation graphs, or both) on which, every ``select_every`` episodes
+    from the fraction ``select_from`` of training on, the greedy policy is scored: the mean of
+    log(simulated time / reference), a plan that does not fit counting log 2 + 1. The
+    snapshot with the best score is returned (the last one without ``select``)."""
     from ...executor import Executor
     from ...optim import SGD
     rng = np.random.default_rng(seed)
@@ -170,6 +197,15 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
 
     agent = snapshot()
     caches = [dict() for _ in problems]
+    sel_caches = [dict() for _ in (select or [])]
+    best = (np.inf, None, None)
+
+    def sel_score(ag):
+        out = []
+        for (sctx, stg, ref), c in zip(select, sel_caches):
+            _, t = score(sctx, stg, ag.rollout(stg), c)
+            out.append(np.log(2.0) + 1.0 if t is None else np.log(t / ref))
+        return float(np.mean(out))
     D_s, D_g = [], []
     curve, bar = [], None
     if progress:
@@ -205,16 +241,25 @@ def train(problems, episodes: int = 300, *, hidden: int = 64, lr: float = 1e-3,
                 # the executor sees standardised states; the snapshot standardises itself
                 losses.append(ex.train_step(xs, G[idx, None].astype(np.float32)))
         agent = snapshot()
+        sel = None
+        if select and (e + 1) >= select_from * episodes and \
+                ((e + 1) % select_every == 0 or e + 1 == episodes):
+            sel = sel_score(agent)
+            if sel < best[0]:
+                best = (sel, agent, e + 1)
         curve.append({"episode": e + 1, "problem": k, "epsilon": round(eps, 4),
                       "return": float(ret), "fits": t is not None, "time_s": t,
                       "overhead": None if t is None else t / tg.base_s - 1.0,
                       "loss": float(np.mean(losses)) if losses else None,
-                      "elapsed_s": round(time.perf_counter() - t0, 3)})
+                      "select": sel, "elapsed_s": round(time.perf_counter() - t0, 3)})
         if bar is not None:
             bar.update(1)
             bar.set_postfix(eps=f"{eps:.2f}", ret=f"{ret:.3f}")
     if bar is not None:
         bar.close()
+    if best[1] is not None:
+        agent = best[1]
+        meta["selected_episode"], meta["selection_score"] = best[2], round(best[0], 5)
     meta["train_s"] = round(time.perf_counter() - t0, 2)
     meta["simulations"] = sum(len(c) for c in caches)
     return agent, curve

@@ -87,6 +87,40 @@ def test_save_load_round_trip_gives_identical_q(setup, tmp_path):
     assert again.meta == json.loads(json.dumps(agent.meta))
 
 
+def test_ensemble_round_trip_and_plan(setup, tmp_path):
+    """An agent file with further members (other seeds' Q-networks): each member comes back
+    identical, a wrong-shaped member is refused, and the planner rolls out every member."""
+    _, _, budget, ctx, tg, agent, _, _ = setup
+    other = Agent({k: v * 0.5 for k, v in agent.w.items()}, agent.mean, agent.std, agent.meta)
+    ens = Agent(agent.w, agent.mean, agent.std, agent.meta, [other])
+    path = str(tmp_path / "ens.npz")
+    ens.save(path)
+    again = Agent.load(path)
+    assert len(again.members) == 2
+    states = Episode(tg).afterstates()
+    for a, b in zip(ens.members, again.members):
+        np.testing.assert_array_equal(a.q(states), b.q(states))
+    d = Dqn(agent=path, rollouts=2).plan(ctx)
+    assert d.info["agent_members"] == 2 and ctx.evaluate(d)["peak_bytes"] <= budget
+    bad = Agent(agent.w, agent.mean, agent.std, agent.meta,
+                [Agent({**agent.w, "q.l1.weight": agent.w["q.l1.weight"][:, :5]},
+                       agent.mean, agent.std, agent.meta)])
+    bad.save(str(tmp_path / "bad_member.npz"))
+    with pytest.raises(AgentFileError, match="wrong shape"):
+        Agent.load(str(tmp_path / "bad_member.npz"))
+
+
+def test_training_selects_the_best_snapshot(setup):
+    """With ``select`` the snapshot with the best held-out score is returned."""
+    ctx, tg = setup[3], setup[4]
+    ref = ctx.evaluate(get_planner("superneurons").plan(ctx))["time_s"]
+    agent, curve = train([(ctx, tg)], 8, progress=False, select=[(ctx, tg, ref)],
+                         select_every=2)
+    scores = [c["select"] for c in curve if c["select"] is not None]
+    assert len(scores) == 3 and agent.meta["selection_score"] == round(min(scores), 5)
+    assert agent.meta["selected_episode"] in (4, 6, 8)
+
+
 def test_bad_agent_files_are_clear_errors(setup, tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip file at all")
