@@ -88,19 +88,23 @@ def _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dtype):
     return np.outer(ch, cw).astype(dtype)
 
 
+def _taps(ho, wo, h, w, kernel, stride, padding):
+    """(out_h, out_w, in_h, in_w) slices of every kernel tap that reaches the input."""
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
+            if sl is not None:
+                yield sl
+
+
 def avgpool_forward(x, y, kernel, stride, padding):
     """Average pooling, count_include_pad=True (torch default)."""
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     h, w = x.shape[2:]
     ho, wo = y.shape[2:]
     y[...] = 0
-    for i in range(kernel[0]):
-        for j in range(kernel[1]):
-            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
-            if sl is None:
-                continue
-            oh, ow, ih, iw = sl
-            y[:, :, oh, ow] += x[:, :, ih, iw]
+    for oh, ow, ih, iw in _taps(ho, wo, h, w, kernel, stride, padding):
+        y[:, :, oh, ow] += x[:, :, ih, iw]
     y /= _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, y.dtype)
 
 
@@ -111,13 +115,8 @@ def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     g = dy / _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dy.dtype)
     if not accumulate:
         dx[...] = 0
-    for i in range(kernel[0]):
-        for j in range(kernel[1]):
-            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
-            if sl is None:
-                continue
-            oh, ow, ih, iw = sl
-            dx[:, :, ih, iw] += g[:, :, oh, ow]
+    for oh, ow, ih, iw in _taps(ho, wo, h, w, kernel, stride, padding):
+        dx[:, :, ih, iw] += g[:, :, oh, ow]
 
 
 def global_avgpool_forward(x, y):
