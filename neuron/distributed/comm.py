@@ -74,6 +74,10 @@ class Communicator:
 
     def allreduce_mean(self, arrays: list, what: str) -> None:
         self.allreduce_sum(arrays, what)
+        self.sum_to_mean(arrays)
+
+    def sum_to_mean(self, arrays: list) -> None:
+        """In place: the sums over the ranks become their means."""
         if self.world_size > 1:
             for a in arrays:
                 a *= a.dtype.type(1.0 / self.world_size)

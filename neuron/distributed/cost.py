@@ -31,20 +31,27 @@ def ring_allreduce_seconds(nbytes: int, world_size: int, link_gbps: float,
     return 2 * (k - 1) / k * nbytes / bandwidth + calls * 2 * (k - 1) * latency_s
 
 
-def buckets(sizes, bucket_bytes: int) -> list[int]:
+def bucket_groups(sizes, bucket_bytes: int) -> list[list[int]]:
     """Consecutive gradients (in the order they are ready) grouped into collectives of at least
-    ``bucket_bytes`` each (the last one may be smaller); 0: one collective per entry."""
-    if bucket_bytes <= 0:
-        return [int(n) for n in sizes]
-    out, acc = [], 0
-    for n in sizes:
+    ``bucket_bytes`` each (the last one may be smaller); 0: one collective per entry. Returns
+    the entries' positions per collective: the one rule of the clock (memory/clock.py), the
+    cost model and the runtime's buckets (distributed/overlap.py)."""
+    out, cur, acc = [], [], 0
+    for i, n in enumerate(sizes):
+        cur.append(i)
         acc += int(n)
         if acc >= bucket_bytes:
-            out.append(acc)
-            acc = 0
-    if acc:
-        out.append(acc)
+            out.append(cur)
+            cur, acc = [], 0
+    if cur:
+        out.append(cur)
     return out
+
+
+def buckets(sizes, bucket_bytes: int) -> list[int]:
+    """The bytes of each collective of ``bucket_groups``."""
+    sizes = [int(n) for n in sizes]
+    return [sum(sizes[i] for i in g) for g in bucket_groups(sizes, bucket_bytes)]
 
 
 @dataclass(frozen=True)

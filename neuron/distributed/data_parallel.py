@@ -103,9 +103,7 @@ class DataParallel:
             self.comm.wait(h)
             self.allreduce_wait_s += time.perf_counter() - t0
             self.allreduce_span_s += (h.t_done or time.perf_counter()) - h.t_start
-            scale = 1.0 / self.world_size
-            for a in h.arrays:          # the mean, as allreduce_mean computes it
-                a *= a.dtype.type(scale)
+            self.comm.sum_to_mean(h.arrays)
 
     def waiter(self, bucket):
         """For the pool: the call that waits for this bucket's collective (before a move)."""

@@ -4,10 +4,10 @@ Without overlap every backward step averages its layer's gradients (a blocking c
 then applies the optimizer update, so the whole all-reduce sits on the compute path. With it:
 
 - Buckets: the layers with trainable parameters, in backward order, are grouped until a group
-  holds at least ``bucket_bytes`` of gradients (DDP's rule and default of 25 MiB; the clock's
-  ``distributed.cost.buckets`` uses the same rule; 0: one bucket per layer). A bucket's
-  collective starts right after the backward step of its last layer (one batch of in-place
-  non-blocking all-reduces, one per gradient: no staging buffer outside the plan).
+  holds at least ``bucket_bytes`` of gradients (DDP's rule and default of 25 MiB;
+  ``distributed.cost.bucket_groups``, which the clock uses too; 0: one bucket per layer). A
+  bucket's collective starts right after the backward step of its last layer (one batch of
+  in-place non-blocking all-reduces, one per gradient: no staging buffer outside the plan).
 - Deferred updates: the bucket's optimizer updates run at the backward step ``lag`` backward
   steps later (or the last backward step, whichever comes first), after that step's kernel and
   after waiting for the collective. Nothing in between reads those parameters (a layer's
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
+from .cost import bucket_groups
 
 #: DDP's default bucket size
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -67,22 +69,18 @@ def defer_updates(steps, bucket_bytes: int = DEFAULT_BUCKET_BYTES, lag: int = DE
     bpos = [i for i, s in enumerate(steps) if s.phase == "B"]
     if not any(steps[i].updates for i in bpos):
         return steps
+    upd = [k for k, i in enumerate(bpos) if steps[i].updates]     # backward order
+    sizes = [sum(g.nbytes for _, _, g, _ in steps[bpos[k]].updates) for k in upd]
     buckets: list[Bucket] = []
-    cur = None
-    for k, i in enumerate(bpos):
-        s = steps[i]
-        if not s.updates:
-            continue
-        if cur is None:
-            cur = Bucket(len(buckets))
-        cur.updates.extend(s.updates)
-        cur.layers.append(s.layer.name)
-        last_updating = not any(steps[j].updates for j in bpos[k + 1:])
-        if cur.nbytes >= bucket_bytes or last_updating:
-            cur.launch = i
-            cur.due_at = bpos[min(k + lag, len(bpos) - 1)]
-            buckets.append(cur)
-            cur = None
+    for group in bucket_groups(sizes, bucket_bytes):
+        b = Bucket(len(buckets))
+        for m in group:
+            s = steps[bpos[upd[m]]]
+            b.updates.extend(s.updates)
+            b.layers.append(s.layer.name)
+        last = upd[group[-1]]
+        b.launch, b.due_at = bpos[last], bpos[min(last + lag, len(bpos) - 1)]
+        buckets.append(b)
     out = list(steps)
     changed = {}
 
@@ -94,9 +92,8 @@ def defer_updates(steps, bucket_bytes: int = DEFAULT_BUCKET_BYTES, lag: int = DE
     for b in buckets:
         copy(b.launch).bucket = b
         copy(b.due_at).due.append(b)
-        for lname in b.layers:
-            i = next(j for j in bpos if steps[j].layer.name == lname and steps[j].updates)
-            copy(i).deferred = True
+    for k in upd:
+        copy(bpos[k]).deferred = True
     for i, s in changed.items():
         out[i] = s.bind()
     return out

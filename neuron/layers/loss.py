@@ -1,8 +1,20 @@
-"""Softmax cross-entropy: the loss layer ending every training graph."""
+"""The loss layers ending a training graph: softmax cross-entropy (classification, the default)
+and mean squared error (regression)."""
 from __future__ import annotations
 
 from ..errors import ShapeError
 from .base import AuxSpec, Layer
+
+
+def record_loss(name: str, loss, ctx) -> None:
+    """The batch's mean loss into ``ctx.losses``; under chunking, summed chunk by chunk in
+    order, each weighted by its share of the batch."""
+    ch = ctx.chunk
+    if ch is None:
+        ctx.losses[name] = float(loss)
+    else:
+        part = float(loss) * ch.size / ch.total
+        ctx.losses[name] = part if ch.first else ctx.losses[name] + part
 
 
 class SoftmaxCrossEntropy(Layer):
@@ -26,12 +38,7 @@ class SoftmaxCrossEntropy(Layer):
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         loss = k.softmax_xent_forward(ins[0], ins[1], aux["probs"], rows=outs[0])
         outs[0][...] = loss
-        ch = ctx.chunk
-        if ch is None:
-            ctx.losses[self.name] = float(loss)
-        else:                           # the batch mean, summed chunk by chunk in order
-            part = float(loss) * ch.size / ch.total
-            ctx.losses[self.name] = part if ch.first else ctx.losses[self.name] + part
+        record_loss(self.name, loss, ctx)
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:
@@ -67,12 +74,7 @@ class MSELoss(Layer):
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         loss = k.mse_forward(ins[0], ins[1])
         outs[0][...] = loss
-        ch = ctx.chunk
-        if ch is None:
-            ctx.losses[self.name] = float(loss)
-        else:
-            part = float(loss) * ch.size / ch.total
-            ctx.losses[self.name] = part if ch.first else ctx.losses[self.name] + part
+        record_loss(self.name, loss, ctx)
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         if dins[0] is not None:

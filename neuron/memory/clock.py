@@ -105,18 +105,10 @@ def _grad_bytes(step) -> int:
 def _comm_stream(ready, comm, tl) -> tuple[float, float, int]:
     """The comm stream: ``ready`` lists (time the gradients are written, bytes) in issue order.
     Returns (end, busy seconds, collectives)."""
-    from ..distributed.cost import buckets
-    if comm.bucket_bytes > 0:       # a bucket goes when full: at the time its last part is ready
-        issues, sizes = [], buckets([n for _, n in ready], comm.bucket_bytes)
-        it = iter(ready)
-        for size in sizes:
-            got = 0
-            while got < size:
-                t, n = next(it)
-                got += n
-            issues.append((t, size))
-    else:
-        issues = ready
+    from ..distributed.cost import bucket_groups
+    # a bucket goes when full: at the time its last part is ready
+    issues = [(ready[g[-1]][0], sum(ready[i][1] for i in g))
+              for g in bucket_groups([n for _, n in ready], comm.bucket_bytes)]
     end = busy = 0.0
     for t, n in issues:
         dt = comm.seconds(n)
@@ -239,23 +231,10 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
 
 def unlimited_time(steps, batch: int, cost, comm=None) -> float:
     """The same network with unlimited memory: every step once, nothing moved or recomputed
-    (``comm``: with the same all-reduces on the comm stream)."""
-    total, grads = 0.0, []
-    pipe = getattr(cost, "pipelined", False)
-    host = 0.0
-    for s in steps:
-        if pipe:                        # issued by the host, run when the GPU is free
-            host += cost.host_time(s, batch)
-            total = max(total, host)
-        total += cost.step_time(s, batch) + cost.step_overhead
-        if pipe and s.phase != "B" and s.layer.syncs_host:
-            host = total
-        if comm is not None and comm.world_size > 1 and _grad_bytes(s):
-            grads.append((total, _grad_bytes(s)))
-    total = max(total, host)
-    if not grads:
-        return total
-    return max(total, _comm_stream(grads, comm, None)[0])
+    (``comm``: with the same all-reduces on the comm stream): the clock of a log of steps
+    alone."""
+    return makespan([("step", i, 0) for i in range(len(steps))], steps, batch, cost,
+                    comm=comm).makespan_s
 
 
 def time_report(ex, run: dict, cost, timeline: bool = False, comm=None) -> dict:

@@ -67,7 +67,7 @@ class Dqn(Planner):
         agent, source = self.agent(ctx, tg)
         rng, cache = np.random.default_rng(self.seed), {}
         best_vec, best_t = None, None
-        members = getattr(agent, "members", [agent])
+        members = agent.members
         for member in members:          # an ensemble: each member's own rollouts
             for i in range(self.rollouts):
                 vec = member.rollout(tg, 0.0 if i == 0 else self.noise, rng)

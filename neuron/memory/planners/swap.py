@@ -31,18 +31,11 @@ def free_window(steps, ctx, f: int, j: int) -> float:
 def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, dict]:
     """offload_after and prefetch_after for the tensors to swap. ``ahead``: start each
     prefetch that many steps before its use (vDNN) instead of by time."""
-    last_fwd, first_bwd = ctx.uses(steps) if hasattr(ctx, "uses") else uses(steps)
+    last_fwd, first_bwd = ctx.uses(steps)
     offload_after: dict[int, list] = {}
     prefetch_after: dict[int, list] = {}
     cost = ctx.cost
-    # cum[k]: compute seconds of steps[:k] (bisected per tensor)
-    if ahead is None:
-        if hasattr(ctx, "cum_time"):
-            cum = ctx.cum_time(steps)
-        else:
-            cum = [0.0]
-            for s in steps:
-                cum.append(cum[-1] + ctx.step_time(s))
+    cum = ctx.cum_time(steps) if ahead is None else None    # bisected per tensor
     for t in tensors:
         f, j = last_fwd.get(t.id), first_bwd.get(t.id)
         if f is None or j is None:
