@@ -27,6 +27,15 @@ def pool_out_hw(h, w, kernel, stride, padding, ceil_mode=False):
     return one(h, kh, sh, ph), one(w, kw, sw, pw)
 
 
+def _taps(ho, wo, h, w, kernel, stride, padding):
+    """(out_h, out_w, in_h, in_w) slices of every kernel tap that reaches the input."""
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
+            if sl is not None:
+                yield sl
+
+
 def maxpool_forward(x, y, kernel, stride, padding):
     """Max pooling with implicit -inf padding.  The output size is taken from
     y, so ceil-mode shapes work too."""
@@ -35,14 +44,9 @@ def maxpool_forward(x, y, kernel, stride, padding):
     h, w = x.shape[2:]
     ho, wo = y.shape[2:]
     y.fill(-np.inf)
-    for i in range(kh):
-        for j in range(kw):
-            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
-            if sl is None:
-                continue
-            oh, ow, ih, iw = sl
-            yv = y[:, :, oh, ow]
-            np.maximum(yv, x[:, :, ih, iw], out=yv)
+    for oh, ow, ih, iw in _taps(ho, wo, h, w, (kh, kw), stride, padding):
+        yv = y[:, :, oh, ow]
+        np.maximum(yv, x[:, :, ih, iw], out=yv)
 
 
 def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
@@ -61,21 +65,16 @@ def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
     # padding read NaN, which never equals the maximum.
     xg = np.empty(y.shape, dtype=x.dtype)
     contrib = np.empty(y.shape, dtype=dx.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
-            if sl is None:
-                continue
-            oh, ow, ih, iw = sl
-            if (oh.stop - oh.start, ow.stop - ow.start) != (ho, wo):
-                xg.fill(np.nan)
-            xg[:, :, oh, ow] = x[:, :, ih, iw]
-            np.equal(xg, y, out=hit)
-            np.greater(hit, taken, out=hit)   # hit and not yet taken
-            taken |= hit
-            np.multiply(dy, hit, out=contrib)
-            dxv = dx[:, :, ih, iw]
-            dxv += contrib[:, :, oh, ow]
+    for oh, ow, ih, iw in _taps(ho, wo, h, w, (kh, kw), stride, padding):   # row-major
+        if (oh.stop - oh.start, ow.stop - ow.start) != (ho, wo):
+            xg.fill(np.nan)
+        xg[:, :, oh, ow] = x[:, :, ih, iw]
+        np.equal(xg, y, out=hit)
+        np.greater(hit, taken, out=hit)   # hit and not yet taken
+        taken |= hit
+        np.multiply(dy, hit, out=contrib)
+        dxv = dx[:, :, ih, iw]
+        dxv += contrib[:, :, oh, ow]
 
 
 def _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dtype):
@@ -86,15 +85,6 @@ def _avgpool_divisor(h, w, ho, wo, kernel, stride, padding, dtype):
     ch = np.minimum(hs + kh, h + ph) - hs
     cw = np.minimum(ws + kw, w + pw) - ws
     return np.outer(ch, cw).astype(dtype)
-
-
-def _taps(ho, wo, h, w, kernel, stride, padding):
-    """(out_h, out_w, in_h, in_w) slices of every kernel tap that reaches the input."""
-    for i in range(kernel[0]):
-        for j in range(kernel[1]):
-            sl = _offset_slices(ho, wo, h, w, stride, padding, i, j)
-            if sl is not None:
-                yield sl
 
 
 def avgpool_forward(x, y, kernel, stride, padding):
