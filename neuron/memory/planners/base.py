@@ -69,6 +69,7 @@ class PlanContext:
         # the last few simulations with events (decisions, arena, result): the executor reuses
         # the one of the decisions a planner returns instead of simulating them again
         self._sims: list[tuple] = []
+        self._pinned: list[tuple] = []
 
     def step_time(self, step) -> float:
         return self.cost.step_time(step, self.batch) + self.cost.step_overhead
@@ -115,10 +116,15 @@ class PlanContext:
             self._sims = [x for x in self._sims[-3:] if x[0] is not d] + [(d, arena, r)]
         return r
 
+    def pin(self, d: Decisions) -> None:
+        """Keep the simulation of ``d`` (a search's best so far) for ``simulated`` however
+        many candidates are simulated after it."""
+        self._pinned = [x for x in self._sims if x[0] is d][-1:] or self._pinned
+
     def simulated(self, d: Decisions, arena) -> dict | None:
         """The simulation (with events) of exactly these decisions in this arena, if one of
-        the last few was."""
-        for dd, a, r in self._sims:
+        the last few (or the pinned one) was."""
+        for dd, a, r in self._sims + self._pinned:
             if dd is d and a == arena:
                 return r
         return None

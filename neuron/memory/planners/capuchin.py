@@ -11,22 +11,10 @@ time (swap.py); without a budget nothing is moved.
 """
 from __future__ import annotations
 
-from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
+from .base import RECOMPUTE, SWAP, Decisions, Planner
+from .choice import build
 from .costs import tensor_costs
-from .rewrite import droppable, recompute_rewrite
-from .swap import swap_schedule
-
-
-def build(ctx, cands, choice: dict) -> Decisions:
-    """Decisions from a per-tensor choice (tensor id -> SWAP | RECOMPUTE; absent: KEEP)."""
-    drop = {tid for tid, c in choice.items() if c == RECOMPUTE}
-    steps, report = recompute_rewrite(ctx.schedule, drop) if drop else (
-        list(ctx.schedule.steps), None)
-    swap = [t for t in cands if choice.get(t.id) == SWAP]
-    offload_after, prefetch_after = swap_schedule(steps, swap, ctx)
-    return Decisions(steps, policy=PLANNED, offload_after=offload_after,
-                     prefetch_after=prefetch_after, recompute_report=report,
-                     tensors={t.name: choice.get(t.id, KEEP) for t in cands})
+from .rewrite import droppable
 
 
 class Capuchin(Planner):

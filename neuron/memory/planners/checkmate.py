@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from .base import Decisions, Planner, RECOMPUTE, SWAP
-from .capuchin import build
+from .choice import build
 from .costs import tensor_costs
 from .estimate import liveness_bytes
 from .rewrite import droppable

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from .base import KEEP, Planner
-from .capuchin import build
+from .choice import build
 from .dqn_agent import Agent, score, train
 from .dqn_features import TraceGraph
 from .home import CODES, Home

@@ -66,7 +66,7 @@ class TraceGraph:
         self.base_s = unlimited_time(ctx.schedule.steps, ctx.batch, ctx.cost)
         self.nbytes = np.array([t.nbytes for t in self.cands], np.float64)
         if unbudgeted_peak is None:
-            from .capuchin import build
+            from .choice import build
             unbudgeted_peak = ctx.simulate(build(ctx, self.cands, {}), None)["peak_bytes"]
         self.need = max(0.0, float(unbudgeted_peak) - float(ctx.budget or unbudgeted_peak))
         x = np.zeros((n, N_FEATURES))

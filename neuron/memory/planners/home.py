@@ -38,7 +38,7 @@ import numpy as np
 
 from ..codecs import get_codec
 from .base import COMPRESS, KEEP, RECOMPUTE, SWAP, Decisions, Planner
-from .capuchin import build
+from .choice import build
 from .rewrite import droppable
 from .superneurons import SuperNeurons
 

@@ -23,11 +23,6 @@ def uses(steps) -> tuple[dict, dict]:
     return last_fwd, first_bwd
 
 
-def free_window(steps, ctx, f: int, j: int) -> float:
-    """Compute seconds strictly between positions f and j."""
-    return sum(ctx.step_time(steps[k]) for k in range(f + 1, j))
-
-
 def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, dict]:
     """offload_after and prefetch_after for the tensors to swap. ``ahead``: start each
     prefetch that many steps before its use (vDNN) instead of by time."""

@@ -180,7 +180,58 @@ def test_superneurons_variant_is_never_slower_than_the_paper_policy(fraction):
     mine = ctx.evaluate(d)
     if paper_s < float("inf"):
         assert mine["fits"] and mine["time_s"] <= paper_s
-    assert set(d.info["candidates"]) == {"liveness", "cache", "paper"}
+    assert set(d.info["candidates"]) == {"liveness", "cache", "paper", "cost"}
+
+
+def test_superneurons_recompute_by_cost_takes_the_cheapest_per_byte_and_trains_identically():
+    """The cost variant recomputes a prefix of the tensors ordered by recompute seconds per
+    byte, fits the budget, reports the time the simulator gives, and trains bit-identically."""
+    from neuron.memory.planners.costs import tensor_costs
+    from neuron.memory.planners.rewrite import droppable
+    from neuron.memory.planners.superneurons import SuperNeurons
+    graph, batch = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)), 8
+    live = make(graph, batch, device="cpu", policy="liveness")
+    ref_losses, ref_state = train(live, graph, batch)
+    resident = sum(t.nbytes for t in live.persistent)
+    budget = int(resident + 0.6 * (live.planned["peak_bytes"] - resident))
+    slow = CostModel.analytic("h100")
+    slow.copy_bandwidth = 1e8           # copies dear: the cache alone is not the fastest
+    ctx = PlanContext(Executor(graph, batch, device="virtual", policy="liveness"), budget, slow)
+    cands = droppable(ctx.schedule)
+    d, t, entry = SuperNeurons().recompute_by_cost(ctx, cands)
+    assert entry["fits"] and t == ctx.evaluate(d)["time_s"]
+    price = {c.tensor.name: c.recompute_s / c.tensor.nbytes for c in tensor_costs(ctx, cands)}
+    dropped = [n for n, c in d.tensors.items() if c == "recompute"]
+    kept = [n for n, c in d.tensors.items() if c != "recompute" and n in price]
+    assert len(dropped) == entry["recomputed"] >= 3 and kept
+    assert max(price[n] for n in dropped) <= min(price[n] for n in kept)
+
+    class CostOnly(SuperNeurons):
+        def plan(self, ctx):
+            return self.recompute_by_cost(ctx, droppable(ctx.schedule))[0]
+
+    run = make(graph, batch, device="cpu", planner=CostOnly(), budget=budget, cost=slow)
+    losses, state = train(run, graph, batch)
+    assert losses == ref_losses
+    assert all(ref_state[k].tobytes() == state[k].tobytes() for k in ref_state)
+    assert run.decisions.counts()["recompute"] == len(dropped)
+    assert run.pool.high_water <= budget
+
+
+@pytest.mark.parametrize("fraction", [0.7, 0.5])
+def test_superneurons_is_within_10_percent_of_the_milp_optimum_on_a_small_resnet(fraction):
+    """Issue 12's target on a graph small enough for a unit test (bench/planners.py has the
+    benchmark's graphs): the H100 analytic clock, batch 32 at 32x32."""
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 32, 32), num_classes=10)
+    ex = Executor(g, 32, device="virtual", policy="liveness")
+    live = ex.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in ex.persistent)
+    ctx = PlanContext(ex, int(resident + fraction * (live - resident)),
+                      CostModel.analytic("h100", dtype=ex.dtype))
+    sn = ctx.evaluate(get_planner("superneurons").plan(ctx))
+    opt = ctx.evaluate(get_planner("checkmate").plan(ctx))
+    assert sn["fits"] and opt["fits"]
+    assert sn["time_s"] <= 1.10 * opt["time_s"]
 
 
 def test_the_executor_reuses_the_planners_simulation_of_its_answer():
