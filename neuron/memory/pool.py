@@ -329,11 +329,45 @@ class Pool:
             wait()
 
     def alloc_all(self, tensors, step=None) -> None:
+        """Place a step's outputs (no views: the step makes its own after all of them). A
+        pool that hooks ``alloc`` (the recorder, the malloc baseline) keeps going through it;
+        this one takes the arena's fast path, as a simulation places millions of tensors."""
+        if type(self).alloc is not Pool.alloc:
+            for t in tensors:
+                self.alloc(t, step)
+            return
+        offset, host, live, lru, h = self.offset, self.host, self.live, self.lru, self._h
+        b = self._block
         for t in tensors:
-            self.alloc(t, step)
+            tid = t.id
+            if tid in offset or tid in host:
+                raise RuntimeError(f"{t.name} allocated twice")
+            n = t.nbytes or 1
+            off = h.try_alloc(n)
+            if off < 0:
+                off = self._take(n, t, step)
+            else:
+                end = off - (-n // b) * b
+                if end > self.max_extent:
+                    self.max_extent = end
+            offset[tid] = off
+            live[tid] = t
+            lru[tid] = t
+            if t.parts:
+                self._account_tensor(t, 1)
+                continue
+            # _account_tensor(t, 1), inline
+            self.by_kind[t.kind_index] += -(-n // b) * b
+            u = h.used_bytes
+            if u >= self._peak_used:
+                self._peak_used = u
+                self._peak_kinds = list(self.by_kind)
+            if t.kind_index != _WS and u - self.by_kind[_WS] > self.tensor_high_water:
+                self.tensor_high_water = u - self.by_kind[_WS]
 
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru
+        b = self._block
         for t in tensors:
             if self.inflight:
                 self._settle(t)
@@ -344,7 +378,10 @@ class Pool:
             if off is None:                 # on the host, or a block: the general path
                 self.free(t)
                 continue
-            self._account_tensor(t, -1)
+            if t.parts:
+                self._account_tensor(t, -1)
+            else:                           # _account_tensor(t, -1), inline
+                self.by_kind[t.kind_index] -= -(-(t.nbytes or 1) // b) * b
             h.free(off)
             del live[t.id]
             lru.pop(t.id, None)
