@@ -335,10 +335,11 @@ def cmd_plan(args) -> int:
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
     from .cli_planning import cost_model, print_time
-    from .distributed.launch import plan_allreduce, plan_comm_model
+    from .distributed.launch import plan_allreduce, plan_comm_model, plan_grad_buckets
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
              model=args.model, cost=cost_model(args) if args.time or args.planner else None,
-             comm=plan_comm_model(args), **_policy_kw(args))
+             comm=plan_comm_model(args), grad_buckets=plan_grad_buckets(args),
+             **_policy_kw(args))
     plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"

@@ -63,10 +63,27 @@ def add_plan_arguments(p) -> None:
                    help="add the ring all-reduce time of K data-parallel ranks per iteration")
     p.add_argument("--link-gbps", type=float, default=100.0,
                    help="per-link bandwidth for --data-parallel in Gbit/s (default 100)")
-    p.add_argument("--bucket-mb", type=float, default=0.0, metavar="MB",
-                   help="with --data-parallel: model consecutive layers' gradients as one "
-                   "collective of at least MB MiB (fewer per-call latencies; `train "
-                   "--data-parallel --bucket-mb` runs them so); default 0: one per layer")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --data-parallel: plan the all-reduce as `train --data-parallel` "
+                   "runs it, overlapping backward with each bucket's updates deferred a few "
+                   "steps (their gradients live until then, in the plan's bytes; the clock "
+                   "waits for a collective at its due step); --no-overlap: the plan without "
+                   "deferred updates, the all-reduce timed as if it hid under backward "
+                   "(default: overlap)")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
+                   metavar="MB",
+                   help="with --data-parallel: consecutive layers' gradients (in backward "
+                   "order) as one collective of at least MB MiB; 0: one per layer (default "
+                   f"{DEFAULT_BUCKET_BYTES / 2**20:g}, as `train` and PyTorch DDP)")
+
+
+def plan_grad_buckets(args):
+    """The executor's ``grad_buckets`` for `neuron plan --data-parallel K`: what `train
+    --data-parallel` would run (None: no data parallelism, one rank, or --no-overlap)."""
+    comm = plan_comm_model(args)
+    if comm is None or comm.world_size < 2 or not args.overlap:
+        return None
+    return comm.bucket_bytes
 
 
 def make_train_comm(args):

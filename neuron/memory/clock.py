@@ -30,24 +30,24 @@ for the GPU only where a layer reads a result back (``Layer.syncs_host``: the lo
 end of forward); the executor's other waits are on the device.
 
 Data parallelism (``comm``, `neuron plan --data-parallel K`, K > 1) adds a third stream for the
-gradient all-reduces. The model, deliberately simple:
+gradient all-reduces (ring model of distributed/cost.py, with its per-call latency), one
+collective after another. Two forms:
 
-- a layer's all-reduce is issued when the backward step that finishes its parameter gradients
-  ends (the step with ``updates``; under chunking only the chunk that applies the update), and
-  runs on the comm stream, one collective after another (ring model of distributed/cost.py,
-  with its per-call latency; ``bucket_bytes``: consecutive layers' gradients go as one
-  collective, issued when the bucket is full, the rest after the last layer's step);
-- compute never waits for it: the next backward step starts at once (neuron's overlap claim:
-  later layers' backward hides earlier layers' all-reduce). The layer's optimizer update, which
-  the executor fuses into the backward step, is taken to run after its all-reduce at no extra
-  cost (its time is already in the step's), so the iteration ends when compute, copies and the
-  last all-reduce are all done (the next forward reads every updated parameter);
-- ``allreduce_exposed_s`` is what the comm stream adds to the iteration: 0 when every
-  collective hides under compute, at most the comm stream's busy time.
+- the runtime's overlap (steps from distributed/overlap.py's ``defer_updates``, what `train
+  --data-parallel` runs and `plan --data-parallel K` plans by default): a bucket's collective
+  starts when the backward step that launches it ends (and the comm stream is free); its
+  updates run at the due step a few backward steps later, which waits for the collective
+  there, as the run does. Compute stalls only where a collective outlasts the backward steps
+  between its launch and its due step;
+- steps without deferred updates (``--no-overlap``, chunked schedules): a layer's all-reduce
+  is issued when the backward step that finishes its parameter gradients ends (under chunking
+  only the chunk that applies the update; ``bucket_bytes``: consecutive layers' gradients go as
+  one collective, issued when the bucket is full) and compute is taken never to wait for it,
+  the iteration ending when the last one is done. That is what overlap could give; the
+  blocking engines of those runs pay the plan's ``allreduce_time_s`` in full.
 
-Caveat: the NCCL engine of a real run (distributed/nccl.py) queues its collectives on the
-compute stream, so there the all-reduce is exposed in full: this clock is what overlap would
-give, the plan's ``allreduce_time_s`` added to the memory-only time is what that engine gives.
+``allreduce_exposed_s`` is what the comm stream adds to the iteration (the due steps' waits and
+any collective still running after compute): 0 when every collective hides under compute.
 Keeping this a pure function of the log keeps "planning is the executor": the times are those
 of the very decisions the executor made.
 """
@@ -127,6 +127,11 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
     (see the module's docstring); None or a world of one: no communication."""
     dp = comm is not None and comm.world_size > 1
     grads = [] if dp else None          # (end of the step that wrote them, bytes)
+    # steps with the runtime's deferred updates (distributed/overlap.py): the comm stream in
+    # line, and a due step waits for its buckets; otherwise the comm stream after the replay
+    deferred = dp and any(getattr(s, "bucket", None) is not None for s in steps)
+    comm_free = comm_busy = comm_wait = 0.0
+    bucket_end: dict[int, float] = {}
     spec = cost.spec
     overlap = spec.async_copies
     compute = copy = 0.0
@@ -161,7 +166,21 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
                 recompute += dt
             if tl is not None:
                 tl.append(("compute", start, compute, step.name))
-            if dp:
+            if deferred:                # the runtime's buckets: launched here, waited for
+                if step.bucket is not None:
+                    dtc = comm.seconds(step.bucket.nbytes)
+                    c0 = max(comm_free, compute)
+                    comm_free = c0 + dtc
+                    bucket_end[id(step.bucket)] = comm_free
+                    comm_busy += dtc
+                    if tl is not None:
+                        tl.append(("comm", c0, comm_free, "all-reduce"))
+                if step.due:            # its updates wait for those collectives
+                    w = max(bucket_end.get(id(b), 0.0) for b in step.due)
+                    if w > compute:
+                        comm_wait += w - compute
+                        compute = w
+            elif dp:
                 n = _grad_bytes(step)
                 if n:
                     grads.append((compute, n))
@@ -222,7 +241,11 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
                      tl or [], codec_busy)
     if comm is not None:
         rep.allreduce_s = 0.0
-    if dp and grads:
+    if deferred:
+        rep.allreduce_s, rep.allreduce_calls = comm_busy, len(bucket_end)
+        rep.makespan_s = max(end, comm_free)
+        rep.allreduce_exposed_s = comm_wait + rep.makespan_s - end
+    elif dp and grads:
         comm_end, rep.allreduce_s, rep.allreduce_calls = _comm_stream(grads, comm, tl)
         rep.makespan_s = max(end, comm_end)
         rep.allreduce_exposed_s = rep.makespan_s - end
@@ -243,7 +266,8 @@ def time_report(ex, run: dict, cost, timeline: bool = False, comm=None) -> dict:
     with data parallelism's all-reduces, so ``overhead_pct`` stays the cost of the budget)."""
     rep = makespan(run["events"], run["executor"].steps, ex.batch, cost, timeline=timeline,
                    comm=comm)
-    base = unlimited_time(ex.schedule.steps, ex.batch, cost, comm=comm)
+    # unlimited memory, with the same deferred updates (if any) as the run
+    base = unlimited_time(ex._defer(ex.schedule.steps), ex.batch, cost, comm=comm)
     out = rep.as_dict()
     out["unlimited_time_s"] = base
     out["overhead_pct"] = 100.0 * (rep.makespan_s / base - 1.0) if base > 0 else None

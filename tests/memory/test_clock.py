@@ -264,12 +264,50 @@ def test_comm_stream_overlaps_later_backward_and_ends_the_iteration():
         assert r.makespan_s == pytest.approx(3.0) and r.allreduce_exposed_s == 0.0
 
 
-def _dp_plan(k, gbps, model="resnet_cifar", depth=8, batch=8, trace=False, **kw):
+def test_deferred_updates_wait_for_their_collective_at_the_due_step():
+    """The runtime's overlap (distributed/overlap.py): a bucket launched after backward step 0
+    is due at step 3; compute waits there only for what the collective has not finished."""
+    steps = _backward_steps(4, 100)
+    bucket = SimpleNamespace(nbytes=100)
+    for s in steps:
+        s.bucket, s.due = None, []
+    steps[0].bucket, steps[3].due = bucket, [bucket]
+    ev = [("step", i, 0) for i in range(4)]
+    # 1 s per step: launched at 1; 2.5 s of all-reduce ends at 3.5, before step 3 ends at 4
+    r = makespan(ev, steps, 1, FixedCost(True), comm=SecondsPerCall(2, 2.5), timeline=True)
+    assert r.makespan_s == pytest.approx(4.0) and r.allreduce_exposed_s == 0.0
+    assert r.allreduce_calls == 1 and r.allreduce_s == pytest.approx(2.5)
+    assert [iv[1:3] for iv in r.timeline if iv[0] == "comm"] == [(1, 3.5)]
+    # 5 s: it ends at 6, so the due step's updates wait 2 s (the post-hoc form would say the
+    # same total, but here the wait is on the compute stream, before anything after it)
+    r = makespan(ev, steps, 1, FixedCost(True), comm=SecondsPerCall(2, 5.0))
+    assert r.makespan_s == pytest.approx(6.0) and r.allreduce_exposed_s == pytest.approx(2.0)
+    assert r.compute_s == pytest.approx(4.0)
+    # a world of one: nothing on the comm stream
+    r = makespan(ev, steps, 1, FixedCost(True), comm=SecondsPerCall(1, 5.0))
+    assert r.makespan_s == pytest.approx(4.0) and r.allreduce_calls == 0
+
+
+def _dp_plan(k, gbps, model="resnet_cifar", depth=8, batch=8, trace=False, buckets=None, **kw):
     from neuron.distributed.cost import RingModel
     g = build_model(model, depth=depth)
     comm = None if k is None else RingModel(k, gbps, **kw)
     return plan(g, batch, search_min=False, trace=trace, cost=CostModel.analytic("h100"),
-                comm=comm)
+                comm=comm, grad_buckets=buckets)
+
+
+def test_planned_overlap_keeps_gradients_live_and_waits_at_due_steps():
+    """`plan --data-parallel K` with the runtime's overlap: the deferred updates' gradients
+    are in the plan's bytes, and a slow link stalls compute at the due steps."""
+    plain, deferred = _dp_plan(2, 1.0), _dp_plan(2, 1.0, buckets=0)
+    assert deferred["peak_bytes"] > plain["peak_bytes"]
+    assert deferred["allreduce_calls_simulated"] == plain["allreduce_calls_simulated"]
+    assert deferred["allreduce_time_s"] == pytest.approx(plain["allreduce_time_s"])
+    assert 0 < deferred["allreduce_exposed_s"] <= deferred["allreduce_time_s"] + 1e-12
+    assert deferred["simulated_time_s"] == pytest.approx(
+        deferred["compute_s"] + deferred["allreduce_exposed_s"], rel=1e-6)
+    fast = _dp_plan(2, 1e4, buckets=0, latency_s=1e-8)
+    assert fast["allreduce_exposed_s"] < 0.05 * fast["allreduce_time_s"]
 
 
 def test_world_of_one_changes_no_time():
