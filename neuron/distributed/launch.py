@@ -25,16 +25,22 @@ def add_train_arguments(p) -> None:
     p.add_argument("--dp-check-every", type=int, default=100,
                    help="check that all ranks hold identical parameters every N iterations "
                    "(0: never; default 100)")
+    add_overlap_arguments(
+        p, "with --data-parallel: all-reduce gradient buckets while backward goes on, each "
+        "bucket's optimizer updates deferred a few backward steps (its gradients stay live "
+        "until then, counted in the plan); --no-overlap: a blocking all-reduce per layer, "
+        "updated at once (default: overlap)",
+        "with --data-parallel --overlap: consecutive layers' gradients (in backward order) "
+        "grouped into one collective of at least MB MiB; 0: one per layer (default "
+        f"{DEFAULT_BUCKET_BYTES / 2**20:g}, as PyTorch DDP)")
+
+
+def add_overlap_arguments(p, overlap_help: str, bucket_help: str) -> None:
+    """--overlap/--no-overlap and --bucket-mb, the same defaults for `train` and `plan`."""
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --data-parallel: all-reduce gradient buckets while backward goes "
-                   "on, each bucket's optimizer updates deferred a few backward steps (its "
-                   "gradients stay live until then, counted in the plan); --no-overlap: a "
-                   "blocking all-reduce per layer, updated at once (default: overlap)")
+                   help=overlap_help)
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
-                   metavar="MB",
-                   help="with --data-parallel --overlap: consecutive layers' gradients (in "
-                   "backward order) grouped into one collective of at least MB MiB; 0: one "
-                   f"per layer (default {DEFAULT_BUCKET_BYTES / 2**20:g}, as PyTorch DDP)")
+                   metavar="MB", help=bucket_help)
 
 
 def train_grad_buckets(args):
@@ -63,18 +69,15 @@ def add_plan_arguments(p) -> None:
                    help="add the ring all-reduce time of K data-parallel ranks per iteration")
     p.add_argument("--link-gbps", type=float, default=100.0,
                    help="per-link bandwidth for --data-parallel in Gbit/s (default 100)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --data-parallel: plan the all-reduce as `train --data-parallel` "
-                   "runs it, overlapping backward with each bucket's updates deferred a few "
-                   "steps (their gradients live until then, in the plan's bytes; the clock "
-                   "waits for a collective at its due step); --no-overlap: the plan without "
-                   "deferred updates, the all-reduce timed as if it hid under backward "
-                   "(default: overlap)")
-    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
-                   metavar="MB",
-                   help="with --data-parallel: consecutive layers' gradients (in backward "
-                   "order) as one collective of at least MB MiB; 0: one per layer (default "
-                   f"{DEFAULT_BUCKET_BYTES / 2**20:g}, as `train` and PyTorch DDP)")
+    add_overlap_arguments(
+        p, "with --data-parallel: plan the all-reduce as `train --data-parallel` runs it, "
+        "overlapping backward with each bucket's updates deferred a few steps (their "
+        "gradients live until then, in the plan's bytes; the clock waits for a collective at "
+        "its due step); --no-overlap: the plan without deferred updates, the all-reduce timed "
+        "as if it hid under backward (default: overlap)",
+        "with --data-parallel: consecutive layers' gradients (in backward order) as one "
+        "collective of at least MB MiB; 0: one per layer (default "
+        f"{DEFAULT_BUCKET_BYTES / 2**20:g}, as `train` and PyTorch DDP)")
 
 
 def plan_grad_buckets(args):
