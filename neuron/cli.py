@@ -335,11 +335,11 @@ def cmd_plan(args) -> int:
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
     from .cli_planning import cost_model, print_time
-    from .distributed.launch import plan_allreduce, plan_comm_model, plan_grad_buckets
+    from .distributed.launch import grad_lag, plan_allreduce, plan_comm_model, plan_grad_buckets
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
              model=args.model, cost=cost_model(args) if args.time or args.planner else None,
              comm=plan_comm_model(args), grad_buckets=plan_grad_buckets(args),
-             **_policy_kw(args))
+             grad_lag=grad_lag(args), **_policy_kw(args))
     plan_allreduce(args, graph, r)
     mb = r["min_budget_bytes"]
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
@@ -492,9 +492,10 @@ def cmd_train(args) -> int:
     from .optim import SGD
     from .train import fit
     from .checkpoint import check_checkpoint_target
-    from .distributed.launch import make_train_comm, stop_all_ranks_on_error, train_grad_buckets
+    from .distributed.launch import (grad_lag, make_train_comm, stop_all_ranks_on_error,
+                                     train_grad_buckets)
     from .errors import UsageError
-    grad_buckets = train_grad_buckets(args)
+    grad_buckets, lag = train_grad_buckets(args), grad_lag(args)
     comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
     from .cli_planning import planner_spec
     budget = parse_bytes(args.budget) if args.budget else None
@@ -516,7 +517,7 @@ def cmd_train(args) -> int:
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
-                      planner=planner_spec(args), grad_buckets=grad_buckets)
+                      planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag)
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,

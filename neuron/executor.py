@@ -77,6 +77,7 @@ class Executor:
     (memory/chunking.py; recompute is then off).
     grad_buckets: bytes per gradient bucket; set, each bucket's updates are deferred to a later
     backward step so its all-reduce overlaps backward (distributed/overlap.py). None: at once.
+    grad_lag: with grad_buckets, how many backward steps later (None: overlap.DEFAULT_LAG).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -87,7 +88,7 @@ class Executor:
                  compact: bool | None = None, chunks: int = 1,
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
                  loss: str = "softmax", grad_buckets: int | None = None,
-                 _plan_from=None):
+                 grad_lag: int | None = None, _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         self.graph = graph
@@ -111,7 +112,7 @@ class Executor:
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
         self.chunks = int(chunks)
-        self.grad_buckets = grad_buckets
+        self.grad_buckets, self.grad_lag = grad_buckets, grad_lag
         if not 1 <= self.chunks <= self.batch:
             raise ValueError(f"chunks must be between 1 and the batch ({self.batch}), got {chunks}")
         if _plan_from is not None:          # share the (immutable) plan of another executor
@@ -197,7 +198,9 @@ class Executor:
         if self.grad_buckets is None:
             return steps
         from .distributed.overlap import defer_updates
-        return defer_updates(steps, self.grad_buckets)
+        if self.grad_lag is None:
+            return defer_updates(steps, self.grad_buckets)
+        return defer_updates(steps, self.grad_buckets, self.grad_lag)
 
     #: the pool class a run uses (memory/recorder.py swaps in one that logs every event)
     pool_class = Pool

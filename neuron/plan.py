@@ -169,11 +169,12 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
          compact: bool | None = None, dtype=np.float32,
          search_min: bool = True, chunks=1,
          model: str | None = None, trace: bool = True, cost=None, planner=None,
-         comm=None, grad_buckets: int | None = None) -> dict:
+         comm=None, grad_buckets: int | None = None, grad_lag: int | None = None) -> dict:
     """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``);
     ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock;
     ``grad_buckets`` (bytes): the runtime's overlap, as `train --data-parallel` runs it (each
-    bucket's updates deferred, its gradients live until then: distributed/overlap.py).
+    bucket's updates deferred ``grad_lag`` backward steps, its gradients live until then:
+    distributed/overlap.py).
     ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
     ``chunks``: every layer split along the batch into that many chunks
     (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
@@ -185,7 +186,8 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     if chunks == "auto":
         chunks = (choose_chunks(graph, batch, budget, **kw) if budget is not None else 1) or 1
     ex = Executor(graph, batch, device="virtual", chunks=chunks, planner=planner, cost=cost,
-                  budget=budget if planner else None, grad_buckets=grad_buckets, **kw)
+                  budget=budget if planner else None, grad_buckets=grad_buckets,
+                  grad_lag=grad_lag, **kw)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]

@@ -7,7 +7,7 @@ import contextlib
 import sys
 
 from .comm import DEFAULT_TIMEOUT_S
-from .overlap import DEFAULT_BUCKET_BYTES
+from .overlap import DEFAULT_BUCKET_BYTES, DEFAULT_LAG
 
 
 def add_train_arguments(p) -> None:
@@ -41,6 +41,17 @@ def add_overlap_arguments(p, overlap_help: str, bucket_help: str) -> None:
                    help=overlap_help)
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
                    metavar="MB", help=bucket_help)
+    p.add_argument("--dp-lag", type=int, default=DEFAULT_LAG, metavar="N",
+                   help="with --data-parallel --overlap: a bucket's optimizer updates run N "
+                   "backward steps after its all-reduce starts, waiting for it there; more "
+                   "hides a slower link, and its gradients live longer (in the plan's bytes; "
+                   f"default {DEFAULT_LAG})")
+
+
+def grad_lag(args) -> int:
+    if args.dp_lag < 0:
+        raise ValueError(f"--dp-lag must be >= 0 backward steps, got {args.dp_lag}")
+    return args.dp_lag
 
 
 def train_grad_buckets(args):

@@ -15,7 +15,8 @@ def test_world_of_one_is_bitwise_identical_with_and_without_overlap(bn):
     plain = make_executor(8, bn)
     runs = [plain] + [make_executor(8, bn, grad_buckets=bb) for bb in (0, 600,
                                                                         DEFAULT_BUCKET_BYTES)]
-    dps = [DataParallel(ex, LocalComm(), check_every=0) for ex in runs[1:3]]
+    runs.append(make_executor(8, bn, grad_buckets=600, grad_lag=7))      # `--dp-lag 7`
+    dps = [DataParallel(ex, LocalComm(), check_every=0) for ex in runs[1:3] + runs[4:]]
     assert all(dp.overlap for dp in dps)
     for x, y in global_batches(8):
         losses = [plain.train_step(x, y)] + [dp.train_step(x, y) for dp in dps] + \

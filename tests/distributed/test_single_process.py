@@ -173,6 +173,7 @@ def test_buckets_save_per_call_latency():
 
 def test_bad_plan_data_parallel_options(capsys):
     for bad in (["--data-parallel", "0"], ["--data-parallel", "2", "--bucket-mb", "-1"],
-                ["--data-parallel", "2", "--link-gbps", "0"]):
+                ["--data-parallel", "2", "--link-gbps", "0"],
+                ["--data-parallel", "2", "--dp-lag", "-1"]):
         assert main(["plan", "resnet_cifar", "--depth", "8", "--no-min-budget", *bad]) == 2
         capsys.readouterr()

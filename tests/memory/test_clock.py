@@ -288,12 +288,13 @@ def test_deferred_updates_wait_for_their_collective_at_the_due_step():
     assert r.makespan_s == pytest.approx(4.0) and r.allreduce_calls == 0
 
 
-def _dp_plan(k, gbps, model="resnet_cifar", depth=8, batch=8, trace=False, buckets=None, **kw):
+def _dp_plan(k, gbps, model="resnet_cifar", depth=8, batch=8, trace=False, buckets=None,
+             grad_lag=None, **kw):
     from neuron.distributed.cost import RingModel
     g = build_model(model, depth=depth)
     comm = None if k is None else RingModel(k, gbps, **kw)
     return plan(g, batch, search_min=False, trace=trace, cost=CostModel.analytic("h100"),
-                comm=comm, grad_buckets=buckets)
+                comm=comm, grad_buckets=buckets, grad_lag=grad_lag)
 
 
 def test_planned_overlap_keeps_gradients_live_and_waits_at_due_steps():
@@ -308,6 +309,10 @@ def test_planned_overlap_keeps_gradients_live_and_waits_at_due_steps():
         deferred["compute_s"] + deferred["allreduce_exposed_s"], rel=1e-6)
     fast = _dp_plan(2, 1e4, buckets=0, latency_s=1e-8)
     assert fast["allreduce_exposed_s"] < 0.05 * fast["allreduce_time_s"]
+    # a longer lag (`--dp-lag`) gives each collective more backward to hide under
+    exposed = [_dp_plan(2, 20.0, buckets=0, grad_lag=lag)["allreduce_exposed_s"]
+               for lag in (0, 3, 12)]
+    assert exposed[0] > exposed[1] > exposed[2] > 0
 
 
 def test_world_of_one_changes_no_time():
