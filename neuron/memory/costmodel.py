@@ -176,7 +176,9 @@ class CostModel:
     # ---- per step -----------------------------------------------------------------------
     def step_time(self, step, batch: int) -> float:
         """Seconds of one step's kernel (not counting the per-step overhead)."""
-        key = id(step.layer), step.phase == "B", batch
+        # the analytic estimate counts the bytes a step reads and writes: a backward step that
+        # also runs deferred updates (distributed/overlap.py) reads more than its layer's own
+        key = id(step.layer), step.phase == "B", batch, len(step.reads), len(step.writes)
         hit = self._cache.get(key)
         # the entry holds its layer: a layer's id is reused once it is freed, and a cost model
         # outlives graphs (the planners bench plans model after model with one)
