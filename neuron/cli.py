@@ -335,12 +335,19 @@ def cmd_plan(args) -> int:
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
     from .cli_planning import cost_model, print_time
-    from .distributed.launch import grad_lag, plan_allreduce, plan_comm_model, plan_grad_buckets
+    from .distributed.launch import plan_allreduce, plan_comm_model, plan_grad_buckets, plan_lag
+    cost = cost_model(args) if args.time or args.planner else None
+    lag, lag_search = plan_lag(args, graph, budget, cost, **_policy_kw(args))
     r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
-             model=args.model, cost=cost_model(args) if args.time or args.planner else None,
-             comm=plan_comm_model(args), grad_buckets=plan_grad_buckets(args),
-             grad_lag=grad_lag(args), **_policy_kw(args))
+             model=args.model, cost=cost, comm=plan_comm_model(args),
+             grad_buckets=plan_grad_buckets(args), grad_lag=lag, **_policy_kw(args))
     plan_allreduce(args, graph, r)
+    if lag_search is not None:
+        r["dp_lag"], r["dp_lag_search"] = lag, lag_search
+        print(f"--dp-lag auto: {lag} backward steps (tried "
+              + ", ".join(f"{t['lag']}: " + (f"{t['simulated_time_s'] * 1e3:.3f} ms"
+                                             if t["fits"] else "does not fit")
+                          for t in lag_search) + "); train with --dp-lag " + str(lag))
     mb = r["min_budget_bytes"]
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
     print(f"{args.model} batch {args.batch}, {how}"

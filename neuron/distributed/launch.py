@@ -41,14 +41,30 @@ def add_overlap_arguments(p, overlap_help: str, bucket_help: str) -> None:
                    help=overlap_help)
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
                    metavar="MB", help=bucket_help)
-    p.add_argument("--dp-lag", type=int, default=DEFAULT_LAG, metavar="N",
+    p.add_argument("--dp-lag", type=_lag, default=DEFAULT_LAG, metavar="N|auto",
                    help="with --data-parallel --overlap: a bucket's optimizer updates run N "
                    "backward steps after its all-reduce starts, waiting for it there; more "
                    "hides a slower link, and its gradients live longer (in the plan's bytes; "
-                   f"default {DEFAULT_LAG})")
+                   f"default {DEFAULT_LAG}); `plan ... --time --dp-lag auto` chooses N on the "
+                   "simulated clock")
+
+
+def _lag(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of backward steps or auto, got "
+                                         f"{text!r}") from None
 
 
 def grad_lag(args) -> int:
+    """--dp-lag as a number of steps (`auto` is resolved by `plan --time` alone)."""
+    if args.dp_lag == "auto":
+        raise ValueError("--dp-lag auto chooses the lag on the simulated clock: run `neuron "
+                         "plan ... --data-parallel K --time --dp-lag auto` and train with the "
+                         "--dp-lag N it reports")
     if args.dp_lag < 0:
         raise ValueError(f"--dp-lag must be >= 0 backward steps, got {args.dp_lag}")
     return args.dp_lag
@@ -98,6 +114,20 @@ def plan_grad_buckets(args):
     if comm is None or comm.world_size < 2 or not args.overlap:
         return None
     return comm.bucket_bytes
+
+
+def plan_lag(args, graph, budget, cost, **kw) -> tuple[int, list | None]:
+    """`plan`'s --dp-lag: (the lag, None), or with `auto` the one distributed/lag.py chooses
+    and the lags it tried."""
+    if args.dp_lag != "auto":
+        return grad_lag(args), None
+    buckets = plan_grad_buckets(args)
+    if buckets is None or not args.time:
+        raise ValueError("--dp-lag auto needs --time and --data-parallel K (K > 1) with "
+                         "--overlap: it chooses on the simulated clock")
+    from .lag import choose_lag
+    return choose_lag(graph, args.batch, cost=cost, comm=plan_comm_model(args),
+                      grad_buckets=buckets, budget=budget, **kw)
 
 
 def make_train_comm(args):

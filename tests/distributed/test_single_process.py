@@ -174,6 +174,33 @@ def test_buckets_save_per_call_latency():
 def test_bad_plan_data_parallel_options(capsys):
     for bad in (["--data-parallel", "0"], ["--data-parallel", "2", "--bucket-mb", "-1"],
                 ["--data-parallel", "2", "--link-gbps", "0"],
-                ["--data-parallel", "2", "--dp-lag", "-1"]):
+                ["--data-parallel", "2", "--dp-lag", "-1"],
+                ["--data-parallel", "2", "--dp-lag", "auto"],           # needs --time
+                ["--data-parallel", "2", "--time", "--dp-lag", "auto", "--no-overlap"]):
         assert main(["plan", "resnet_cifar", "--depth", "8", "--no-min-budget", *bad]) == 2
         capsys.readouterr()
+
+
+def test_dp_lag_is_a_number_or_auto(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "resnet_cifar", "--depth", "8", "--data-parallel", "2", "--dp-lag", "soon"])
+    assert e.value.code == 2
+    assert "expected a number of backward steps or auto, got 'soon'" in capsys.readouterr().err
+
+
+def test_dp_lag_auto_chooses_on_the_clock_and_train_refuses_it(capsys):
+    args = ["plan", "resnet_cifar", "--depth", "8", "--batch", "8", "--no-min-budget", "--time",
+            "--data-parallel", "2", "--link-gbps", "20", "--bucket-mb", "0", "--json"]
+    assert main(args + ["--dp-lag", "auto"]) == 0
+    out = capsys.readouterr().out
+    auto = json.loads(out.strip().splitlines()[-1])
+    tried = auto["dp_lag_search"]
+    assert [t["lag"] for t in tried] == [3 * 2 ** i for i in range(len(tried))]
+    assert auto["dp_lag"] > 3 and f"train with --dp-lag {auto['dp_lag']}" in out
+    assert main(args) == 0                              # the default lag, 3
+    default = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert auto["simulated_time_s"] < default["simulated_time_s"]
+    assert auto["allreduce_exposed_s"] < default["allreduce_exposed_s"]
+    assert main(["train", "resnet_cifar", "--depth", "8", "--iters", "1", "--data-parallel",
+                 "--dp-lag", "auto"]) == 2
+    assert "--dp-lag auto chooses the lag on the simulated clock" in capsys.readouterr().err
