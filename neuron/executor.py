@@ -198,8 +198,6 @@ class Executor:
         if self.grad_buckets is None:
             return steps
         from .distributed.overlap import defer_updates
-        if self.grad_lag is None:
-            return defer_updates(steps, self.grad_buckets)
         return defer_updates(steps, self.grad_buckets, self.grad_lag)
 
     #: the pool class a run uses (memory/recorder.py swaps in one that logs every event)

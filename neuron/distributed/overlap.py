@@ -58,10 +58,11 @@ def is_deferred(steps) -> bool:
     return any(s.bucket is not None for s in steps)
 
 
-def defer_updates(steps, bucket_bytes: int = DEFAULT_BUCKET_BYTES, lag: int = DEFAULT_LAG):
+def defer_updates(steps, bucket_bytes: int = DEFAULT_BUCKET_BYTES, lag: int | None = None):
     """The step list with each bucket's updates moved to its due step (new Step objects for the
     backward steps that change; the others are shared). Unchanged when there is nothing to
-    defer, the steps are chunked, or they are deferred already."""
+    defer, the steps are chunked, or they are deferred already. ``lag`` None: DEFAULT_LAG."""
+    lag = DEFAULT_LAG if lag is None else lag
     if bucket_bytes < 0 or lag < 0:
         raise ValueError(f"bucket bytes and lag must be >= 0, got {bucket_bytes} and {lag}")
     if is_deferred(steps) or any(s.chunk is not None for s in steps):

@@ -353,21 +353,10 @@ class Pool:
             offset[tid] = off
             live[tid] = t
             lru[tid] = t
-            if t.parts:
-                self._account_tensor(t, 1)
-                continue
-            # _account_tensor(t, 1), inline
-            self.by_kind[t.kind_index] += -(-n // b) * b
-            u = h.used_bytes
-            if u >= self._peak_used:
-                self._peak_used = u
-                self._peak_kinds = list(self.by_kind)
-            if t.kind_index != _WS and u - self.by_kind[_WS] > self.tensor_high_water:
-                self.tensor_high_water = u - self.by_kind[_WS]
+            self._account_tensor(t, 1)
 
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru
-        b = self._block
         for t in tensors:
             if self.inflight:
                 self._settle(t)
@@ -378,10 +367,7 @@ class Pool:
             if off is None:                 # on the host, or a block: the general path
                 self.free(t)
                 continue
-            if t.parts:
-                self._account_tensor(t, -1)
-            else:                           # _account_tensor(t, -1), inline
-                self.by_kind[t.kind_index] -= -(-(t.nbytes or 1) // b) * b
+            self._account_tensor(t, -1)
             h.free(off)
             del live[t.id]
             lru.pop(t.id, None)

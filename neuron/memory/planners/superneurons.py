@@ -58,8 +58,9 @@ from ..clock import makespan
 from ..policy import get_policy
 from ..recompute import plan_recompute
 from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
+from .choice import build
 from .costs import tensor_costs
-from .rewrite import droppable, recompute_rewrite
+from .rewrite import droppable
 from .swap import swap_schedule
 
 GRID = 8        # recompute_by_cost's probes per grid
@@ -118,16 +119,11 @@ class SuperNeurons(Planner):
 
         def make(k):
             if k not in made:
-                drop = {c.tensor.id for c in order[:k]}
-                steps, report = recompute_rewrite(ctx.schedule, drop) if drop else (
-                    ctx.schedule.steps, None)
-                kept = [t for t in cands if t.id not in drop]
-                _, prefetch_after = swap_schedule(steps, kept, ctx)
-                d = Decisions(steps, policy=PLANNED, prefetch_after=prefetch_after,
-                              recompute_report=report,
-                              tensors={t.name: RECOMPUTE if t.id in drop else KEEP
-                                       for t in cands})
-                made[k] = (d, kept, *time_bound(ctx, steps))
+                d = build(ctx, cands, {c.tensor.id: RECOMPUTE for c in order[:k]})
+                kept = [t for t in cands if d.tensors[t.name] == KEEP]
+                # a kept tensor the cache evicts comes back by time, as in the paper variant
+                d.prefetch_after = swap_schedule(d.steps, kept, ctx)[1]
+                made[k] = (d, kept, *time_bound(ctx, d.steps))
             return made[k]
 
         n = len(order)
