@@ -3,11 +3,13 @@
 Per tensor that backward reads: the seconds a swap costs (compute waits for the copy out,
 since the pool reuses the block at once; the copy back hides in the free time between its last
 forward use and its first backward use, or is exposed for the rest) against the seconds its
-recompute costs; the cheaper wins. Tensors are taken cheapest
-first (the seconds a choice costs per byte it frees) until the plan fits the budget: the
-number taken grows (x1.5) from the bytes the liveness peak exceeds the budget by, each
-candidate checked by the simulator. Swaps are offloaded during forward and prefetched by
-time (swap.py); without a budget nothing is moved.
+recompute costs (the producer's forward and the transient tensors on its way,
+rewrite.chains); the cheaper wins. Tensors are taken cheapest first (the seconds a choice costs
+per byte it frees): the number taken grows (x1.5) from the bytes the liveness peak exceeds the
+budget by until the planned moves alone fit. Each count is simulated with the tensor cache
+behind it (what the planned moves leave over the budget is evicted, as Capuchin's passive
+mode does on demand) and the fastest that fits wins. Swaps are offloaded during forward and
+prefetched by time (swap.py); without a budget nothing is moved.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class Capuchin(Planner):
         order = sorted(costs, key=lambda c: (price[c.tensor.id], -c.tensor.nbytes))
         peak = ctx.simulate(build(ctx, cands, {}), None)["peak_bytes"]
         target = max(0, peak - ctx.budget)
-        d, taken, tried = None, 0.0, []
+        best, best_t, taken, tried = None, float("inf"), 0.0, []
         while True:
             chosen, acc = {}, 0
             for c in order:
@@ -45,10 +47,15 @@ class Capuchin(Planner):
                 chosen[c.tensor.id] = choice_of[c.tensor.id]
                 acc += c.tensor.nbytes
             d = build(ctx, cands, chosen)
-            r = ctx.evaluate(d, static=True)
-            tried.append({"tensors": len(chosen), "fits": r["fits"], "time_s": r["time_s"]})
-            if r["fits"] or len(chosen) == len(order):
+            alone = ctx.evaluate(d, static=True)
+            r = alone if alone["fits"] else ctx.evaluate(d)
+            tried.append({"tensors": len(chosen), "fits_planned": alone["fits"],
+                          "fits": r["fits"], "time_s": r["time_s"]})
+            if r["time_s"] < best_t or best is None:
+                best, best_t = d, r["time_s"]
+                ctx.pin(d)
+            if alone["fits"] or len(chosen) == len(order):
                 break
             taken += 1
-        d.info["search"] = tried
-        return d
+        best.info["search"] = tried
+        return best

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .rewrite import producers
+from .rewrite import chains
 
 
 @dataclass
@@ -15,8 +15,9 @@ class TensorCost:
     free_s: float           # compute seconds between them (Capuchin's "free time")
     swap_s: float           # out and back on the copy stream
     exposed_s: float        # swap time compute waits for (see below)
-    recompute_s: float      # its producer's forward once more
-    inputs: tuple           # ids of the activations its producer reads
+    recompute_s: float      # its producer's forward once more, with the transient tensors
+                            # on the way (rewrite.chains)
+    inputs: tuple           # ids of the held tensors that recompute reads
 
 
 def tensor_costs(ctx, cands) -> list[TensorCost]:
@@ -24,7 +25,7 @@ def tensor_costs(ctx, cands) -> list[TensorCost]:
     last_fwd, first_bwd = ctx.uses(steps)
     cum = ctx.cum_time(steps)
     fwd_time = {id(s.layer): ctx.step_time(s) for s in steps if s.phase == "F"}
-    prod = producers(ctx.schedule)
+    chain = chains(ctx.schedule, cands)
     out = []
     for t in cands:
         f, j = last_fwd.get(t.id), first_bwd.get(t.id)
@@ -33,8 +34,7 @@ def tensor_costs(ctx, cands) -> list[TensorCost]:
         free = cum[j] - cum[f + 1]
         one = ctx.cost.copy_time(t.nbytes)
         swap = 2 * one
-        layer = prod[t.id][0]
-        ins = tuple(ctx.schedule.act[id(sym)].id for sym in layer.inputs)
+        layers, ins = chain[t.id]
         # a planned offload overlaps the next step (its block is kept until then), the copy
         # back the free time before the tensor's use (memory/clock.py); on a device without a
         # copy stream both copies are exposed
@@ -44,5 +44,5 @@ def tensor_costs(ctx, cands) -> list[TensorCost]:
         else:
             exposed = swap
         out.append(TensorCost(t, f, j, free, swap, exposed,
-                              fwd_time.get(id(layer), 0.0), ins))
+                              sum(fwd_time.get(id(l), 0.0) for l in layers), ins))
     return out

@@ -2,10 +2,18 @@
 
 Given the ids of forward activations to drop, every backward step that reads one is preceded
 by "R" steps that re-run its producer from the nearest tensors still held (recursively through
-other dropped tensors, in route order: joins and concats included). A recomputed version is
-kept until backward has used it (liveness frees it then), so a segment is recomputed once
-(speed-centric, Chen et al.'s "one extra forward"). The data layer and the loss are never
-recomputed. memory/recompute.py is SuperNeurons' own rule (checkpoint kinds, cost-aware
+other dropped tensors, in route order: joins and concats included). A recomputed version of a
+dropped tensor is kept until backward has used it (liveness frees it then), so a segment is
+recomputed once (speed-centric, Chen et al.'s "one extra forward"). The data layer and the
+loss are never recomputed.
+
+A *transient* activation is one no backward step reads (a BN output that only its ReLU reads,
+the sum of a residual join): once forward has used it, nothing holds it. A recompute that reads
+one re-runs it too, from its own inputs, and lets it die after that use, rather than keeping
+the forward copy alive all iteration just to feed the recompute (which would make dropping,
+say, a ReLU output save nothing: its BN output would stay instead). ``chains`` gives each
+droppable tensor's re-run layers and the held tensors they start from, so costs price what the
+rewrite runs. memory/recompute.py is SuperNeurons' own rule (checkpoint kinds, cost-aware
 modes); this is the general mechanism for planners that choose tensors themselves.
 """
 from __future__ import annotations
@@ -24,22 +32,54 @@ def producers(schedule: Schedule) -> dict:
     return out
 
 
+def recomputable(layer) -> bool:
+    return layer.kind not in ("data", "loss") and len(layer.outputs) == 1
+
+
+def backward_read(schedule: Schedule) -> set:
+    """Ids of the tensors some backward step reads or writes."""
+    return {t.id for s in schedule.steps if s.phase == "B" for t in [*s.ins, *s.outs]
+            if t is not None}
+
+
 def droppable(schedule: Schedule) -> list:
     """Forward activations backward reads that a recompute could make again, in route order."""
     prod = producers(schedule)
-    seen, out = set(), []
-    for s in schedule.steps:
-        if s.phase != "B":
-            continue
-        for t in [*s.ins, *s.outs]:
-            if t is None or t.id in seen or t.id not in prod:
+    read = backward_read(schedule)
+    out = [schedule.act[id(l.outputs[0])] for l in schedule.graph.route if recomputable(l)]
+    return [t for t in out if t.id in read and t.id in prod]
+
+
+def transient(schedule: Schedule, prod=None) -> set:
+    """Ids of forward activations no backward step reads that a recompute could make again."""
+    prod = producers(schedule) if prod is None else prod
+    read = backward_read(schedule)
+    return {tid for tid, (layer, _) in prod.items() if tid not in read and recomputable(layer)}
+
+
+def chains(schedule: Schedule, cands) -> dict:
+    """Tensor id -> (layers re-run to make it again, in route order; ids of the held tensors
+    they read): its producer, and the producers of the transient tensors on the way."""
+    prod = producers(schedule)
+    trans = transient(schedule, prod)
+    act = schedule.act
+    out = {}
+    for t in cands:
+        layers, frontier, seen, stack = {}, set(), set(), [t.id]
+        while stack:
+            tid = stack.pop()
+            if tid in seen:
                 continue
-            layer = prod[t.id][0]
-            if layer.kind in ("data", "loss") or len(layer.outputs) != 1:
-                continue
-            seen.add(t.id)
-            out.append(t)
-    out.sort(key=lambda t: prod[t.id][1])
+            seen.add(tid)
+            layer, pos = prod[tid]
+            layers[pos] = layer
+            for sym in layer.inputs:
+                a = act[id(sym)].id
+                if a in trans:
+                    stack.append(a)
+                else:
+                    frontier.add(a)
+        out[t.id] = ([layers[p] for p in sorted(layers)], tuple(sorted(frontier)))
     return out
 
 
@@ -48,6 +88,7 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
     steps = schedule.steps if steps is None else steps
     act, reg = schedule.act, schedule.registry
     prod = producers(schedule)
+    trans = transient(schedule, prod)
     current: dict[int, object] = {}         # dropped id -> its live recomputed version
     new_steps: list[Step] = []
     counter = [len(reg)]
@@ -57,7 +98,9 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
         nonlocal extra
         if t.id in current:
             return current[t.id]
-        # every dropped ancestor not yet recomputed, emitted in route order
+        # every dropped ancestor not yet recomputed and every transient one on the way,
+        # emitted in route order; a transient's version lives for this chain only
+        local: dict[int, object] = {}
         need, stack = {}, [t]
         while stack:
             u = stack.pop()
@@ -67,15 +110,16 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
             layer = prod[u.id][0]
             for sym in layer.inputs:
                 a = act[id(sym)]
-                if a.id in drop and a.id not in current:
+                if (a.id in drop or a.id in trans) and a.id not in current:
                     stack.append(a)
         for u in sorted(need.values(), key=lambda u: prod[u.id][1]):
             layer = prod[u.id][0]
-            ins = [current.get(act[id(sym)].id, act[id(sym)]) for sym in layer.inputs]
+            ins = [current.get(a.id, local.get(a.id, a))
+                   for a in (act[id(sym)] for sym in layer.inputs)]
             counter[0] += 1
             v = reg.add(f"{u.name}@c{counter[0]}", u.kind, u.shape, u.dtype)
             new_steps.append(recompute_step(schedule, layer, ins, v))
-            current[u.id] = v
+            (local if u.id in trans and u.id not in drop else current)[u.id] = v
             extra += 1
         return current[t.id]
 

@@ -39,7 +39,7 @@ import copy
 from ..recompute import RecomputeReport, rebind, recompute_step, renumber
 from ..schedule import Step
 from .base import KEEP, PLANNED_NO_EVICT, RECOMPUTE, Decisions, Planner
-from .rewrite import droppable, producers
+from .rewrite import droppable, producers, recomputable
 from .sublinear import split_points
 
 
@@ -101,9 +101,6 @@ def nested_rewrite(schedule, cands: list, k: int):
 
     def available(j: int) -> bool:
         return j == 0 or bound[j].id in keep or bound[j].id in current
-
-    def recomputable(layer) -> bool:
-        return layer.kind not in ("data", "loss") and len(layer.outputs) == 1
 
     def pick(a, local: dict):
         """This pass's version, else the live one, else the forward tensor itself."""

@@ -54,9 +54,15 @@ def test_infeasible_policies_rank_after_feasible_ones(resnet20):
 
 
 def test_home_plan_trains_bit_identically_to_liveness(resnet20):
-    graph, _, budget = resnet20
+    graph, ex, budget = resnet20
+    # a seed whose swarm beats its superneurons seed, so the swarm's own plan is what runs
+    ctx = PlanContext(ex, budget)
+    spec = next((f"home:iterations=4,swarm=6,seed={s}" for s in range(1, 9)
+                 if get_planner(f"home:iterations=4,swarm=6,seed={s}").plan(ctx)
+                 .info["chosen"] == "swarm"), None)
+    assert spec is not None, "no seed in 1..8 found a plan faster than superneurons'"
     states = []
-    for kw in ({"policy": "liveness"}, {"planner": SMALL, "budget": budget}):
+    for kw in ({"policy": "liveness"}, {"planner": spec, "budget": budget}):
         ex = Executor(graph, 4, optimizer=nn.SGD(lr=0.05, momentum=0.9), seed=3, **kw)
         if "planner" in kw:
             assert ex.decisions.info["chosen"] == "swarm"
