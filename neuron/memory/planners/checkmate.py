@@ -1,18 +1,27 @@
 """The optimum as a mixed-integer program (Checkmate, Jain et al. 2020, in this runtime's
 decision space), solved by HiGHS through ``scipy.optimize.milp``.
 
-Variables per tensor that backward reads: s_i (swap) and r_i (recompute), binary, s_i + r_i
+Variables per tensor that backward reads: r_i (recompute) and s_i (swap), binary, r_i + s_i
 <= 1. Memory, per step k: the liveness plan's bytes at k (every tensor from its producing step
-to its last use, plus what stays resident and the step's workspace) minus the bytes of every
-dropped tensor whose gap (last forward use, first backward use) contains k, at most the
-budget, plus the inputs a recompute keeps alive until it runs. A recompute re-runs its
-producer from inputs that are still there: r_i + s_u <= 1 for its inputs u. Objective: simulated seconds added, r_i * (producer forward) + s_i * (copy
-time its free time cannot hide) + a tie-break on bytes moved.
+to its last use, plus what stays resident and the step's workspace), minus the bytes of every
+recomputed tensor whose gap (last forward use, first backward use) contains k and of every
+swapped one between its offload and the start of its prefetch (swap.prefetch_step), plus
+- the version of a recomputed tensor made early: a recompute of j re-runs the dropped tensors
+  it reads first and keeps them until their own use (rewrite.py), so e_ik >= r_i + (j made by
+  step k) - 1 for every such j (continuous e_ik, exact whenever the choices are binary);
+- the inputs a recompute keeps alive until it runs;
+at most the budget. A recompute re-runs its chain from inputs that are still there:
+r_i + s_u <= 1 for its inputs u. Objective: simulated seconds added, r_i * (the chain's
+forward) + s_i * (copy time its free time cannot hide) + a tie-break on bytes moved.
 
 This is the optimum of that model, not of every schedule (Checkmate proper also re-orders and
 re-materializes at any step): the decisions then run through the executor and the simulator
-like every planner's. The pool's fragmentation is outside the model, so the budget in the
-MILP is tightened (x0.95, x0.9, ...) until the simulated plan fits. The solver's time limit,
+like every planner's. The pool's fragmentation and the copy stream's contention are outside
+the model, so the budget in the MILP is tightened (x0.95, x0.9, ...) until the planned moves
+alone fit; a plan that fits only with the tensor cache behind it is kept if it simulates
+faster, and the fastest plan that fits wins. Where no plan of this decision space fits at all,
+the model takes one more variable, the bytes the tensor cache must evict at the worst step,
+charged as copies out and back, and its plan runs with the cache. The solver's time limit,
 status and optimality gap are reported in ``Decisions.info``.
 """
 from __future__ import annotations
@@ -29,7 +38,8 @@ from .rewrite import droppable
 
 MAX_STEPS = 400             # the model grows with steps x tensors; meant for ~150-step graphs
 TIME_LIMIT_S = 20.0
-MARGINS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
+MARGINS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
+MiB = 1 << 20
 
 
 class Checkmate(Planner):
@@ -39,8 +49,7 @@ class Checkmate(Planner):
 
     def plan(self, ctx) -> Decisions:
         try:
-            from scipy.optimize import Bounds, LinearConstraint, milp
-            from scipy.sparse import lil_matrix
+            from scipy.optimize import milp  # noqa: F401
         except ImportError:
             raise ValueError("the checkmate planner needs scipy >= 1.11 (HiGHS MILP): "
                              "pip install 'neuron[planners]'") from None
@@ -51,74 +60,137 @@ class Checkmate(Planner):
         cands = droppable(ctx.schedule)
         if ctx.budget is None:
             return build(ctx, cands, {})
-        costs = tensor_costs(ctx, cands)
-        n = len(costs)
-        ex = ctx._ex
-        mem = liveness_bytes(steps, ex.persistent, lambda s: s.workspace_bytes, ex.block)
-        idx = {c.tensor.id: i for i, c in enumerate(costs)}
+        model = Model(ctx, tensor_costs(ctx, cands))
+        info = {"variables": 2 * model.n, "time_limit_s": self.time_limit_s, "attempts": []}
+        d, best, best_t, to_cache = None, None, float("inf"), False
+        for margin in MARGINS + ("cache",):
+            evict = margin == "cache"
+            if evict and d is not None:
+                break
+            if to_cache and not evict:
+                continue
+            x, attempt = model.solve(ctx.budget * (1.0 if evict else margin), evict,
+                                     self.time_limit_s)
+            attempt["margin"] = margin
+            info["attempts"].append(attempt)
+            if x is None:
+                if evict or d is not None:
+                    break                       # infeasible at this cap: tighter is too
+                to_cache = True                 # no plan fits alone: the cache's variable
+                continue
+            cand = build(ctx, cands, model.choice(x))
+            ev = ctx.evaluate(cand, static=True)
+            attempt["fits"] = ev["fits"]
+            if not ev["fits"]:                  # the tensor cache takes what the model missed
+                ev = ctx.evaluate(cand)
+                attempt["fits_with_cache"] = ev["fits"]
+            attempt["time_s"] = ev["time_s"]
+            if ev["fits"] and ev["time_s"] < best_t:
+                d, best_t, best = cand, ev["time_s"], attempt
+                ctx.pin(d)
+            if attempt["fits"]:
+                break
+        if d is None:
+            d = build(ctx, cands, {})
+        best = best or (info["attempts"][-1] if info["attempts"] else {})
+        info.update(gap=best.get("gap"), status=best.get("message"), margin=best.get("margin"))
+        d.info.update(info)
+        return d
+
+
+class Model:
+    """The MILP's data for one plan: tensors, per-step liveness bytes, chain structure."""
+
+    def __init__(self, ctx, costs):
+        steps, ex = ctx.schedule.steps, ctx._ex
+        self.costs, self.n, self.nsteps = costs, len(costs), len(steps)
+        self.mem = liveness_bytes(steps, ex.persistent, lambda s: s.workspace_bytes, ex.block)
+        self.idx = {c.tensor.id: i for i, c in enumerate(costs)}
         last_use, nbytes = {}, {}
         for k, s in enumerate(steps):
             for t in s.reads + s.writes:
                 last_use[t.id], nbytes[t.id] = k, t.nbytes
-        # a recompute keeps its producer's inputs alive until it runs: (input bytes, from, to)
-        held = [[(nbytes[u], last_use[u], c.first_bwd) for u in c.inputs
-                 if u in last_use and last_use[u] < c.first_bwd] for c in costs]
-        c_obj = np.array([c.recompute_s for c in costs] +
-                         [c.exposed_s + 1e-3 * c.swap_s for c in costs])
-        info = {"variables": 2 * n, "time_limit_s": self.time_limit_s, "attempts": []}
-        d = None
-        for margin in MARGINS:
-            cap = ctx.budget * margin
-            rows = [k for k in range(len(steps)) if mem[k] > cap]
-            A = lil_matrix((len(rows) + n + 4 * n, 2 * n))
-            lo, hi = [], []
-            for r, k in enumerate(rows):
-                for i, c in enumerate(costs):
-                    if c.last_fwd < k < c.first_bwd:
-                        A[r, i] = A[r, n + i] = c.tensor.nbytes
-                    for b, a, e in held[i]:
-                        if a < k < e:
-                            A[r, i] -= b
-                lo.append(mem[k] - cap)
-                hi.append(np.inf)
-            r = len(rows)
-            for i in range(n):                  # one choice per tensor
-                A[r, i] = A[r, n + i] = 1
-                lo.append(0), hi.append(1)
-                r += 1
-            for i, c in enumerate(costs):       # recompute from inputs that are not swapped
-                for u in c.inputs:
-                    if u in idx:
-                        A[r, i] = A[r, n + idx[u]] = 1
-                        lo.append(0), hi.append(1)
-                        r += 1
-            A = A[:r].tocsr()
-            t0 = time.perf_counter()
-            res = milp(c_obj, integrality=np.ones(2 * n), bounds=Bounds(0, 1),
-                       constraints=LinearConstraint(A, lo, hi),
-                       options={"time_limit": self.time_limit_s, "mip_rel_gap": 1e-4})
-            attempt = {"margin": margin, "status": res.status, "message": res.message,
-                       "solve_s": round(time.perf_counter() - t0, 3),
-                       "gap": getattr(res, "mip_gap", None),
-                       "objective_s": None if res.x is None else float(res.fun)}
-            info["attempts"].append(attempt)
-            if res.x is None:
-                continue                         # infeasible at this cap: tighter is too
-            x = np.round(res.x).astype(int)
-            choice = {}
+        # a recompute keeps its chain's inputs alive until it runs: (input bytes, from, to)
+        self.held = [[(nbytes[u], last_use[u], c.first_bwd) for u in c.inputs
+                      if u in last_use and last_use[u] < c.first_bwd] for c in costs]
+        # chains: a recompute of j re-runs every dropped tensor it reads first
+        self.children = [[] for _ in costs]
+        for j, c in enumerate(costs):
+            for u in c.inputs:
+                if u in self.idx:
+                    self.children[self.idx[u]].append(j)
+        self.by_bwd = sorted(range(self.n), key=lambda i: costs[i].first_bwd)
+        self.c_obj = np.array([c.recompute_s for c in costs] +
+                              [c.exposed_s + 1e-3 * c.swap_s for c in costs])
+        self.evict_s_per_mib = 2 * ctx.cost.copy_time(MiB)
+
+    def choice(self, x) -> dict:
+        x, n = np.round(x).astype(int), self.n
+        return {c.tensor.id: RECOMPUTE if x[i] else SWAP
+                for i, c in enumerate(self.costs) if x[i] or x[n + i]}
+
+    def solve(self, cap: float, evict: bool, time_limit_s: float):
+        """-> (solution or None, attempt record). ``evict``: one more variable, the MiB the
+        tensor cache evicts at the worst step (copied out and back)."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+        costs, n = self.costs, self.n
+        rows = [k for k in range(self.nsteps) if self.mem[k] > cap]
+        # early[i, k]: column of "i's recomputed version is already back at step k of its gap"
+        early = {}
+        for i in self.by_bwd:                   # children (made first in backward) first
+            c = costs[i]
+            for k in rows:
+                if c.last_fwd < k < c.first_bwd and any(
+                        k >= costs[j].first_bwd or (j, k) in early for j in self.children[i]):
+                    early[i, k] = 2 * n + len(early)
+        ev_col = 2 * n + len(early)
+        nv = ev_col + (1 if evict else 0)
+        ri, ci, val, lo, hi = [], [], [], [], []
+
+        def row(entries, low, high=np.inf):
+            for col, v in entries:
+                ri.append(len(lo)), ci.append(col), val.append(v)
+            lo.append(low), hi.append(high)
+
+        for k in rows:                          # bytes saved at k cover the excess
+            e = [(ev_col, MiB)] if evict else []
             for i, c in enumerate(costs):
-                if x[i]:
-                    choice[c.tensor.id] = RECOMPUTE
-                elif x[n + i]:
-                    choice[c.tensor.id] = SWAP
-            d = build(ctx, cands, choice)
-            ev = ctx.evaluate(d, static=True)
-            attempt["fits"] = ev["fits"]
-            if ev["fits"]:
-                break
-        if d is None:
-            d = build(ctx, cands, {})
-        last = info["attempts"][-1] if info["attempts"] else {}
-        info.update(gap=last.get("gap"), status=last.get("message"))
-        d.info.update(info)
-        return d
+                if c.last_fwd < k < c.first_bwd:
+                    e.append((i, c.tensor.nbytes))
+                    if (i, k) in early:
+                        e.append((early[i, k], -c.tensor.nbytes))
+                if c.last_fwd + 1 < k <= c.prefetch_after:     # off the device
+                    e.append((n + i, c.tensor.nbytes))
+                for b, a, z in self.held[i]:
+                    if a < k < z:
+                        e.append((i, -b))
+            row(e, self.mem[k] - cap)
+        for i in range(n):                      # one choice per tensor
+            row([(i, 1), (n + i, 1)], 0, 1)
+        for i, c in enumerate(costs):           # recompute from inputs that are not swapped
+            for u in c.inputs:
+                if u in self.idx:
+                    row([(i, 1), (n + self.idx[u], 1)], 0, 1)
+        for (i, k), col in early.items():       # e_ik >= r_i AND (child j made by step k)
+            for j in self.children[i]:
+                made = j if k >= costs[j].first_bwd else early.get((j, k))
+                if made is not None:
+                    row([(col, 1), (i, -1), (made, -1)], -1)
+        A = coo_matrix((val, (ri, ci)), shape=(len(lo), nv)).tocsr()
+        obj = np.concatenate([self.c_obj, np.zeros(nv - 2 * n)])
+        integrality = np.concatenate([np.ones(2 * n), np.zeros(nv - 2 * n)])
+        upper = np.ones(nv)
+        if evict:
+            obj[ev_col], upper[ev_col] = self.evict_s_per_mib, np.inf
+        t0 = time.perf_counter()
+        res = milp(obj, integrality=integrality, bounds=Bounds(0, upper),
+                   constraints=LinearConstraint(A, lo, hi),
+                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-4})
+        attempt = {"early_columns": len(early), "status": res.status, "message": res.message,
+                   "solve_s": round(time.perf_counter() - t0, 3),
+                   "gap": getattr(res, "mip_gap", None),
+                   "objective_s": None if res.x is None else float(res.fun)}
+        if evict and res.x is not None:
+            attempt["evicted_mib"] = round(float(res.x[ev_col]), 3)
+        return res.x, attempt

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .rewrite import chains
+from .swap import prefetch_step
 
 
 @dataclass
@@ -18,6 +19,7 @@ class TensorCost:
     recompute_s: float      # its producer's forward once more, with the transient tensors
                             # on the way (rewrite.chains)
     inputs: tuple           # ids of the held tensors that recompute reads
+    prefetch_after: int     # a swap's copy back starts after this step (swap.prefetch_step)
 
 
 def tensor_costs(ctx, cands) -> list[TensorCost]:
@@ -44,5 +46,6 @@ def tensor_costs(ctx, cands) -> list[TensorCost]:
         else:
             exposed = swap
         out.append(TensorCost(t, f, j, free, swap, exposed,
-                              sum(fwd_time.get(id(l), 0.0) for l in layers), ins))
+                              sum(fwd_time.get(id(l), 0.0) for l in layers), ins,
+                              prefetch_step(cum, f, j, one)))
     return out

@@ -23,6 +23,14 @@ def uses(steps) -> tuple[dict, dict]:
     return last_fwd, first_bwd
 
 
+def prefetch_step(cum, f: int, j: int, copy_s: float) -> int:
+    """The step after which the copy back of a tensor last used in forward at step f and
+    next read at step j starts: the latest one whose following steps up to j-1 take at
+    least the copy's time (cum: cumulative compute seconds, cum[k] before step k)."""
+    p = bisect.bisect_right(cum, cum[j] - copy_s) - 2
+    return min(j - 1, max(f + 1, p))
+
+
 def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, dict]:
     """offload_after and prefetch_after for the tensors to swap. ``ahead``: start each
     prefetch that many steps before its use (vDNN) instead of by time."""
@@ -39,9 +47,7 @@ def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, 
         if ahead is not None:
             p = max(f + 1, j - 1 - ahead)
         else:
-            # the latest p whose following steps up to j-1 take at least the copy's time
-            p = bisect.bisect_right(cum, cum[j] - cost.copy_time(t.nbytes)) - 2
-            p = min(j - 1, max(f + 1, p))
+            p = prefetch_step(cum, f, j, cost.copy_time(t.nbytes))
         prefetch_after.setdefault(p, []).append(t)
     for lst in prefetch_after.values():         # earliest use first
         lst.sort(key=lambda t: first_bwd[t.id])

@@ -143,6 +143,42 @@ def test_checkmate_reports_solver_status_and_gap_and_refuses_large_graphs():
         Executor(deep, 2, device="virtual", planner="checkmate", budget=1 << 30)
 
 
+def _small_resnet_ctx(fraction):
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 32, 32), num_classes=10)
+    ex = Executor(g, 32, device="virtual", policy="liveness")
+    live = ex.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in ex.persistent)
+    return PlanContext(ex, int(resident + fraction * (live - resident)),
+                       CostModel.analytic("h100", dtype=ex.dtype))
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.7, 0.6])
+def test_checkmate_memory_model_holds_for_its_first_plan(fraction):
+    """The MILP counts what the rewrite really holds (a chain's early versions, a swap's
+    prefetch window, transient tensors re-run), so its plan at the full budget fits on its
+    own, without the tensor cache."""
+    ctx = _small_resnet_ctx(fraction)
+    d = get_planner("checkmate").plan(ctx)
+    first = d.info["attempts"][0]
+    assert first["margin"] == 1.0 and first["fits"], first
+    assert first["early_columns"] > 0
+    assert ctx.evaluate(d, static=True)["fits"]
+
+
+def test_checkmate_takes_the_cache_variable_where_no_plan_fits_alone():
+    """At 0.3 of the peak even dropping everything leaves a backward step over the budget:
+    the strict model is infeasible, so the MILP charges the bytes the cache must evict and
+    its plan runs with the cache."""
+    ctx = _small_resnet_ctx(0.3)
+    d = get_planner("checkmate").plan(ctx)
+    first, last = d.info["attempts"][0], d.info["attempts"][-1]
+    assert first["objective_s"] is None and first["status"] == 2      # infeasible
+    assert last["margin"] == "cache" and last["evicted_mib"] > 0
+    assert last["fits_with_cache"] and not last["fits"]
+    r = ctx.evaluate(d)
+    assert r["fits"] and r["time_s"] == last["time_s"]
+
+
 def test_planner_context_evaluates_time_and_peak():
     graph, batch = model("resnet20")
     ex = Executor(graph, batch, device="virtual", planner="superneurons")
