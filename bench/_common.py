@@ -66,12 +66,12 @@ def library_dirty() -> bool:
 
 
 def gpu_setup(script: str, plan_only: bool):
-    """(torch_models module, device description) for a GPU run, (None, None) with --plan-only;
+    """(gpu_runs module, device description) for a GPU run, (None, None) with --plan-only;
     exits with a clear message when PyTorch or CUDA is missing."""
     if plan_only:
         return None, None
     try:
-        from bench import torch_models as TM
+        from bench import gpu_runs as TM
     except ImportError as e:
         sys.exit(f"{script}: the GPU path needs PyTorch and CuPy ({e}); use --plan-only without "
                  "a GPU")

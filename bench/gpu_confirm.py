@@ -46,7 +46,7 @@ def _check(run: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from bench import torch_models as TM
+    from bench import gpu_runs as TM
     from neuron import plan as P
     from neuron.memory.host_budget import default_host_cap
     from neuron.models import build_model

@@ -85,7 +85,7 @@ def against_free(run: dict, free: dict, bw) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from bench import torch_models as TM
+    from bench import gpu_runs as TM
     from neuron.models import build_model
     from neuron.units import parse_bytes
     dev = args.device

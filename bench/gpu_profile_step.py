@@ -105,7 +105,7 @@ def profile_neuron(args, x, y, graph):
 def profile_torch(args, name, x, y):
     import torch
     import torch.nn.functional as F
-    from bench import torch_models as TM
+    from bench import gpu_runs as TM
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

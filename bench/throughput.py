@@ -106,7 +106,7 @@ def run_neuron(name, batch, args, memory, tf32) -> dict:
 def run_torch(name, batch, args, memory, tf32) -> dict:
     import torch
     import torch.nn.functional as F
-    from bench import torch_models as TM
+    from bench import gpu_runs as TM
     cuda = args.device == "cuda"
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = tf32
