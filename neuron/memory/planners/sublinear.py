@@ -5,8 +5,9 @@
   output's bytes; at a candidate split point past B, keep it and start a new segment), with the
   paper's search over B: B = sqrt(x*y) from a B=0 run, then a 6-point grid on
   [B/sqrt 2, sqrt 2 B]. Candidates are ranked by Algorithm 3's own estimate x + y (bytes of
-  the kept checkpoints + the largest segment); the best two are built and simulated (the same
-  executor), and the one that fits the budget (or has the smaller peak) wins. Every plan costs
+  the kept checkpoints + the largest segment); the best is built and simulated (the same
+  executor) and kept if it fits the budget, else the second is too and the one that fits (or
+  has the smaller peak) wins. Every plan costs
   about one extra forward, so the search is over memory, as in the paper.
 
 Split points are where one tensor carries everything forward (the open set of the route is
@@ -84,6 +85,8 @@ class Sublinear(Planner):
         ranked.sort(key=lambda r: r[0])
         tried, best, best_key = [], None, None
         for est, g, keep in ranked[:2]:
+            if best_key is not None and not best_key[0]:
+                break                           # the best estimate fits: the paper's pick
             d = self.decisions(ctx, cands, keep)
             r = ctx.simulate(d)
             key = (not r["fits"], r.get("peak_bytes") or 0)
@@ -92,7 +95,7 @@ class Sublinear(Planner):
             if best_key is None or key < best_key:
                 best, best_key = d, key
         best.info["search"] = tried + [{"B": g, "checkpoints": len(k), "estimate_bytes": e}
-                                       for e, g, k in ranked[2:]]
+                                       for e, g, k in ranked[len(tried):]]
         return best
 
 
