@@ -12,6 +12,8 @@ its plans stay valid; the simulated time then counts compressed bytes and the co
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..codecs import get_codec
@@ -26,7 +28,10 @@ class Compressed(Planner):
         self.description = f"{inner.description}; feature maps to the host at {self.rate}x"
 
     def plan(self, ctx) -> Decisions:
-        d = self.inner.plan(ctx)
+        # a new Decisions: the inner planner's simulation (full-size copies) is of its own
+        # object, and the executor must not reuse it for the compressed one
+        d = dataclasses.replace(self.inner.plan(ctx))
+        d.info = dict(d.info)
         f32 = {t.id: t for s in d.steps for t in s.reads + s.writes
                if t.kind == Kind.ACTIVATION and np.dtype(t.dtype) == np.float32}
         d.compress = {i: self.rate for i in f32}

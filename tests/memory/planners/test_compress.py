@@ -81,3 +81,22 @@ def test_off_by_default_and_cli(graph):
     assert planner_spec(p.parse_args(["--compress", "4"])) == "superneurons:compress=4"
     assert planner_spec(p.parse_args(["--planner", "vdnn", "--compress", "2"])) == \
         "vdnn:compress=2"
+
+
+def test_the_executor_does_not_reuse_the_inner_planners_uncompressed_simulation(graph):
+    """The wrapper compresses the inner planner's decisions: the executor's simulation of them
+    is a fresh one (compressed bytes), not the inner planner's of full-size copies."""
+    live = Executor(graph, 4, device="virtual", policy="liveness")
+    peak = live.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in live.persistent)
+    budget = int(resident + 0.3 * (peak - resident))
+    runs = {}
+    for p in ("superneurons", "superneurons:compress=2"):
+        ex = Executor(graph, 4, device="virtual", planner=p, budget=budget)
+        used = ex.simulate(budget, trace=False)
+        fresh = ex._simulate(budget, trace=False)
+        assert used["fits"] and used["offload_bytes"] == fresh["offload_bytes"], p
+        runs[p] = used
+    plain, squeezed = runs["superneurons"], runs["superneurons:compress=2"]
+    assert plain["offload_bytes"] > 0
+    assert squeezed["offload_bytes"] < plain["offload_bytes"]
