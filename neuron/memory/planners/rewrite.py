@@ -18,7 +18,6 @@ modes); this is the general mechanism for planners that choose tensors themselve
 """
 from __future__ import annotations
 
-
 from ..recompute import RecomputeReport, rebind, recompute_step, renumber
 from ..schedule import Schedule, Step
 
@@ -44,10 +43,9 @@ def backward_read(schedule: Schedule) -> set:
 
 def droppable(schedule: Schedule) -> list:
     """Forward activations backward reads that a recompute could make again, in route order."""
-    prod = producers(schedule)
     read = backward_read(schedule)
     out = [schedule.act[id(l.outputs[0])] for l in schedule.graph.route if recomputable(l)]
-    return [t for t in out if t.id in read and t.id in prod]
+    return [t for t in out if t.id in read]
 
 
 def transient(schedule: Schedule, prod=None) -> set:
