@@ -216,7 +216,7 @@ def test_superneurons_variant_is_never_slower_than_the_paper_policy(fraction):
     mine = ctx.evaluate(d)
     if paper_s < float("inf"):
         assert mine["fits"] and mine["time_s"] <= paper_s
-    assert set(d.info["candidates"]) == {"liveness", "cache", "paper", "cost"}
+    assert set(d.info["candidates"]) == {"liveness", "cache", "paper", "cost-greedy", "cost"}
 
 
 def test_superneurons_recompute_by_cost_takes_the_cheapest_per_byte_and_trains_identically():
@@ -289,3 +289,21 @@ def test_the_executor_reuses_the_planners_simulation_of_its_answer():
     assert reused["events"] == fresh["events"]
     # another arena, or a per-step trace, is simulated anew
     assert ex.simulate(b, trace=True)["trace"]
+
+
+def test_run_bounded_keeps_every_run_of_dropped_tensors_under_the_limit():
+    """Cheapest first; a tensor whose drop would join runs (linked by recompute chains) past the
+    limit is skipped, and a later one that fits is still taken."""
+    from types import SimpleNamespace as NS
+    from neuron.memory.planners.superneurons import run_bounded
+
+    def cost(i, nbytes, inputs=()):
+        return NS(tensor=NS(id=i, nbytes=nbytes), inputs=tuple(inputs))
+    # a chain 1 <- 2 <- 3 <- 4 (each reads the one before), and 5 on its own
+    order = [cost(2, 40, [1]), cost(3, 40, [2]), cost(1, 40, [0]), cost(5, 70, [9]),
+             cost(4, 10, [3])]
+    taken = [c.tensor.id for c in run_bounded(order, 100)]
+    # 1 would make the run 2-3 hold 120 bytes: skipped; 4 makes it 90: taken after 5
+    assert taken == [2, 3, 5, 4]
+    assert [c.tensor.id for c in run_bounded(order, 10 ** 9)] == [2, 3, 1, 5, 4]
+    assert [c.tensor.id for c in run_bounded(order, 39)] == [4]
