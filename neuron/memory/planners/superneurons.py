@@ -31,8 +31,9 @@ candidates:
   recomputes every cheap segment whatever the budget). Two orders: ``cost-greedy``, by price
   alone, and ``cost``, with the paper's own segment rule (no run of dropped tensors, which
   come back together, holds more than l_peak). On resnet_cifar 20 at 0.7 and 0.5 of
-  the liveness peak it brings superneurons from +20% and +45% over the MILP optimum to +3%
-  and -3% (bench/results/planners.md).
+  the liveness peak they bring superneurons from +20% and +45% over the MILP optimum to -1%
+  and -2%, and on ResNet-50 at 0.3x from +165% over unlimited memory to +53%
+  (bench/results/planners.md).
 
 Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
 paper variant, as before. A candidate is skipped, unsimulated, when a lower bound on its time
