@@ -62,22 +62,17 @@ class Checkmate(Planner):
             return build(ctx, cands, {})
         model = Model(ctx, tensor_costs(ctx, cands))
         info = {"variables": 2 * model.n, "time_limit_s": self.time_limit_s, "attempts": []}
-        d, best, best_t, to_cache = None, None, float("inf"), False
-        for margin in MARGINS + ("cache",):
-            evict = margin == "cache"
-            if evict and d is not None:
-                break
-            if to_cache and not evict:
-                continue
-            x, attempt = model.solve(ctx.budget * (1.0 if evict else margin), evict,
-                                     self.time_limit_s)
+        d, best, best_t = None, None, float("inf")
+
+        def attempt_at(cap, evict, margin):
+            """Solve, build, simulate; keep the fastest that fits. -> whether it fits alone
+            (None: the program is infeasible at this cap)."""
+            nonlocal d, best, best_t
+            x, attempt = model.solve(cap, evict, self.time_limit_s)
             attempt["margin"] = margin
             info["attempts"].append(attempt)
             if x is None:
-                if evict or d is not None:
-                    break                       # infeasible at this cap: tighter is too
-                to_cache = True                 # no plan fits alone: the cache's variable
-                continue
+                return None
             cand = build(ctx, cands, model.choice(x))
             ev = ctx.evaluate(cand, static=True)
             attempt["fits"] = ev["fits"]
@@ -88,8 +83,14 @@ class Checkmate(Planner):
             if ev["fits"] and ev["time_s"] < best_t:
                 d, best_t, best = cand, ev["time_s"], attempt
                 ctx.pin(d)
-            if attempt["fits"]:
+            return attempt["fits"]
+
+        for margin in MARGINS:
+            # stop once a plan fits alone, or the cap is infeasible (tighter ones are too)
+            if attempt_at(ctx.budget * margin, False, margin) in (True, None):
                 break
+        if d is None:                           # no plan fits alone: the cache's variable
+            attempt_at(ctx.budget, True, "cache")
         if d is None:
             d = build(ctx, cands, {})
         best = best or (info["attempts"][-1] if info["attempts"] else {})
