@@ -349,6 +349,7 @@ class CudaDevice(Device):
         free_before, self.total_bytes = cp.cuda.runtime.memGetInfo()
         self.compute_stream = cp.cuda.Stream(non_blocking=True)
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.codec_stream = cp.cuda.Stream(non_blocking=True)     # FreeLunch (de)compression
         self._prev_stream = cp.cuda.get_current_stream()
         self.compute_stream.use()
         try:
@@ -477,6 +478,7 @@ class CudaDevice(Device):
     def synchronize(self) -> None:
         self.compute_stream.synchronize()
         self.copy_stream.synchronize()
+        self.codec_stream.synchronize()
 
     # ---- transfers ------------------------------------------------------------------------
     # The Pool's interface (host_allocator, copy_to_host, copy_to_device) is synchronous: the
@@ -499,20 +501,23 @@ class CudaDevice(Device):
                              f"(got {host_buf.nbytes}, contiguous={host_buf.flags.c_contiguous})")
         return int(host_buf.__array_interface__["data"][0])
 
-    def offload(self, src_view, host_buf):
+    def offload(self, src_view, host_buf, after=None):
         """Copy ``src_view`` (contiguous, in the arena) into ``host_buf`` (pinned, e.g. from
         ``host_pool.get``) on the copy stream, after everything already queued on compute (the
-        producer of the data). Returns the event that completes with the copy: the arena block
-        may be freed or overwritten only once ``is_done(event)``."""
-        return self._d2h(src_view, host_buf, src_view.nbytes)
+        producer of the data) and after the event ``after`` (an encode on the codec stream).
+        Returns the event that completes with the copy: the arena block may be freed or
+        overwritten only once ``is_done(event)``."""
+        return self._d2h(src_view, host_buf, src_view.nbytes, after)
 
-    def _d2h(self, src_view, host_buf, nbytes):
+    def _d2h(self, src_view, host_buf, nbytes, after=None):
         cp = self._cp
         if not src_view.flags.c_contiguous or nbytes > src_view.nbytes:
             raise ValueError("offload needs a contiguous device view of at least nbytes")
         dst = self._host_ptr(host_buf, nbytes)
         ready = self.compute_stream.record()
         self.copy_stream.wait_event(ready)
+        if after is not None:
+            self.copy_stream.wait_event(after)
         cp.cuda.runtime.memcpyAsync(dst, src_view.data.ptr, nbytes,
                                     cp.cuda.runtime.memcpyDeviceToHost, self.copy_stream.ptr)
         return self.copy_stream.record(cp.cuda.Event(disable_timing=True))
@@ -539,6 +544,28 @@ class CudaDevice(Device):
         if compute_waits:
             self.compute_stream.wait_event(done)
         return done
+
+    # ---- the FreeLunch codec on its own stream (memory/compressed_swap.py) ------------------
+    def encode(self, codec, src, dst):
+        """Encode ``src`` into ``dst`` (the staging block) on the codec stream, after the
+        compute queued so far (the producer); returns its event. ``src`` may be reused once
+        it is done, and the copy to the host waits for it (``offload(after=)``)."""
+        return self._on_codec_stream(codec.encode_into, src, dst, None)
+
+    def decode(self, codec, src, dst, after=None):
+        """Decode ``src`` (the staging block) into ``dst`` on the codec stream, after the
+        compute queued so far (``dst``'s previous tenant) and ``after`` (the copy that filled
+        ``src``); returns its event, for the reader's kernel to wait on."""
+        return self._on_codec_stream(codec.decode, src, dst, after)
+
+    def _on_codec_stream(self, fn, src, dst, after):
+        cp, s = self._cp, self.codec_stream
+        s.wait_event(self.compute_stream.record())
+        if after is not None:
+            s.wait_event(after)
+        with s:                         # the codec's kernels launch on the current stream
+            fn(src, dst)
+        return s.record(cp.cuda.Event(disable_timing=True))
 
     def compute_wait(self, event) -> None:
         """Make later compute work wait for ``event`` (device-side; the host does not block)."""

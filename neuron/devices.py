@@ -55,6 +55,14 @@ class Device:
         """Arena bytes [src, src+n) to [dst, dst+n); the ranges may overlap (compaction)."""
         raise NotImplementedError
 
+    # the FreeLunch codec (memory/compressed_swap.py): here at once, on the compute thread;
+    # CudaDevice runs it on a codec stream of its own and returns the event that ends it
+    def encode(self, codec, src, dst):
+        codec.encode_into(src, dst)
+
+    def decode(self, codec, src, dst, after=None):
+        codec.decode(src, dst)
+
 
 class CpuDevice(Device):
     name = "cpu"

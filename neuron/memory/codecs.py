@@ -10,8 +10,10 @@ the planner and the simulator know it at plan time. Two codecs, for float32 tens
   max|x| / 2^E <= 127; each value is stored as round(x / 2^E) in int8. Bound, per block:
   |decoded - x| <= 2^(E-1) <= max(max|x| / 127, 2^-129).
 
-The functions are written once against the array module of their input: NumPy arrays on the
-CPU, CuPy arrays on the GPU (GPU-unverified). CuPy is never imported for a NumPy input.
+On the CPU they are NumPy array expressions. On the GPU (a CuPy input) they are the fused
+kernels of kernels/cuda_codecs.py, bitwise the same, which write straight into the arena
+block they are given and take no temporary (GPU-unverified until tests/gpu/test_cuda_codecs.py
+has run). CuPy is never imported for a NumPy input.
 """
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ def _xp(x):
     return cupy
 
 
+def _gpu():
+    from ..kernels import cuda_codecs
+    return cuda_codecs
+
+
 class Codec:
     name = ""
     rate = 1
@@ -35,7 +42,14 @@ class Codec:
         raise NotImplementedError
 
     def encode(self, x):
-        """float32 array -> 1-D uint8 array of ``nbytes(x.size)`` bytes."""
+        """float32 array -> a new 1-D uint8 array of ``nbytes(x.size)`` bytes."""
+        out = _xp(x).empty(self.nbytes(x.size), np.uint8)
+        self.encode_into(x, out)
+        return out
+
+    def encode_into(self, x, out) -> None:
+        """Write the encoding of x into ``out`` (uint8, at least ``nbytes(x.size)`` bytes: the
+        pool's staging block in the arena)."""
         raise NotImplementedError
 
     def decode(self, data, out) -> None:
@@ -53,16 +67,18 @@ class Bf16(Codec):
     def nbytes(self, num_elements: int) -> int:
         return 2 * num_elements
 
-    def encode(self, x):
-        xp = _xp(x)
-        u = xp.ascontiguousarray(x, dtype=xp.float32).reshape(-1).view(xp.uint32)
-        rounded = (u + xp.uint32(0x7FFF) + ((u >> 16) & xp.uint32(1))) >> 16
-        return rounded.astype(xp.uint16).view(xp.uint8)
+    def encode_into(self, x, out) -> None:
+        if not isinstance(x, np.ndarray):
+            return _gpu().bf16_encode(x, out)
+        u = np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32)
+        rounded = (u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16
+        out[:2 * u.size].view(np.uint16)[...] = rounded
 
     def decode(self, data, out) -> None:
-        xp = _xp(out)
-        h = data[:out.size * 2].view(xp.uint16).astype(xp.uint32) << 16
-        out.reshape(-1)[...] = h.view(xp.float32)
+        if not isinstance(out, np.ndarray):
+            return _gpu().bf16_decode(data, out)
+        h = data[:out.size * 2].view(np.uint16).astype(np.uint32) << 16
+        out.reshape(-1)[...] = h.view(np.float32)
 
     def bound(self, x):
         return _xp(x).abs(x) * 2.0 ** -8
@@ -90,20 +106,23 @@ class Bfp8(Codec):
         e = xp.where(m > 0, e, -128)            # an all-zero block: the smallest scale
         return xp.clip(e, -128, 127).astype(xp.int8)
 
-    def encode(self, x):
-        xp = _xp(x)
-        b = self._blocks(x)
+    def encode_into(self, x, out) -> None:
+        blocks = -(-x.size // BLOCK)
+        if not isinstance(x, np.ndarray):
+            return _gpu().bfp8_encode(x, out, blocks)
         e = self.exponents(x)
-        q = xp.rint(xp.ldexp(b, -e.astype(xp.int32)[:, None]))
-        q = xp.clip(q, -127, 127).astype(xp.int8)
-        return xp.concatenate([e.view(xp.uint8), q.reshape(-1).view(xp.uint8)])
+        q = np.rint(np.ldexp(self._blocks(x), -e.astype(np.int32)[:, None]))
+        out[:blocks] = e.view(np.uint8)
+        out[blocks:blocks + blocks * BLOCK] = np.clip(q, -127, 127).astype(np.int8) \
+            .reshape(-1).view(np.uint8)
 
     def decode(self, data, out) -> None:
-        xp = _xp(out)
         blocks = -(-out.size // BLOCK)
-        e = data[:blocks].view(xp.int8).astype(xp.int32)
-        q = data[blocks:blocks + blocks * BLOCK].view(xp.int8).reshape(blocks, BLOCK)
-        v = xp.ldexp(q.astype(xp.float32), e[:, None])
+        if not isinstance(out, np.ndarray):
+            return _gpu().bfp8_decode(data, out, blocks)
+        e = data[:blocks].view(np.int8).astype(np.int32)
+        q = data[blocks:blocks + blocks * BLOCK].view(np.int8).reshape(blocks, BLOCK)
+        v = np.ldexp(q.astype(np.float32), e[:, None])
         out.reshape(-1)[...] = v.reshape(-1)[:out.size]
 
     def bound(self, x):

@@ -3,55 +3,86 @@ at a fixed rate and is decompressed into its arena block before its next use.
 
 The pool calls these instead of its plain offload / bring-back for tensors in
 ``pool.codecs`` (tensor id -> memory.codecs.Codec). The host buffer holds
-``codec.nbytes(elements)`` bytes, so host memory and bytes copied shrink by the rate. The
-event log gets ("encode" | "decode", tensor id, bytes the codec touches) beside the copy, and
-the simulated clock (memory/clock.py) times them on a codec stream.
+``codec.nbytes(elements)`` bytes, so host memory and bytes copied shrink by the rate.
 
-The copies are synchronous on every device: on the GPU the codec runs in CuPy on a
-temporary array outside the arena (GPU-unverified; FreeLunch's in-arena workspace and its own
-codec stream are not built).
+The compressed bytes pass through a staging block in the arena, a raw region of
+``codec.nbytes`` bytes: the codec writes into it and the copy reads from it (or the other way
+round), so the codec takes no memory outside the budget and the plan counts it. On the GPU the
+codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
+
+- offload: encode after the producer -> copy to the host after the encode. A planned offload
+  (``defer``) keeps the tensor's block until the encode is done and the staging block until
+  the copy is, through ``release_draining`` as a plain planned offload keeps its block; an
+  eviction frees both at once and later compute waits for the copy;
+- bring-back: copy into the staging block -> decode into the tensor's block. A prefetch keeps
+  the staging block until the tensor's first reader (its kernel waits for the decode); a miss
+  frees it at once and compute waits for the decode.
+
+These lifetimes are the same on every device, so the simulated peak is the run's. The event
+log gets ("encode" | "decode", tensor id, bytes the codec touches) beside the copy, and the
+simulated clock (memory/clock.py) times them on a codec stream.
 """
 from __future__ import annotations
 
 import numpy as np
 
-
-def _to_host(device, encoded, buf) -> None:
-    if isinstance(encoded, np.ndarray):
-        buf[:encoded.size] = encoded
-    else:                               # a CuPy array: the device's codec output
-        encoded.get(out=buf[:encoded.size])
+from ..errors import MemoryBudgetError
 
 
-def _from_host(view, buf, n):
-    if isinstance(view, np.ndarray):
-        return buf[:n]
-    import cupy
-    return cupy.asarray(buf[:n])
+def _staging(pool, n: int, t, step) -> tuple[int, object]:
+    what = f"{t.name}:compressed"
+    try:
+        off = pool.alloc_bytes(n, what, step)
+    except MemoryBudgetError as e:
+        # marked, so that an eviction or a prefetch that needed it can give up and let its
+        # caller report its own request (errors of anything else pass through)
+        e.staging = e.tensor == what
+        raise
+    view = pool.device.view(off, (n,), np.uint8) if pool.device.computes else None
+    return off, view
 
 
-def offload_compressed(pool, t, codec) -> None:
+def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     """As Pool.offload, storing codec.encode(tensor) on the host."""
-    if pool.inflight:
+    if pool.inflight or pool.staged:
         pool._settle(t)
+    if pool.collectives:
+        pool._settle_collective(t.id)
     n = codec.nbytes(int(np.prod(t.shape)))
+    # out of the LRU first: making room for the staging block may evict, but never t itself
+    pool.lru.pop(t.id, None)
+    try:
+        st_off, staging = _staging(pool, n, t, None)
+    except BaseException:
+        pool.lru[t.id] = t
+        raise
     buf = pool.host_pool.get(n)
     off = pool.offset.pop(t.id)
-    if pool.device.computes:
+    dev = pool.device
+    encoded = copied = None
+    if dev.computes:
+        encoded = dev.encode(codec, dev.view(off, t.shape, t.dtype), staging)
         if pool.async_copies:
-            pool.device.synchronize()   # the producer's kernel has finished writing it
-        _to_host(pool.device, codec.encode(pool.device.view(off, t.shape, t.dtype)), buf)
-    pool._account_tensor(t, -1)
-    pool._h.free(off)
+            copied = dev.offload(staging, buf[:n], after=encoded)
+        else:
+            dev.copy_to_host(staging, buf, n)
+    if defer:                           # both blocks kept until the next step has run
+        pool.draining.append((t, off, encoded))
+        pool.draining.append((None, st_off, copied))
+    else:
+        if copied is not None:          # later kernels may overwrite either block
+            dev.compute_wait(copied)
+        pool._account_tensor(t, -1)
+        pool._h.free(off)
+        pool.free_bytes(st_off)
     del pool.live[t.id]
-    pool.lru.pop(t.id, None)
     pool.pinned.discard(t.id)
     pool.host[t.id] = (t, buf)
     pool.offload_bytes += n
     pool.offload_count += 1
     if pool.log is not None:
         pool.log.append(("encode", t.id, t.nbytes + n))
-        pool.log.append(("offload", t.id, n))
+        pool.log.append(("offload_async" if defer else "offload", t.id, n))
 
 
 def bring_back_compressed(pool, t, step, ahead: bool, codec) -> None:
@@ -64,10 +95,33 @@ def bring_back_compressed(pool, t, step, ahead: bool, codec) -> None:
     pool.live[t.id] = t
     pool.lru[t.id] = t
     pool._account_tensor(t, 1)
-    if pool.device.computes:
-        view = pool.device.view(off, t.shape, t.dtype)
-        codec.decode(_from_host(view, buf, n), view)
-    pool.host_pool.put(buf)
+    try:
+        st_off, staging = _staging(pool, n, t, step)
+    except BaseException:               # no room for the staging block: as it was
+        pool.free(t)
+        pool.host[t.id] = (t, buf)
+        raise
+    dev = pool.device
+    if dev.computes:
+        view = dev.view(off, t.shape, t.dtype)
+        if pool.async_copies:
+            copied = dev.prefetch(buf[:n], staging, compute_waits=False)
+            decoded = dev.decode(codec, staging, view, after=copied)
+            pool.deferred.append((copied, buf))         # reused once its copy is done
+            if ahead:                                   # the reader's kernel waits
+                pool.inflight[t.id] = decoded
+            else:
+                dev.compute_wait(decoded)
+        else:
+            dev.copy_to_device(buf, staging, n)
+            dev.decode(codec, staging, view)
+            pool.host_pool.put(buf)
+    else:
+        pool.host_pool.put(buf)
+    if ahead:                           # kept until the tensor's first reader
+        pool.staged[t.id] = st_off
+    else:
+        pool.free_bytes(st_off)
     pool.prefetch_bytes += n
     pool.prefetch_count += 1
     if pool.log is not None:

@@ -85,6 +85,9 @@ class Pool:
         self.log: list | None = None
         # COMPRESS (memory/compressed_swap.py): tensor id -> codec, for what goes to the host
         self.codecs: dict = {}
+        # prefetched compressed tensors: tensor id -> offset of the staging block that holds
+        # the compressed bytes until the tensor's first reader
+        self.staged: dict[int, int] = {}
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
@@ -135,7 +138,7 @@ class Pool:
             new = h.try_alloc(t.nbytes or 1)
             if new != off:
                 if self.inflight:
-                    self._settle(t)
+                    self._settle(t, unstage=False)
                 if self.collectives:
                     self._settle_collective(tid)
                 dev.move(off, new, t.nbytes)
@@ -206,7 +209,7 @@ class Pool:
 
     def free(self, t: TensorInfo) -> None:
         """Drop a tensor wherever it is."""
-        if self.inflight:
+        if self.inflight or self.staged:
             self._settle(t)
         if t.id in self.collectives:
             self._settle_collective(t.id)
@@ -272,6 +275,8 @@ class Pool:
                 self.hits += 1
                 if inflight and t.id in inflight:   # prefetched: the kernel waits on the GPU
                     self.device.compute_wait(inflight.pop(t.id))
+                if self.staged and t.id in self.staged:     # decoded: its staging is done
+                    self.free_bytes(self.staged.pop(t.id))
             else:
                 self.ensure(t, step)
         if self.deferred:
@@ -299,11 +304,16 @@ class Pool:
             self.device.wait(ev)
             hp.put(buf)
 
-    def _settle(self, t: TensorInfo) -> None:
-        """Before a prefetched block is freed or moved: order compute after its copy."""
+    def _settle(self, t: TensorInfo, unstage: bool = True) -> None:
+        """Before a prefetched block is freed or moved: order compute after its copy (or
+        decode). Unless it only moves, a compressed one's staging block goes too, on every
+        device alike (what the plan did)."""
         ev = self.inflight.pop(t.id, None)
         if ev is not None:
             self.device.compute_wait(ev)
+        off = self.staged.pop(t.id, None) if unstage else None
+        if off is not None:
+            self.free_bytes(off)
 
     def pin_collective(self, tensors, wait=None) -> None:
         """A collective (a gradient bucket's all-reduce) works on these tensors in place until
@@ -358,7 +368,7 @@ class Pool:
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru
         for t in tensors:
-            if self.inflight:
+            if self.inflight or self.staged:
                 self._settle(t)
             if t.id in self.collectives:
                 self._settle_collective(t.id)
@@ -418,6 +428,10 @@ class Pool:
         saved, self.evict_enabled = self.evict_enabled, False
         try:
             self._bring_back(t, None, ahead=True)
+        except MemoryBudgetError as e:  # a compressed one's staging block did not fit too
+            if getattr(e, "staging", False):
+                return False
+            raise
         finally:
             self.evict_enabled = saved
         return True
@@ -425,10 +439,10 @@ class Pool:
     def offload(self, t: TensorInfo, defer: bool = False) -> None:
         """Move a device tensor to a host buffer and free its arena block (``defer``: keep
         the block until ``release_draining``, so the copy can overlap the next kernel)."""
-        if t.id in self.codecs:         # encoded synchronously: the block is free at once
+        if t.id in self.codecs:         # through a staging block, on the codec stream
             from .compressed_swap import offload_compressed
-            return offload_compressed(self, t, self.codecs[t.id])
-        if self.inflight:
+            return offload_compressed(self, t, self.codecs[t.id], defer)
+        if self.inflight or self.staged:
             self._settle(t)
         if self.collectives:
             self._settle_collective(t.id)
@@ -464,6 +478,9 @@ class Pool:
         for t, off, ev in self.draining:
             if ev is not None:
                 self.device.compute_wait(ev)
+            if t is None:               # a compressed offload's staging block
+                self.free_bytes(off)
+                continue
             self._account_tensor(t, -1)
             self._h.free(off)
             if self.log is not None:
@@ -486,7 +503,12 @@ class Pool:
         locked = self.locked
         for tid, t in self.lru.items():     # oldest first; pinned tensors are never in it
             if tid not in locked:
-                self.offload(t)
+                try:
+                    self.offload(t)
+                except MemoryBudgetError as e:  # a compressed one's staging block found no
+                    if getattr(e, "staging", False):    # room: the caller reports its own
+                        return False                    # request
+                    raise
                 return True
         return False
 

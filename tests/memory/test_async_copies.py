@@ -4,6 +4,7 @@ waited on before its kernel, host buffers reused only once their copy is done.""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import neuron as nn
 from neuron.devices import CpuDevice
@@ -34,8 +35,20 @@ class LateCopyDevice(CpuDevice):
         self.copy_to_device(buf, view, view.nbytes)
         return self._event()
 
-    def offload(self, view, buf):
+    def offload(self, view, buf, after=None):
+        if after is not None:       # the copy stream waits for the encode
+            after.waited = True
         self.copy_to_host(view, buf, view.nbytes)
+        return self._event()
+
+    def encode(self, codec, src, dst):
+        codec.encode_into(src, dst)
+        return self._event()
+
+    def decode(self, codec, src, dst, after=None):
+        if after is not None:       # the codec stream waits for the copy that fills src
+            after.waited = True
+        codec.decode(src, dst)
         return self._event()
 
     def compute_wait(self, ev):
@@ -129,3 +142,32 @@ def test_residency_states_follow_a_tensor():
     assert pool.state(a) is Residency.DEVICE
     pool.free(a)
     assert pool.state(a) is Residency.ABSENT
+
+
+@pytest.mark.parametrize("planner,fraction", [("vdnn:compress=2", 0.7),
+                                              ("superneurons:compress=4", 0.3)])
+def test_compressed_swaps_on_a_codec_stream_train_like_synchronous_ones(planner, fraction):
+    """FreeLunch's codec on its own stream (CudaDevice.encode/decode): the same bytes as the
+    synchronous codec, every staging block waited for before reuse and back at the end."""
+    g, batch = chain(), 8
+    budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * fraction)
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((batch, 2, 16, 16)).astype(np.float32),
+             rng.integers(0, 10, batch)) for _ in range(2)]
+    runs = {}
+    for name, dev in (("sync", CpuDevice(budget)), ("late", LateCopyDevice(budget))):
+        ex = Executor(g, batch, device=dev, planner=planner, budget=budget, seed=1,
+                      optimizer=nn.SGD(lr=0.05, momentum=0.9))
+        losses = [ex.train_step(x, y) for x, y in data]
+        runs[name] = (losses, ex.state_dict(), ex)
+    assert runs["late"][0] == runs["sync"][0]
+    for k, v in runs["sync"][1].items():
+        np.testing.assert_array_equal(runs["late"][1][k], v)
+    for name, (_, _, ex) in runs.items():
+        pool = ex.pool
+        assert pool.codecs and pool.counters()["offloads"] > 0, name
+        assert not pool.staged and not pool.inflight and not pool.draining, name
+        assert pool.used_bytes == sum(pool.heap.round(t.nbytes) for t in pool.live.values())
+        assert pool.high_water == ex.planned["peak_bytes"], name    # staging in the plan
+    dev = runs["late"][2].device
+    assert dev.events and all(ev.waited for ev in dev.events)   # no kernel raced the codec

@@ -406,3 +406,35 @@ def test_virtual_and_cpu_pools_make_the_same_decisions(reg):
     assert counters["offloads"] > 0 and counters["cache_misses"] > 0
 
     assert run("cpu") == run("virtual")
+
+
+def test_a_compressed_eviction_stages_in_the_arena_or_leaves_the_error_to_the_request(reg):
+    """COMPRESS (memory/compressed_swap.py): an evicted feature map is encoded into a staging
+    block of the arena first. Where there is room for it the eviction goes ahead (host bytes
+    halved at rate 2); where there is none, the request that needed the room is what fails."""
+    from neuron.memory.codecs import Bf16
+    p = pool(blocks=40)                             # t0 and t1 take 32 blocks, 8 are free
+    t0, t1, t2 = (act(reg, f"t{i}", 16 * KiB) for i in range(3))
+    p.codecs = {t0.id: Bf16()}
+    x = np.random.default_rng(0).standard_normal(t0.shape).astype(np.float32)
+    p.alloc(t0)[...] = x
+    p.alloc(t1)
+    p.lock([t1.id, t2.id])
+    p.alloc(t2, step())                             # evicts t0 through an 8-block staging
+    assert t0.id in p.host and p.host_pool.in_use_bytes == 8 * KiB
+    assert p.used_bytes == 32 * KiB and p.by_kind_at_peak[Kind.WORKSPACE] == 8 * KiB
+    p.free(t1)
+    p.ensure(t0, step())
+    got = p.view(t0)
+    assert np.all(np.abs(got - x) <= Bf16().bound(x)) and not np.array_equal(got, x)
+    assert p.used_bytes == 32 * KiB                 # the staging block went after the decode
+
+    q = pool(blocks=32)                             # no block left for a staging area
+    u0, u1, u2 = (act(reg, f"u{i}", 16 * KiB) for i in range(3))
+    q.codecs = {u0.id: Bf16()}
+    q.alloc(u0)
+    q.alloc(u1)
+    q.lock([u1.id])
+    with pytest.raises(MemoryBudgetError) as ei:
+        q.alloc(u2, step())
+    assert ei.value.tensor == "u2" and u0.id in q.offset and u0.id in q.lru

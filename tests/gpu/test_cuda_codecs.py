@@ -1,0 +1,91 @@
+"""The FreeLunch codecs on the GPU (issue 13): the fused kernels give the NumPy codecs' bytes
+exactly, take no CuPy temporary, run on the device's codec stream, and a compressed plan trains
+on the GPU as planned. Skipped without a GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import neuron as nn
+from neuron.cuda_device import CudaDevice
+from neuron.executor import Executor
+from neuron.memory.codecs import Bf16, Bfp8
+from neuron.models import build_model
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+    return cupy
+
+
+def _data(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    x[: min(n, 40)] = 0.0                       # an all-zero block
+    x[-3:] = [1e-42, -3e38, 0.5]                # a subnormal and a large value
+    return x
+
+
+@pytest.mark.parametrize("codec", [Bf16(), Bfp8()], ids=["bf16", "bfp8"])
+@pytest.mark.parametrize("n", [1, 31, 33, 4096, 100_003])
+def test_kernels_give_the_numpy_bytes(cp, codec, n):
+    x = _data(n)
+    want = codec.encode(x)
+    got = cp.empty(codec.nbytes(n), np.uint8)
+    codec.encode_into(cp.asarray(x), got)
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    out_cpu, out_gpu = np.empty_like(x), cp.empty(n, cp.float32)
+    codec.decode(want, out_cpu)
+    codec.decode(got, out_gpu)
+    np.testing.assert_array_equal(cp.asnumpy(out_gpu), out_cpu)
+
+
+def test_device_codec_runs_on_its_own_stream_without_temporaries(cp):
+    dev = CudaDevice(64 << 20)
+    try:
+        codec, n = Bfp8(), 1 << 16
+        src, staging, out = dev.view(0, (n,), np.float32), \
+            dev.view(1 << 20, (codec.nbytes(n),), np.uint8), dev.view(2 << 20, (n,), np.float32)
+        src[...] = cp.asarray(_data(n))
+        calls = []
+        malloc = dev.allocator.malloc
+        dev.allocator.malloc = lambda *a: calls.append(a) or malloc(*a)
+        try:
+            enc = dev.encode(codec, src, staging)
+            dec = dev.decode(codec, staging, out, after=enc)
+        finally:
+            dev.allocator.malloc = malloc
+        assert dev.codec_stream.ptr not in (dev.compute_stream.ptr, dev.copy_stream.ptr)
+        dec.synchronize()
+        assert not calls                        # written straight into the arena blocks
+        want = np.empty(n, np.float32)
+        codec.decode(codec.encode(_data(n)), want)
+        np.testing.assert_array_equal(cp.asnumpy(out), want)
+    finally:
+        dev.close()
+
+
+@pytest.mark.parametrize("rate", [2, 4])
+def test_compressed_training_on_the_gpu_matches_the_cpu_and_the_plan(cp, rate):
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((4, 3, 16, 16)).astype(np.float32),
+             rng.integers(0, 10, 4).astype(np.int64)) for _ in range(2)]
+    losses = {}
+    for device in ("cpu", "cuda"):
+        ex = Executor(g, 4, device=device, planner=f"vdnn:compress={rate}", seed=2,
+                      optimizer=nn.SGD(lr=0.01, momentum=0.9))
+        try:
+            losses[device] = [ex.train_step(x, y) for x, y in data]
+            pool = ex.pool
+            assert pool.codecs and pool.offload_bytes > 0
+            assert not pool.staged and not pool.draining
+            # tensors exactly as planned (the GPU's workspaces and CuPy temporaries are its own)
+            assert pool.tensor_high_water == ex.planned["tensor_peak_bytes"], device
+        finally:
+            if hasattr(ex.device, "close"):
+                ex.device.close()
+    np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-2)
