@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from neuron.cuda_device import ArenaAllocator, ArenaLayout, HostBufferPool, size_class
+from neuron.cuda_device import ArenaAllocator, ArenaLayout
+from neuron.host_buffers import HostBufferPool, size_class
 from neuron.errors import MemoryBudgetError
 from neuron.kernels import cuda as K
 from neuron.kernels import cudnn as dnn
