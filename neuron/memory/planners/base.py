@@ -70,6 +70,7 @@ class PlanContext:
         # the one of the decisions a planner returns instead of simulating them again
         self._sims: list[tuple] = []
         self._pinned: list[tuple] = []
+        self.simulated_steps = 0        # steps simulated so far (every candidate's whole run)
 
     def step_time(self, step) -> float:
         return self.cost.step_time(step, self.batch) + self.cost.step_overhead
@@ -108,6 +109,7 @@ class PlanContext:
         """One iteration of these decisions in an arena (default: the budget; None:
         unbounded)."""
         arena = self.budget if arena == "budget" else arena
+        self.simulated_steps += len(d.steps)       # a planner's measured effort
         v = copy.copy(self._ex)
         v.planner = None
         v._apply_decisions(d, self.frees(d.steps, d.policy.free_dead))
