@@ -20,6 +20,10 @@
 #                                                  # three above already take up to ~28 of a
 #                                                  # session's 30 device minutes at their limits)
 # then, here: python bench/import_gpu_results.py <the fetched folders or tarballs>
+# The FreeLunch codec (fused kernels on a codec stream) is checked by `tests`
+# (tests/gpu/test_cuda_codecs.py); its speed under pressure, once PyTorch's batches are known:
+#   python3 bench/gpu_pressure.py --out $OUT --torch-batch 142 --torch-checkpoint-batch 238 \
+#       --planners superneurons:compress=2,superneurons:compress=4
 #
 # Environment: PYTHON (default python3), NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
 # the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does), and
