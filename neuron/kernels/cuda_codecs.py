@@ -16,7 +16,7 @@ import numpy as np
 BLOCK = 32                      # = memory.codecs.BLOCK: one warp per block of values
 _THREADS = 256
 
-_BFP8_SOURCE = r"""
+BFP8_SOURCE = r"""
 extern "C" __global__ void neuron_bfp8_encode(const float* x, unsigned char* out,
                                               long long n, long long blocks) {
     // one warp per block of 32 values: the block's max |x| by shuffles, lane 0 writes the
@@ -54,21 +54,21 @@ def _cp():
     return cupy
 
 
+# bf16: round to nearest even on the upper 16 bits, wrapping as NumPy's uint32 arithmetic does
+BF16_ENCODE = "h = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)"
+BF16_DECODE = "u = ((unsigned int)h) << 16"
+
+
 @functools.cache
 def _bf16():
     cp = _cp()
-    # round to nearest even on the upper 16 bits, wrapping as NumPy's uint32 arithmetic does
-    enc = cp.ElementwiseKernel("uint32 u", "uint16 h",
-                               "h = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)",
-                               "neuron_bf16_encode")
-    dec = cp.ElementwiseKernel("uint16 h", "uint32 u", "u = ((unsigned int)h) << 16",
-                               "neuron_bf16_decode")
-    return enc, dec
+    return (cp.ElementwiseKernel("uint32 u", "uint16 h", BF16_ENCODE, "neuron_bf16_encode"),
+            cp.ElementwiseKernel("uint16 h", "uint32 u", BF16_DECODE, "neuron_bf16_decode"))
 
 
 @functools.cache
 def _bfp8():
-    mod = _cp().RawModule(code=_BFP8_SOURCE)
+    mod = _cp().RawModule(code=BFP8_SOURCE)
     return mod.get_function("neuron_bfp8_encode"), mod.get_function("neuron_bfp8_decode")
 
 

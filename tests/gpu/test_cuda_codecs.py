@@ -25,7 +25,9 @@ def _data(n):
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
     x[: min(n, 40)] = 0.0                       # an all-zero block
-    x[-3:] = [1e-42, -3e38, 0.5]                # a subnormal and a large value
+    if n >= 96:                                 # a block of ties: scale 2, odd integers
+        x[64:96] = np.r_[127.0, np.arange(1, 62, 2)] * np.tile([1, -1], 16)
+    x[-3:] = [1e-42, -3e38, 0.5][-min(n, 3):]   # a subnormal and a large value
     return x
 
 
