@@ -13,7 +13,9 @@ codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
 - offload: encode after the producer -> copy to the host after the encode. A planned offload
   (``defer``) keeps the tensor's block until the encode is done and the staging block until
   the copy is, through ``release_draining`` as a plain planned offload keeps its block; an
-  eviction frees both at once and later compute waits for the copy;
+  eviction frees both at once and later compute waits for the copy. The staging block comes
+  from free space only; where there is none, the tensor goes to the host uncompressed
+  (``pool.uncompressed``, its codec back when it returns or is freed);
 - bring-back: copy into the staging block -> decode into the tensor's block. A prefetch keeps
   the staging block until the tensor's first reader (its kernel waits for the decode); a miss
   frees it at once and compute waits for the decode.
@@ -34,8 +36,8 @@ def _staging(pool, n: int, t, step) -> tuple[int, object]:
     try:
         off = pool.alloc_bytes(n, what, step)
     except MemoryBudgetError as e:
-        # marked, so that an eviction or a prefetch that needed it can give up and let its
-        # caller report its own request (errors of anything else pass through)
+        # marked, so that an offload or a prefetch that needed it can do without (errors of
+        # anything else pass through)
         e.staging = e.tensor == what
         raise
     view = pool.device.view(off, (n,), np.uint8) if pool.device.computes else None
@@ -49,13 +51,18 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     if pool.collectives:
         pool._settle_collective(t.id)
     n = codec.nbytes(int(np.prod(t.shape)))
-    # out of the LRU first: making room for the staging block may evict, but never t itself
-    pool.lru.pop(t.id, None)
+    # the staging block from free space only: evicting others to compress this one could
+    # cascade. Where there is none, t goes to the host as it is (bring-back knows).
+    saved, pool.evict_enabled = pool.evict_enabled, False
     try:
         st_off, staging = _staging(pool, n, t, None)
-    except BaseException:
-        pool.lru[t.id] = t
-        raise
+    except MemoryBudgetError as e:
+        if not e.staging:
+            raise
+        pool.uncompressed[t.id] = pool.codecs.pop(t.id)
+        return pool.offload(t, defer)
+    finally:
+        pool.evict_enabled = saved
     buf = pool.host_pool.get(n)
     off = pool.offset.pop(t.id)
     dev = pool.device
@@ -76,6 +83,7 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
         pool._h.free(off)
         pool.free_bytes(st_off)
     del pool.live[t.id]
+    pool.lru.pop(t.id, None)
     pool.pinned.discard(t.id)
     pool.host[t.id] = (t, buf)
     pool.offload_bytes += n

@@ -88,6 +88,9 @@ class Pool:
         # prefetched compressed tensors: tensor id -> offset of the staging block that holds
         # the compressed bytes until the tensor's first reader
         self.staged: dict[int, int] = {}
+        # compressed ones offloaded as they are, for want of room for the staging block:
+        # tensor id -> its codec, back in ``codecs`` once it leaves the host
+        self.uncompressed: dict = {}
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step) -> int:
@@ -222,6 +225,8 @@ class Pool:
             self.lru.pop(t.id, None)
         elif t.id in self.host:
             self.host_pool.put(self.host.pop(t.id)[1])
+            if self.uncompressed and t.id in self.uncompressed:
+                self.codecs[t.id] = self.uncompressed.pop(t.id)
         self.locked.discard(t.id)
 
     def alloc_bytes(self, nbytes: int, what: str | None = None, step=None) -> int:
@@ -395,7 +400,8 @@ class Pool:
         self._bring_back(t, step)
 
     def _bring_back(self, t: TensorInfo, step, ahead: bool = False) -> None:
-        if t.id in self.codecs:
+        plain = t.id in self.uncompressed           # on the host as it is
+        if t.id in self.codecs and not plain:
             from .compressed_swap import bring_back_compressed
             return bring_back_compressed(self, t, step, ahead, self.codecs[t.id])
         _, buf = self.host[t.id]
@@ -420,6 +426,8 @@ class Pool:
         self.prefetch_count += 1
         if self.log is not None:
             self.log.append(("prefetch" if ahead else "fetch", t.id, t.nbytes))
+        if plain:
+            self.codecs[t.id] = self.uncompressed.pop(t.id)
 
     def prefetch(self, t: TensorInfo) -> bool:
         """Bring t back ahead of use if that needs no eviction."""
@@ -503,12 +511,7 @@ class Pool:
         locked = self.locked
         for tid, t in self.lru.items():     # oldest first; pinned tensors are never in it
             if tid not in locked:
-                try:
-                    self.offload(t)
-                except MemoryBudgetError as e:  # a compressed one's staging block found no
-                    if getattr(e, "staging", False):    # room: the caller reports its own
-                        return False                    # request
-                    raise
+                self.offload(t)
                 return True
         return False
 
