@@ -17,7 +17,8 @@ dependencies the executor really creates (CudaDevice + Pool):
 - compaction moves bytes on the compute stream;
 - ("encode" | "decode", tensor id, bytes touched) (COMPRESS, memory/compressed_swap.py): the
   codec on its own stream, its passes over memory at the device's bandwidth; an offload
-  copies after its encode, a decode runs after its copy back and the reader waits for it.
+  copies after its encode and compute waits for the encode (the tensor's block is reused at
+  once), a decode runs after its copy back and the reader waits for it.
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
 
@@ -207,8 +208,10 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             codec = start + dt
             if tl is not None:
                 tl.append(("codec", start, codec, kind))
-            if kind == "encode":
-                encoded[ev[1]] = codec
+            if kind == "encode":        # the copy follows it; compute, reusing the block,
+                encoded[ev[1]] = codec  # waits for it
+                exposed += max(0.0, codec - compute)
+                compute = max(compute, codec)
             elif ev[1] in ready:        # a prefetch: its reader waits for the decode
                 ready[ev[1]] = codec
             else:                       # a fetch: compute waits now

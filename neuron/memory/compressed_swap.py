@@ -10,10 +10,12 @@ The compressed bytes pass through a staging block in the arena, a raw region of
 round), so the codec takes no memory outside the budget and the plan counts it. On the GPU the
 codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
 
-- offload: encode after the producer -> copy to the host after the encode. A planned offload
-  (``defer``) keeps the tensor's block until the encode is done and the staging block until
-  the copy is, through ``release_draining`` as a plain planned offload keeps its block; an
-  eviction frees both at once and later compute waits for the copy. The staging block comes
+- offload: encode after the producer -> copy to the host after the encode. The tensor's
+  block is free at once (later compute waits for the encode, a pass over memory, not a copy
+  over the link). A planned offload (``defer``) keeps the staging block until the next step
+  has run (``release_draining``), as a plain planned offload keeps its whole block, so the
+  copy overlaps that step; an eviction frees it at once and later compute waits for the
+  copy. So a compressed planned offload holds 1/rate of what a plain one holds. The staging block comes
   from free space only; where there is none, the tensor goes to the host uncompressed
   (``pool.uncompressed``, its codec back when it returns or is freed);
 - bring-back: copy into the staging block -> decode into the tensor's block. A prefetch keeps
@@ -73,15 +75,16 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
             copied = dev.offload(staging, buf[:n], after=encoded)
         else:
             dev.copy_to_host(staging, buf, n)
-    if defer:                           # both blocks kept until the next step has run
-        pool.draining.append((t, off, encoded))
-        pool.draining.append((None, st_off, copied))
+    if defer:   # t's block is free once encoded; the staging block is kept for the copy
+        if encoded is not None:
+            dev.compute_wait(encoded)
+        pool.draining.append((t, st_off, copied, True))
     else:
         if copied is not None:          # later kernels may overwrite either block
             dev.compute_wait(copied)
-        pool._account_tensor(t, -1)
-        pool._h.free(off)
         pool.free_bytes(st_off)
+    pool._account_tensor(t, -1)
+    pool._h.free(off)
     del pool.live[t.id]
     pool.lru.pop(t.id, None)
     pool.pinned.discard(t.id)

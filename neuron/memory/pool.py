@@ -80,7 +80,7 @@ class Pool:
             attach(self.heap)
         # planned offloads whose arena block is kept until the next step has run, so that the
         # copy overlaps that step instead of stalling it: (tensor, offset, event)
-        self.draining: list = []
+        self.draining: list = []        # (tensor, offset, event, a staging block?)
         # the simulated clock's input (memory/clock.py): copies and compactions as they happen
         self.log: list | None = None
         # COMPRESS (memory/compressed_swap.py): tensor id -> codec, for what goes to the host
@@ -468,7 +468,7 @@ class Pool:
         else:
             self.device.copy_to_host(view, buf, t.nbytes)
         if defer:
-            self.draining.append((t, off, ev))
+            self.draining.append((t, off, ev, False))
         else:
             self._account_tensor(t, -1)
             self._h.free(off)
@@ -483,14 +483,14 @@ class Pool:
 
     def release_draining(self) -> None:
         """Free the blocks of deferred offloads; later kernels wait for their copies."""
-        for t, off, ev in self.draining:
+        for t, off, ev, staging in self.draining:
             if ev is not None:
                 self.device.compute_wait(ev)
-            if t is None:               # a compressed offload's staging block
+            if staging:                 # a compressed offload's (memory/compressed_swap.py)
                 self.free_bytes(off)
-                continue
-            self._account_tensor(t, -1)
-            self._h.free(off)
+            else:
+                self._account_tensor(t, -1)
+                self._h.free(off)
             if self.log is not None:
                 self.log.append(("drain", t.id, 0))
         self.draining.clear()

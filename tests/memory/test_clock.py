@@ -74,6 +74,21 @@ def test_a_deferred_offload_overlaps_the_next_step_and_its_reuse_waits():
     assert r.makespan_s == pytest.approx(4.5)
 
 
+def test_a_compressed_offload_waits_for_its_encode_and_copies_after_it():
+    steps, _ = _steps(3)
+    mib = 2**20
+    # device memory at 1 MiB/s: an encode touching 0.5 MiB takes 0.5 s
+    cost = FixedCost(True)
+    cost.spec = cost.spec.__class__("test", 1, mib, 1, 0, 0, True)
+    ev = [("step", 0, 0), ("encode", 0, mib // 2), ("offload_async", 0, mib), ("step", 1, 0),
+          ("drain", 0, 0), ("step", 2, 0)]
+    r = makespan(ev, steps, 1, cost)
+    # step 0 ends at 1; compute waits for the encode (1.5); the copy (1 s) runs 1.5-2.5 beside
+    # step 1 (1.5-2.5); the drain finds it done; step 2 ends at 3.5
+    assert r.makespan_s == pytest.approx(3.5) and r.codec_s == pytest.approx(0.5)
+    assert r.exposed_copy_s == pytest.approx(0.5)       # the encode's wait
+
+
 def test_unlimited_liveness_time_is_the_sum_of_steps_and_budgets_cost_time():
     g = build_model("resnet_cifar", depth=20)
     cost = CostModel.analytic("h100")

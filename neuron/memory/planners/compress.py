@@ -11,9 +11,8 @@ The wrapped planner plans with full-size copies; the simulated time then counts 
 bytes and the codec passes. A compressed copy moves fewer bytes but passes through a staging
 block of its compressed size in the arena (memory/compressed_swap.py); where free space has no
 room for one, the tensor goes to the host as it is, so an offload never fails for want of it.
-A planner that offloads without regard to the budget (vdnn) can still need more memory
-compressed than plain: its deferred offloads hold their staging blocks a step longer
-(resnet_cifar 20 at batch 32 fits in 0.2 of its liveness peak plain, not compressed).
+The tensor's own block is free once encoded, so a planned compressed offload holds 1/rate of
+the bytes a plain one holds while its copy runs.
 """
 from __future__ import annotations
 

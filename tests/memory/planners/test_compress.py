@@ -102,11 +102,13 @@ def test_the_executor_does_not_reuse_the_inner_planners_uncompressed_simulation(
     assert squeezed["offload_bytes"] < plain["offload_bytes"]
 
 
-@pytest.mark.parametrize("planner,fraction", [("capuchin", 0.3), ("superneurons", 0.2)])
+@pytest.mark.parametrize("planner,fraction", [("capuchin", 0.3), ("superneurons", 0.2),
+                                              ("vdnn", 0.2)])
 def test_compressed_plans_fit_where_the_plain_ones_do(planner, fraction):
     """A compressed offload needs a staging block; where free space has none, the tensor goes
-    to the host as it is. (These two cases failed when the staging block could only be had by
-    evicting, or not at all.)"""
+    to the host as it is, and a planned one frees the tensor's block once encoded. (These
+    cases failed while the staging block could only be had by evicting, and while a planned
+    offload held both blocks for the copy.)"""
     g = build_model("resnet_cifar", depth=20, in_shape=(3, 32, 32))
     live = Executor(g, 32, device="virtual", policy="liveness")
     budget = int(live.simulate(None, trace=False)["peak_bytes"] * fraction)
