@@ -184,7 +184,12 @@ class ImageFolderDataset:
 
         def feed():
             for job in jobs:
-                fut = pool.submit(self._batch, *job)
+                if stop.is_set():
+                    return
+                try:
+                    fut = pool.submit(self._batch, *job)
+                except RuntimeError:        # the consumer closed the pool meanwhile
+                    return
                 while not stop.is_set():
                     try:
                         q.put(fut, timeout=0.1)
