@@ -21,20 +21,10 @@ def cp():
     return cupy
 
 
-def _data(n):
-    rng = np.random.default_rng(n)
-    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
-    x[: min(n, 40)] = 0.0                       # an all-zero block
-    if n >= 96:                                 # a block of ties: scale 2, odd integers
-        x[64:96] = np.r_[127.0, np.arange(1, 62, 2)] * np.tile([1, -1], 16)
-    x[-3:] = [1e-42, -3e38, 0.5][-min(n, 3):]   # a subnormal and a large value
-    return x
-
-
 @pytest.mark.parametrize("codec", [Bf16(), Bfp8()], ids=["bf16", "bfp8"])
 @pytest.mark.parametrize("n", [1, 31, 33, 4096, 100_003])
-def test_kernels_give_the_numpy_bytes(cp, codec, n):
-    x = _data(n)
+def test_kernels_give_the_numpy_bytes(cp, codec_samples, codec, n):
+    x = codec_samples(n)
     want = codec.encode(x)
     got = cp.empty(codec.nbytes(n), np.uint8)
     codec.encode_into(cp.asarray(x), got)
@@ -45,13 +35,13 @@ def test_kernels_give_the_numpy_bytes(cp, codec, n):
     np.testing.assert_array_equal(cp.asnumpy(out_gpu), out_cpu)
 
 
-def test_device_codec_runs_on_its_own_stream_without_temporaries(cp):
+def test_device_codec_runs_on_its_own_stream_without_temporaries(cp, codec_samples):
     dev = CudaDevice(64 << 20)
     try:
         codec, n = Bfp8(), 1 << 16
         src, staging, out = dev.view(0, (n,), np.float32), \
             dev.view(1 << 20, (codec.nbytes(n),), np.uint8), dev.view(2 << 20, (n,), np.float32)
-        src.set(_data(n))                       # no device temporary: no pool is attached
+        src.set(codec_samples(n))           # no device temporary: no pool is attached
         calls = []
         malloc = dev.allocator.malloc
         dev.allocator.malloc = lambda *a: calls.append(a) or malloc(*a)
@@ -64,7 +54,7 @@ def test_device_codec_runs_on_its_own_stream_without_temporaries(cp):
         dec.synchronize()
         assert not calls                        # written straight into the arena blocks
         want = np.empty(n, np.float32)
-        codec.decode(codec.encode(_data(n)), want)
+        codec.decode(codec.encode(codec_samples(n)), want)
         np.testing.assert_array_equal(cp.asnumpy(out), want)
     finally:
         dev.close()

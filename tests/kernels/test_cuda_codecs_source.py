@@ -97,19 +97,9 @@ def lib(tmp_path_factory):
     return lib
 
 
-def _data(n):
-    rng = np.random.default_rng(n)
-    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
-    x[: min(n, 40)] = 0.0                       # an all-zero block
-    if n >= 96:                                 # a block of ties: scale 2, odd integers
-        x[64:96] = np.r_[127.0, np.arange(1, 62, 2)] * np.tile([1, -1], 16)
-    x[-3:] = [1e-42, -3e38, 0.5][-min(n, 3):]   # a subnormal and a large value
-    return x
-
-
 @pytest.mark.parametrize("n", [1, 31, 33, 64, 1000])
-def test_the_bfp8_kernels_give_the_numpy_bytes(lib, n):
-    x, codec = _data(n), Bfp8()
+def test_the_bfp8_kernels_give_the_numpy_bytes(lib, codec_samples, n):
+    x, codec = codec_samples(n), Bfp8()
     blocks = -(-n // BLOCK)
     got = np.full(codec.nbytes(n), 0xAB, np.uint8)
     lib.bfp8_encode(x.ctypes.data, got.ctypes.data, n, blocks)
@@ -121,9 +111,9 @@ def test_the_bfp8_kernels_give_the_numpy_bytes(lib, n):
     np.testing.assert_array_equal(out, ref)
 
 
-def test_the_bf16_kernels_give_the_numpy_bytes(lib):
+def test_the_bf16_kernels_give_the_numpy_bytes(lib, codec_samples):
     n, codec = 5000, Bf16()
-    x = _data(n)
+    x = codec_samples(n)
     x[:4] = [np.inf, -np.inf, 3.3895314e38, 1.0000001]   # overflow to inf and a tie case
     got = np.empty(n, np.uint16)
     lib.bf16_encode(x.ctypes.data, got.ctypes.data, n)

@@ -76,22 +76,29 @@ def chain():
     return nn.Graph(x, nn.Linear(10, name="fc")(nn.GlobalAvgPool(name="gap")(h)))
 
 
-def test_late_copies_train_like_synchronous_ones():
+def train_sync_and_late(fraction, iters, **kw):
+    """The chain trained on the synchronous CPU device and on the late-copy one, in a budget of
+    ``fraction`` of its liveness peak: the late run must be the same, bit for bit. Returns
+    both executors."""
     g, batch = chain(), 8
-    budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * 0.7)
+    budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * fraction)
     rng = np.random.default_rng(0)
     data = [(rng.standard_normal((batch, 2, 16, 16)).astype(np.float32),
-             rng.integers(0, 10, batch)) for _ in range(3)]
+             rng.integers(0, 10, batch)) for _ in range(iters)]
     runs = {}
     for name, dev in (("sync", CpuDevice(budget)), ("late", LateCopyDevice(budget))):
-        ex = Executor(g, batch, device=dev, policy="superneurons", offload_params=True, seed=1,
-                      optimizer=nn.SGD(lr=0.05, momentum=0.9))
+        ex = Executor(g, batch, device=dev, seed=1, optimizer=nn.SGD(lr=0.05, momentum=0.9),
+                      **kw)
         losses = [ex.train_step(x, y) for x, y in data]
         runs[name] = (losses, ex.state_dict(), ex)
     assert runs["late"][0] == runs["sync"][0]
     for k, v in runs["sync"][1].items():
         np.testing.assert_array_equal(runs["late"][1][k], v)
-    ex = runs["late"][2]
+    return runs["sync"][2], runs["late"][2]
+
+
+def test_late_copies_train_like_synchronous_ones():
+    _, ex = train_sync_and_late(0.7, 3, policy="superneurons", offload_params=True)
     dev = ex.device
     c = ex.pool.counters()
     assert c["prefetches"] > 0 and c["offloads"] > 0
@@ -149,25 +156,13 @@ def test_residency_states_follow_a_tensor():
 def test_compressed_swaps_on_a_codec_stream_train_like_synchronous_ones(planner, fraction):
     """FreeLunch's codec on its own stream (CudaDevice.encode/decode): the same bytes as the
     synchronous codec, every staging block waited for before reuse and back at the end."""
-    g, batch = chain(), 8
-    budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * fraction)
-    rng = np.random.default_rng(0)
-    data = [(rng.standard_normal((batch, 2, 16, 16)).astype(np.float32),
-             rng.integers(0, 10, batch)) for _ in range(2)]
-    runs = {}
-    for name, dev in (("sync", CpuDevice(budget)), ("late", LateCopyDevice(budget))):
-        ex = Executor(g, batch, device=dev, planner=planner, budget=budget, seed=1,
-                      optimizer=nn.SGD(lr=0.05, momentum=0.9))
-        losses = [ex.train_step(x, y) for x, y in data]
-        runs[name] = (losses, ex.state_dict(), ex)
-    assert runs["late"][0] == runs["sync"][0]
-    for k, v in runs["sync"][1].items():
-        np.testing.assert_array_equal(runs["late"][1][k], v)
-    for name, (_, _, ex) in runs.items():
+    g = chain()
+    budget = int(plan(g, 8, policy="liveness", search_min=False)["peak_bytes"] * fraction)
+    sync, late = train_sync_and_late(fraction, 2, planner=planner, budget=budget)
+    for ex in (sync, late):
         pool = ex.pool
-        assert pool.codecs and pool.counters()["offloads"] > 0, name
-        assert not pool.staged and not pool.inflight and not pool.draining, name
+        assert pool.codecs and pool.counters()["offloads"] > 0
+        assert not pool.staged and not pool.inflight and not pool.draining
         assert pool.used_bytes == sum(pool.heap.round(t.nbytes) for t in pool.live.values())
-        assert pool.high_water == ex.planned["peak_bytes"], name    # staging in the plan
-    dev = runs["late"][2].device
-    assert dev.events and all(ev.waited for ev in dev.events)   # no kernel raced the codec
+        assert pool.high_water == ex.planned["peak_bytes"]        # staging in the plan
+    assert late.device.events and all(ev.waited for ev in late.device.events)  # no race

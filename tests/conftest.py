@@ -1,0 +1,20 @@
+"""Fixtures shared across test folders."""
+import numpy as np
+import pytest
+
+
+def _codec_samples(n: int) -> np.ndarray:
+    """n float32 values with the FreeLunch codecs' hard cases: a zero block, a block of ties
+    (scale 2, odd integers), a subnormal, a large value; the rest spread over 60 decades."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    x[: min(n, 40)] = 0.0
+    if n >= 96:
+        x[64:96] = np.r_[127.0, np.arange(1, 62, 2)] * np.tile([1, -1], 16)
+    x[-3:] = [1e-42, -3e38, 0.5][-min(n, 3):]
+    return x
+
+
+@pytest.fixture(scope="session")
+def codec_samples():
+    return _codec_samples
