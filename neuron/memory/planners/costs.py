@@ -8,7 +8,7 @@ from .rewrite import chains
 from .swap import prefetch_step
 
 
-@dataclass
+@dataclass(frozen=True)
 class TensorCost:
     tensor: object
     last_fwd: int           # position of its last forward use
@@ -23,6 +23,16 @@ class TensorCost:
 
 
 def tensor_costs(ctx, cands) -> list[TensorCost]:
+    """Each candidate's costs (those with a forward and a backward use), once per plan context
+    and candidate set: superneurons' two cost orders and the DQN planner's features share it."""
+    memo = ctx._memo("tensor_costs", ctx.schedule.steps, dict)
+    key = tuple(t.id for t in cands)
+    if key not in memo:
+        memo[key] = _tensor_costs(ctx, cands)
+    return list(memo[key])
+
+
+def _tensor_costs(ctx, cands) -> list[TensorCost]:
     steps = ctx.schedule.steps
     last_fwd, first_bwd = ctx.uses(steps)
     cum = ctx.cum_time(steps)
