@@ -120,6 +120,9 @@ def print_time(r: dict) -> None:
           f"{r['copy_s'] * 1e3:.3f} ms on the copy stream, "
           f"{'-' if hid is None else f'{100 * hid:.0f}%'} hidden under compute; "
           f"recompute {r['recompute_s'] * 1e3:.3f} ms")
+    if r.get("codec_s"):                # --compress: the FreeLunch codec's own stream
+        print(f"  codec                   {r['codec_s'] * 1e3:.3f} ms on its own stream "
+              "(its staging blocks are in the arena and the peak)")
     if r.get("allreduce_exposed_s") is not None and r["allreduce_time_s"] > 0:    # K > 1
         ar, ex = r["allreduce_time_s"], r["allreduce_exposed_s"]
         print(f"  all-reduce on the clock {ar * 1e3:.3f} ms on the comm stream, "

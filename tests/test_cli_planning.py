@@ -40,3 +40,14 @@ def test_unknown_planner_is_an_error_listing_the_names(capsys):
     rc = main(["plan", "resnet_cifar", "--depth", "8", "--planner", "nope"])
     err = capsys.readouterr().err
     assert rc == 2 and "unknown planner 'nope'" in err and "checkmate" in err
+
+
+def test_plan_time_reports_the_codec_stream_with_compress(capsys):
+    args = ["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--planner", "vdnn",
+            "--time", "--no-min-budget"]
+    assert main(args) == 0
+    assert "codec" not in capsys.readouterr().out
+    assert main(args + ["--compress", "2"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("codec")]
+    assert len(line) == 1 and "ms on its own stream" in line[0]
+    assert float(line[0].split()[1]) > 0
