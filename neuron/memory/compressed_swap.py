@@ -20,7 +20,8 @@ codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
   (``pool.uncompressed``, its codec back when it returns or is freed);
 - bring-back: copy into the staging block -> decode into the tensor's block. A prefetch keeps
   the staging block until the tensor's first reader (its kernel waits for the decode); a miss
-  frees it at once and compute waits for the decode.
+  frees it at once and compute waits for the decode. A prefetch with no room for the staging
+  block is not made; a miss with none decodes on the host and copies the whole tensor.
 
 These lifetimes are the same on every device, so the simulated peak is the run's. The event
 log gets ("encode" | "decode", tensor id, bytes the codec touches) beside the copy, and the
@@ -108,8 +109,10 @@ def bring_back_compressed(pool, t, step, ahead: bool, codec) -> None:
     pool._account_tensor(t, 1)
     try:
         st_off, staging = _staging(pool, n, t, step)
-    except BaseException:               # no room for the staging block: as it was
-        pool.free(t)
+    except MemoryBudgetError as e:
+        if not ahead and e.staging:     # a miss must not fail where a plain one would not
+            return _decode_on_host(pool, t, off, buf, n, codec)
+        pool.free(t)                    # a prefetch: as it was, and the caller gives up
         pool.host[t.id] = (t, buf)
         raise
     dev = pool.device
@@ -138,3 +141,19 @@ def bring_back_compressed(pool, t, step, ahead: bool, codec) -> None:
     if pool.log is not None:
         pool.log.append(("prefetch" if ahead else "fetch", t.id, n))
         pool.log.append(("decode", t.id, t.nbytes + n))
+
+
+def _decode_on_host(pool, t, off, buf, n, codec) -> None:
+    """A miss with no room for a staging block: decode on the host (NumPy) and copy the whole
+    tensor into its block, as an uncompressed bring-back does."""
+    dev = pool.device
+    if dev.computes:
+        full = np.empty(t.shape, t.dtype)
+        codec.decode(buf[:n], full)
+        dev.copy_to_device(full.reshape(-1).view(np.uint8), dev.view(off, t.shape, t.dtype),
+                           t.nbytes)
+    pool.host_pool.put(buf)
+    pool.prefetch_bytes += t.nbytes
+    pool.prefetch_count += 1
+    if pool.log is not None:
+        pool.log.append(("fetch", t.id, t.nbytes))

@@ -443,3 +443,22 @@ def test_a_compressed_eviction_stages_in_the_arena_or_goes_uncompressed(reg):
     q.ensure(u0, step())
     np.testing.assert_array_equal(q.view(u0), x)
     assert q.codecs == {u0.id: q.codecs[u0.id]} and not q.uncompressed
+
+
+def test_a_compressed_miss_without_room_to_stage_decodes_on_the_host(reg):
+    from neuron.memory.codecs import Bf16
+    p = pool(blocks=32)
+    t0, t1, t2 = act(reg, "t0", 16 * KiB), act(reg, "t1", 8 * KiB), act(reg, "t2", 8 * KiB)
+    p.codecs = {t0.id: Bf16()}
+    x = np.random.default_rng(1).standard_normal(t0.shape).astype(np.float32)
+    p.alloc(t0)[...] = x
+    p.offload(t0)                                   # staged and compressed: 8 KiB on the host
+    assert p.host_pool.in_use_bytes == 8 * KiB
+    p.alloc(t1)
+    p.alloc(t2)
+    p.lock([t0.id, t1.id, t2.id])                   # 16 blocks free: t0, and no staging block
+    p.ensure(t0, step())
+    got = p.view(t0)
+    assert np.all(np.abs(got - x) <= Bf16().bound(x)) and not np.array_equal(got, x)
+    assert p.used_bytes == 32 * KiB and p.prefetch_bytes == 16 * KiB and not p.staged
+    assert t0.id in p.codecs                        # compressed again next time
