@@ -11,10 +11,11 @@ Outside it, only what cannot be avoided: the cuDNN and cuBLAS handles, CUDA cont
 images, and whatever cuDNN allocates internally. That is why construction measures the free
 memory before and after creating the handles and leaves ``headroom_bytes`` unallocated.
 
-Two streams. Kernels run on ``compute_stream`` (made CuPy's current stream; the cuDNN handle
+Streams. Kernels run on ``compute_stream`` (made CuPy's current stream; the cuDNN handle
 follows the current stream). Offloads (device to pinned host) and prefetches (host to device)
-run on ``copy_stream``, ordered against compute with events, so transfers overlap compute. The
-rule the runtime must keep: an arena block whose contents are being offloaded may be reused
+run on ``copy_stream``, ordered against compute with events, so transfers overlap compute; a
+third, ``codec_stream``, (de)compresses FreeLunch's compressed swaps (``encode``/``decode``).
+The rule the runtime must keep: an arena block whose contents are being offloaded may be reused
 only after the offload's event completed (``is_done(event)`` / ``wait(event)``).
 
 CuPy's own temporaries (reduction scratch, ``cupy.asarray`` of host data, ...) are routed into the

@@ -14,10 +14,10 @@ codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
   block is free at once (later compute waits for the encode, a pass over memory, not a copy
   over the link). A planned offload (``defer``) keeps the staging block until the next step
   has run (``release_draining``), as a plain planned offload keeps its whole block, so the
-  copy overlaps that step; an eviction frees it at once and later compute waits for the
-  copy. So a compressed planned offload holds 1/rate of what a plain one holds. The staging block comes
-  from free space only; where there is none, the tensor goes to the host uncompressed
-  (``pool.uncompressed``, its codec back when it returns or is freed);
+  copy overlaps that step and holds 1/rate of a plain one's bytes; an eviction frees it at
+  once and later compute waits for the copy. The staging block comes from free space only;
+  where there is none, the tensor goes to the host uncompressed (``pool.uncompressed``, its
+  codec back when it returns or is freed);
 - bring-back: copy into the staging block -> decode into the tensor's block. A prefetch keeps
   the staging block until the tensor's first reader (its kernel waits for the decode); a miss
   frees it at once and compute waits for the decode. A prefetch with no room for the staging

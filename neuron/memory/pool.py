@@ -79,8 +79,9 @@ class Pool:
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
             attach(self.heap)
         # planned offloads whose arena block is kept until the next step has run, so that the
-        # copy overlaps that step instead of stalling it: (tensor, offset, event)
-        self.draining: list = []        # (tensor, offset, event, a staging block?)
+        # copy overlaps that step instead of stalling it: (tensor, offset, event, whether the
+        # block is a compressed offload's staging block rather than the tensor's own)
+        self.draining: list = []
         # the simulated clock's input (memory/clock.py): copies and compactions as they happen
         self.log: list | None = None
         # COMPRESS (memory/compressed_swap.py): tensor id -> codec, for what goes to the host
