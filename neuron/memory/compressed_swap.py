@@ -148,6 +148,9 @@ def _decode_on_host(pool, t, off, buf, n, codec) -> None:
     tensor into its block, as an uncompressed bring-back does."""
     dev = pool.device
     if dev.computes:
+        # the copy that filled buf may still be running: its eviction made only compute wait
+        # for it, and the host reads buf now (the rare path: a whole-tensor copy follows anyway)
+        dev.synchronize()
         full = np.empty(t.shape, t.dtype)
         codec.decode(buf[:n], full)
         dev.copy_to_device(full.reshape(-1).view(np.uint8), dev.view(off, t.shape, t.dtype),

@@ -1,6 +1,7 @@
 """The pool's asynchronous copy path (what CudaDevice uses: copy stream + events), exercised on
-the CPU with a device whose copies complete late: same arithmetic, every prefetched tensor
-waited on before its kernel, host buffers reused only once their copy is done."""
+the CPU with a device whose copies complete late (stream_model.py): same arithmetic, every
+prefetched tensor waited on before its kernel, host buffers read or reused only once their copy
+is done."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,60 +11,7 @@ import neuron as nn
 from neuron.devices import CpuDevice
 from neuron.executor import Executor
 from neuron.plan import plan
-
-
-class Event:
-    def __init__(self, polls: int):
-        self.polls = polls          # is_done() is false this many times, then true
-        self.waited = False
-
-
-class LateCopyDevice(CpuDevice):
-    """Copies happen at once (bytes are right) but their events report done only later."""
-    async_copies = True
-
-    def __init__(self, arena_bytes):
-        super().__init__(arena_bytes)
-        self.events: list[Event] = []
-
-    def _event(self):
-        ev = Event(polls=2)
-        self.events.append(ev)
-        return ev
-
-    def prefetch(self, buf, view, compute_waits=True):
-        self.copy_to_device(buf, view, view.nbytes)
-        return self._event()
-
-    def offload(self, view, buf, after=None):
-        if after is not None:       # the copy stream waits for the encode
-            after.waited = True
-        self.copy_to_host(view, buf, view.nbytes)
-        return self._event()
-
-    def encode(self, codec, src, dst):
-        codec.encode_into(src, dst)
-        return self._event()
-
-    def decode(self, codec, src, dst, after=None):
-        if after is not None:       # the codec stream waits for the copy that fills src
-            after.waited = True
-        codec.decode(src, dst)
-        return self._event()
-
-    def compute_wait(self, ev):
-        ev.waited = True
-
-    def is_done(self, ev):
-        ev.polls -= 1
-        return ev.polls < 0
-
-    def synchronize(self):
-        for ev in self.events:
-            ev.polls = -1
-
-    def wait(self, ev):
-        ev.polls = -1
+from stream_model import StreamModelDevice
 
 
 def chain():
@@ -86,7 +34,7 @@ def train_sync_and_late(fraction, iters, **kw):
     data = [(rng.standard_normal((batch, 2, 16, 16)).astype(np.float32),
              rng.integers(0, 10, batch)) for _ in range(iters)]
     runs = {}
-    for name, dev in (("sync", CpuDevice(budget)), ("late", LateCopyDevice(budget))):
+    for name, dev in (("sync", CpuDevice(budget)), ("late", StreamModelDevice(budget))):
         ex = Executor(g, batch, device=dev, seed=1, optimizer=nn.SGD(lr=0.05, momentum=0.9),
                       **kw)
         losses = [ex.train_step(x, y) for x, y in data]
@@ -113,12 +61,6 @@ def test_the_planned_host_budget_holds_while_prefetch_copies_still_read_their_bu
     g, batch = chain(), 8
     budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * 0.7)
 
-    class VeryLate(LateCopyDevice):
-        def _event(self):
-            ev = Event(polls=10 ** 6)       # done only when waited for
-            self.events.append(ev)
-            return ev
-
     sync = Executor(g, batch, device=CpuDevice(budget), policy="superneurons",
                     offload_params=True, seed=1)
     rng = np.random.default_rng(0)
@@ -126,7 +68,7 @@ def test_the_planned_host_budget_holds_while_prefetch_copies_still_read_their_bu
     want = [sync.train_step(x, y) for _ in range(2)]
     host_peak = sync.pool.host_pool.peak_bytes
     assert host_peak > 0
-    late = Executor(g, batch, device=VeryLate(budget), policy="superneurons",
+    late = Executor(g, batch, device=StreamModelDevice(budget, polls=10 ** 6), policy="superneurons",
                     offload_params=True, seed=1, host_budget=host_peak)
     assert [late.train_step(x, y) for _ in range(2)] == want
     assert late.pool.host_pool.peak_bytes <= host_peak
@@ -137,7 +79,7 @@ def test_residency_states_follow_a_tensor():
     from neuron.memory.tensors import Kind, TensorRegistry
     reg = TensorRegistry()
     a = reg.add("a", Kind.ACTIVATION, (256,), np.float32)
-    pool = Pool(LateCopyDevice(1 << 16), evict=True)
+    pool = Pool(StreamModelDevice(1 << 16), evict=True)
     assert pool.state(a) is Residency.ABSENT
     pool.alloc(a)
     assert pool.state(a) is Residency.DEVICE
@@ -166,3 +108,53 @@ def test_compressed_swaps_on_a_codec_stream_train_like_synchronous_ones(planner,
         assert pool.used_bytes == sum(pool.heap.round(t.nbytes) for t in pool.live.values())
         assert pool.high_water == ex.planned["peak_bytes"]        # staging in the plan
     assert late.device.events and all(ev.waited for ev in late.device.events)  # no race
+
+
+def test_the_stream_model_shows_host_reads_and_writes_that_do_not_wait():
+    """The model itself: what would be a race on the GPU gives wrong bytes or an error here."""
+    dev = StreamModelDevice(1 << 12, polls=10 ** 6)
+    view = dev.view(0, (16,), np.float32)
+    view[...] = np.arange(16, dtype=np.float32)
+    buf = np.zeros(64, np.uint8)
+    ev = dev.offload(view, buf)
+    dev.compute_wait(ev)                        # orders kernels, tells the host nothing
+    assert np.isnan(buf.view(np.float32)).all()
+    assert not dev.is_done(ev)
+    dev.wait(ev)
+    np.testing.assert_array_equal(buf.view(np.float32), np.arange(16))
+
+    back = dev.view(256, (16,), np.float32)
+    ev2 = dev.prefetch(buf, back)
+    buf[:4] = 7                                 # reused while the copy may still read it
+    with pytest.raises(AssertionError, match="written while a copy"):
+        dev.wait(ev2)
+
+    first, second = dev.offload(view, buf), dev.prefetch(buf, back)
+    dev.wait(second)                            # FIFO: the earlier copy is complete too
+    assert first.complete
+    np.testing.assert_array_equal(back, np.arange(16))
+
+
+def test_a_compressed_miss_decoded_on_the_host_waits_for_the_copy_that_filled_its_buffer():
+    """A miss with no room for a staging block decodes on the host (compressed_swap.py). The
+    eviction that sent the tensor there only made compute wait for its copy: the host must
+    wait too before it reads the buffer."""
+    from neuron.memory.codecs import Bf16
+    from neuron.memory.pool import Pool
+    from neuron.memory.tensors import Kind, TensorRegistry
+    KiB = 1024
+    reg = TensorRegistry()
+    t0 = reg.add("t0", Kind.ACTIVATION, (4 * KiB,), np.float32)
+    t1, t2 = (reg.add(f"t{i}", Kind.ACTIVATION, (2 * KiB,), np.float32) for i in (1, 2))
+    p = Pool(StreamModelDevice(32 * KiB, polls=10 ** 6), block=KiB, evict=True)
+    p.codecs = {t0.id: Bf16()}
+    x = np.random.default_rng(1).standard_normal(t0.shape).astype(np.float32)
+    p.alloc(t0)[...] = x
+    p.offload(t0)                               # staged, compressed, copied: compute waits
+    p.alloc(t1)
+    p.alloc(t2)
+    p.lock([t0.id, t1.id, t2.id])
+    p.ensure(t0)                                # no room to stage: decoded on the host
+    got = p.view(t0)
+    assert p.prefetch_bytes == t0.nbytes and not p.staged
+    assert np.all(np.abs(got - x) <= Bf16().bound(x))
