@@ -115,6 +115,11 @@ class Executor:
         self.grad_buckets, self.grad_lag = grad_buckets, grad_lag
         if not 1 <= self.chunks <= self.batch:
             raise ValueError(f"chunks must be between 1 and the batch ({self.batch}), got {chunks}")
+        if planner is not None and self.chunks > 1:
+            # the planners decide per layer output; a chunked schedule has one per chunk
+            raise ValueError(f"planner {planner!r} plans whole-layer schedules only, not one "
+                             f"split into {self.chunks} chunks: use --chunks 1 with --planner, "
+                             "or --chunks with --policy (no --planner)")
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
         else:

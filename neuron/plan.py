@@ -252,9 +252,9 @@ def fits(graph: Graph, batch: int, budget: int, chunks=1, **kw) -> bool:
 
 def choose_chunks(graph: Graph, batch: int, budget: int, **kw) -> int | None:
     """The smallest chunk count (memory/chunking.py CHUNK_COUNTS) whose plan fits the
-    budget, or None."""
+    budget, or None. A planner plans whole layers: with one, only 1 is tried."""
     for k in CHUNK_COUNTS:
-        if k > batch:
+        if k > batch or (k > 1 and kw.get("planner")):
             break
         if fits(graph, batch, budget, chunks=k, **kw):
             return k

@@ -115,3 +115,20 @@ def test_planner_chooses_the_chunk_count_and_cli_shows_it(capsys):
     out = capsys.readouterr().out
     assert rc == 0 and f"chunks                  {k} per layer" in out
     assert json.loads(out.strip().splitlines()[-1])["chunks"] == k
+
+
+def test_a_planner_with_chunks_is_a_clear_error_and_auto_keeps_whole_layers(capsys):
+    """The planners decide per layer output, which a chunked schedule splits (it was a bare
+    KeyError from the planner's rewrite)."""
+    from neuron.cli import main
+    from neuron.plan import choose_chunks
+    g = build_model("resnet_cifar", depth=8)
+    with pytest.raises(ValueError, match=r"planner 'vdnn' plans whole-layer schedules only.*"
+                                         r"2 chunks.*--chunks 1 with --planner"):
+        Executor(g, 8, device="virtual", planner="vdnn", chunks=2, budget=1 << 30)
+    rc = main(["plan", "resnet_cifar", "--depth", "8", "--batch", "8", "--planner", "vdnn",
+               "--chunks", "2"])
+    assert rc == 2 and "plans whole-layer schedules only" in capsys.readouterr().err
+    budget = plan(g, 8, policy="offload", trace=False)["ideal_bound_bytes"] - 1
+    assert choose_chunks(g, 8, budget, policy="offload") > 1
+    assert choose_chunks(g, 8, budget, planner="vdnn") is None      # only 1 is tried
