@@ -158,3 +158,39 @@ def test_a_compressed_miss_decoded_on_the_host_waits_for_the_copy_that_filled_it
     got = p.view(t0)
     assert p.prefetch_bytes == t0.nbytes and not p.staged
     assert np.all(np.abs(got - x) <= Bf16().bound(x))
+
+
+def test_a_step_interrupted_anywhere_on_late_copies_leaves_no_trace():
+    """The step transaction (undo.py) under copies and codec work that are still running when
+    the step is cut: the state read back is the state before, and training goes on as if the
+    step had never started."""
+    g, batch = chain(), 8
+    budget = int(plan(g, batch, policy="liveness", search_min=False)["peak_bytes"] * 0.4)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((batch, 2, 16, 16)).astype(np.float32), rng.integers(0, 10, batch)
+
+    def make(dev):
+        return Executor(g, batch, device=dev, seed=1, budget=budget, offload_params=True,
+                        planner="superneurons:compress=2",
+                        optimizer=nn.SGD(lr=0.05, momentum=0.9))
+    ex, ref = make(StreamModelDevice(budget, polls=10 ** 6)), make(CpuDevice(budget))
+    assert ex.train_step(x, y) == ref.train_step(x, y)
+    real = ex._compute
+    for n in range(1, len(ex.steps) + 1, 4):
+        before, calls = ex.state_dict(), [0]
+
+        def compute(step, ctx, ws, n=n):
+            calls[0] += 1
+            if calls[0] == n:
+                raise KeyboardInterrupt(step.name)
+            return real(step, ctx, ws)
+        ex._compute = compute
+        with pytest.raises(KeyboardInterrupt):
+            ex.train_step(x, y)
+        del ex._compute
+        after = ex.state_dict()
+        assert all(after[k].tobytes() == v.tobytes() for k, v in before.items()), n
+    assert ex.pool.counters()["offloads"] > 0 and ex.pool.codecs
+    assert ex.train_step(x, y) == ref.train_step(x, y)
+    for k, v in ref.state_dict().items():
+        np.testing.assert_array_equal(ex.state_dict()[k], v)
