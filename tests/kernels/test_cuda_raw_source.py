@@ -1,0 +1,286 @@
+"""The GPU path's own kernels (kernels/cuda_raw.py) and the wrappers that call them
+(kernels/cuda.py, cuda_pool.py), run without a GPU and compared with numpy_ref.
+
+A CuPy stand-in makes each ``ElementwiseKernel`` out of its very source: g++ compiles the
+operation into one C++ loop over ``i`` with CuPy's conventions (a ``raw`` parameter is a
+pointer to the whole array, any other one the current element: a const value for an input, a
+reference for an output; T and U are the dtypes bound by the arguments). Everything else the
+wrappers ask of CuPy (empty, add, ascontiguousarray) is NumPy's. So this checks the argument
+order and geometry the wrappers pass, the indexing and the arithmetic. Kernels compiled with
+``--fmad=false`` are built with ``-ffp-contract=off`` and must agree bit for bit; CUDA's pow, exp
+and log may differ from glibc's by an ulp or two, so LRN and the loss rows get a tolerance.
+The cuDNN paths (floor-mode pooling, odd LRN windows, convolutions, BN) are not covered here:
+tests/kernels/test_cudnn_binding.py checks that binding, tests/gpu the results. Skipped
+without g++."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from neuron.kernels import cuda, cuda_helpers, cuda_pool, cuda_raw, numpy_ref
+
+_CTYPES = {"int32": "int", "int64": "long long", "uint64": "unsigned long long",
+           "float32": "float", "float64": "double", "uint8": "unsigned char", "bool": "bool"}
+
+
+def _params(spec: str):
+    """CuPy's parameter list: [(raw, type, name)]."""
+    out = []
+    for p in (s.split() for s in spec.split(",") if s.strip()):
+        raw = p[0] == "raw"
+        out.append((raw, p[-2], p[-1]))
+    return out
+
+
+class _Kernel:
+    build_dir = None
+
+    def __init__(self, in_params, out_params, operation, name, preamble="", options=(),
+                 **_):
+        self.ins, self.outs = _params(in_params), _params(out_params)
+        self.operation, self.name, self.preamble = operation, name, preamble
+        self.fmad = "--fmad=false" not in options
+
+    def _source(self, typevars) -> str:
+        head = [f"typedef {_CTYPES[np.dtype(dt).name]} {tv};" for tv, dt in typevars.items()]
+        decl, per_i = [], []
+        for k, (raw, ty, nm) in enumerate(self.ins + self.outs):
+            c = ty if ty in typevars else _CTYPES[ty]
+            is_in = k < len(self.ins)
+            const = "const " if is_in else ""
+            if raw:
+                decl.append(f"{const}{c}* {nm} = ({const}{c}*)a[{k}];")
+            else:
+                decl.append(f"{const}{c}* _{nm} = ({const}{c}*)a[{k}];")
+                per_i.append(f"const {c} {nm} = _{nm}[i];" if is_in else f"{c}& {nm} = _{nm}[i];")
+        return "\n".join([
+            "#include <cmath>", "#include <cstdint>", "using namespace std;",
+            "#define __device__", *head, self.preamble,
+            'extern "C" void run(void** a, long long n) {', *decl,
+            "  for (long long i = 0; i < n; ++i) {", *per_i, "{", self.operation, ";}", "  }",
+            "}"])
+
+    def _lib(self, typevars):
+        src = self._source(typevars)
+        tag = hashlib.sha1(src.encode()).hexdigest()[:16]
+        so = self.build_dir / f"{self.name}_{tag}.so"
+        if not so.exists():
+            cpp = self.build_dir / f"{self.name}_{tag}.cpp"
+            cpp.write_text(src)
+            flags = [] if self.fmad else ["-ffp-contract=off"]
+            r = subprocess.run(["g++", "-O1", "-shared", "-fPIC", *flags, "-o", str(so),
+                                str(cpp)], capture_output=True, text=True)
+            assert r.returncode == 0, f"{self.name} does not compile:\n{r.stderr[-3000:]}"
+        lib = ctypes.CDLL(str(so))
+        lib.run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong]
+        return lib
+
+    def __call__(self, *args):
+        params = self.ins + self.outs
+        assert len(args) == len(params), f"{self.name}: {len(args)} arguments for {len(params)}"
+        typevars = {}
+        for (raw, ty, nm), a in zip(params, args):          # arrays bind T and U first
+            if ty in ("T", "U") and isinstance(a, np.ndarray):
+                assert typevars.setdefault(ty, a.dtype) == a.dtype, \
+                    f"{self.name}: {nm} is {a.dtype}, {ty} is {typevars[ty]}"
+        for (raw, ty, nm), a in zip(params, args):
+            if ty in ("T", "U") and ty not in typevars:
+                typevars[ty] = np.asarray(a).dtype
+        outs = [a for (raw, _, _), a in zip(self.outs, args[len(self.ins):]) if not raw]
+        shape = outs[0].shape
+        arrays = []
+        for k, ((raw, ty, nm), a) in enumerate(zip(params, args)):
+            dt = np.dtype(typevars.get(ty, _CTYPES.get(ty) and ty))
+            if raw or k >= len(self.ins):
+                assert isinstance(a, np.ndarray) and a.flags.c_contiguous, \
+                    f"{self.name}: {nm} must be a C-contiguous array"
+                assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
+                if not raw:
+                    assert a.shape == shape, f"{self.name}: {nm} has shape {a.shape}, not {shape}"
+                arrays.append(a)
+            else:
+                if isinstance(a, np.ndarray):
+                    assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
+                arrays.append(np.ascontiguousarray(np.broadcast_to(np.asarray(a, dt), shape)))
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        self._lib(typevars).run(ptrs, int(np.prod(shape)))
+
+
+class _Cupy:
+    """NumPy, but for ElementwiseKernel."""
+    ElementwiseKernel = _Kernel
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+_FACTORIES = [getattr(cuda_raw, n) for n in dir(cuda_raw) if n.startswith("_k_")]
+
+
+@pytest.fixture
+def gpu_kernels(monkeypatch, tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    if _Kernel.build_dir is None:
+        _Kernel.build_dir = tmp_path_factory.mktemp("cuda_raw")
+    fake = _Cupy()
+    for mod in (cuda_raw, cuda_helpers, cuda, cuda_pool):
+        monkeypatch.setattr(mod, "_cp", lambda: fake)
+    for f in _FACTORIES:            # kernels made with the stand-in must not outlive the test
+        f.cache_clear()
+    yield cuda
+    for f in _FACTORIES:
+        f.cache_clear()
+
+
+def _x(shape, seed=0, dtype=np.float32, ties=False):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    return np.round(x * 2) / 2 if ties else x          # ties: equal maxima in one window
+
+
+def _both(fn_name, *arrays_then_args, out):
+    """Run numpy_ref's and cuda's ``fn_name`` on copies; returns (want, got) of ``out``."""
+    res = []
+    for mod in (numpy_ref, cuda):
+        args = [a.copy() if isinstance(a, np.ndarray) else a for a in arrays_then_args]
+        getattr(mod, fn_name)(*args)
+        res.append(args[out])
+    return res
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_ceil_mode_max_pooling(gpu_kernels, padding, accumulate):
+    x = _x((2, 3, 8, 9), ties=True)
+    ho, wo = numpy_ref.pool_out_hw(8, 9, (3, 3), (2, 2), (padding, padding), ceil_mode=True)
+    assert (ho, wo) != numpy_ref.pool_out_hw(8, 9, (3, 3), (2, 2), (padding, padding))
+    y = np.zeros((2, 3, ho, wo), np.float32)
+    want, got = _both("maxpool_forward", x, y, 3, 2, padding, out=1)
+    np.testing.assert_array_equal(got, want)
+    dy, dx = _x(want.shape, 1), _x(x.shape, 2)
+    want_dx, got_dx = _both("maxpool_backward", x, want, dy, dx, 3, 2, padding, accumulate,
+                            out=3)
+    # overlapping windows: the kernel gathers per input element in window order, NumPy
+    # scatters per tap, so sums of several gradients may round differently (a gradient sent
+    # to the wrong element would be off by a whole value)
+    np.testing.assert_allclose(got_dx, want_dx, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("ceil", [False, True])
+def test_average_pooling(gpu_kernels, ceil):
+    x = _x((2, 2, 8, 9))
+    ho, wo = numpy_ref.pool_out_hw(8, 9, (3, 2), (2, 2), (1, 0), ceil_mode=ceil)
+    if ceil:                        # floor-mode forward is cuDNN's; backward is always ours
+        assert (ho, wo) != numpy_ref.pool_out_hw(8, 9, (3, 2), (2, 2), (1, 0))
+        y = np.zeros((2, 2, ho, wo), np.float32)
+        want, got = _both("avgpool_forward", x, y, (3, 2), 2, (1, 0), out=1)
+        np.testing.assert_array_equal(got, want)
+    dy = _x((2, 2, ho, wo), 3)
+    for accumulate in (False, True):
+        want, got = _both("avgpool_backward", dy, _x(x.shape, 4), (3, 2), 2, (1, 0),
+                          accumulate, out=1)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("size,k", [(4, 2.0), (2, 1.0), (5, 1e-6)])
+def test_lrn_where_cudnn_is_not_used(gpu_kernels, size, k):
+    """An even window (cuDNN centres it one channel off torch's) or k below cuDNN's bound."""
+    args = (size, 1e-2, 0.75, k)
+    assert not cuda_pool._lrn_cudnn_ok(*args)
+    x = _x((2, 6, 3, 4))
+    y = np.zeros_like(x)
+    want, got = _both("lrn_forward", x, y, *args, out=1)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    dy = _x(x.shape, 5)
+    want_dx, got_dx = _both("lrn_backward", x, want, dy, np.zeros_like(x), *args, out=3)
+    np.testing.assert_allclose(got_dx, want_dx, rtol=2e-5, atol=1e-6)
+
+
+def test_activations_without_cudnn(gpu_kernels):
+    y, dy = _x((4, 33)), _x((4, 33), 1)
+    s = 1 / (1 + np.exp(-y))
+    for name, out_arg in (("sigmoid_backward", s), ("tanh_backward", np.tanh(y))):
+        for accumulate in (False, True):
+            want, got = _both(name, out_arg, dy, _x(y.shape, 2), accumulate, out=2)
+            np.testing.assert_array_equal(got, want)
+    want, got = _both("leaky_relu_forward", y, np.zeros_like(y), 0.1, out=1)
+    np.testing.assert_array_equal(got, want)
+    want, got = _both("leaky_relu_backward", want, dy, _x(y.shape, 3), 0.1, True, out=2)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("batch_offset", [0, 3])
+def test_dropout_mask_and_scaling(gpu_kernels, batch_offset):
+    """The GPU draws the counter-hash mask of dropout_mask.py (NumPy's generator is the CPU's,
+    another mask by design); a chunk of the batch gets its part of the whole batch's mask."""
+    from neuron.kernels.dropout_mask import dropout_mask_reference
+    x = _x((4, 5, 6))
+    y, mask = np.zeros_like(x), np.zeros(x.shape, np.uint8)
+    cuda.dropout_forward(x, y, mask, 0.3, 1234, batch_offset)
+    whole = dropout_mask_reference((batch_offset + 4, 5, 6), 0.3, 1234)
+    np.testing.assert_array_equal(mask, whole[batch_offset:])
+    assert 0.5 < mask.mean() < 0.9
+    want = np.zeros_like(x)
+    numpy_ref.dropout_apply(x, want, mask, 0.3)
+    np.testing.assert_array_equal(y, want)
+    dy = _x(x.shape, 1)
+    a = _x(x.shape, 2)
+    b = a.copy()
+    numpy_ref.dropout_backward(dy, mask, a, 0.3, True)
+    cuda.dropout_backward(dy, mask, b, 0.3, True)
+    np.testing.assert_array_equal(b, a)
+
+
+def test_softmax_loss_rows_and_gradient(gpu_kernels):
+    logits = _x((6, 10)) * 30                          # large: the log-sum-exp must be stable
+    labels = np.array([0, 9, 3, 3, 7, 1])
+    probs = np.zeros_like(logits)
+    want = numpy_ref.softmax_xent_forward(logits, labels, probs)
+    rows = np.zeros(6, np.float64)
+    cuda_raw._k_xent()[0](logits, labels.astype(np.int64), np.int64(10), rows)
+    z = logits.astype(np.float64)                      # the kernel works in float64 throughout
+    exact = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1) - z[range(6), labels]
+    np.testing.assert_allclose(rows, exact, rtol=1e-12)
+    np.testing.assert_allclose(rows.mean(), want, rtol=1e-6)   # NumPy's exp is float32
+    for accumulate, total in ((False, None), (True, 12)):
+        a = _x(logits.shape, 1)
+        b = a.copy()
+        numpy_ref.softmax_xent_backward(probs, labels, a, accumulate, total)
+        cuda.softmax_xent_backward(probs, labels, b, accumulate, total)
+        np.testing.assert_array_equal(b, a)
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.0, False, 1e-3),
+                                                  (0.9, False, 0.0), (0.9, True, 5e-4)])
+def test_the_sgd_step(gpu_kernels, momentum, nesterov, wd):
+    p0, g = _x((300,)), _x((300,), 1)
+    for first in (True, False):
+        v0 = _x((300,), 2) if momentum else None
+        runs = []
+        for mod in (numpy_ref, cuda):
+            p, v = p0.copy(), (v0.copy() if v0 is not None else None)
+            flag = np.zeros(1, bool)
+            mod.sgd_update(p, g, v, 0.1, momentum, wd, nesterov, first_step=first, flag=flag)
+            runs.append((p, v, flag))
+        (p_want, v_want, f_want), (p_got, v_got, f_got) = runs
+        np.testing.assert_array_equal(p_got, p_want)
+        if momentum:
+            np.testing.assert_array_equal(v_got, v_want)
+        assert not f_got[0] and not f_want[0]
+    p, flag = np.full(3, 3e38, np.float32), np.zeros(1, bool)
+    cuda.sgd_update(p, np.full(3, -3e38, np.float32), None, 10.0, 0.0, 0.0, False, flag=flag)
+    assert flag[0]                                      # the fused finiteness check
+
+
+def test_the_stand_in_refuses_a_wrong_argument(gpu_kernels):
+    """It could fail: a kernel called with the wrong dtype or a missing argument is an error."""
+    y = _x((3, 4))
+    with pytest.raises(AssertionError, match="expected float32|is float64"):
+        cuda_raw._k_sigmoid_bwd()(y, y.astype(np.float64), np.zeros_like(y))
+    with pytest.raises(AssertionError, match="arguments"):
+        cuda_raw._k_sigmoid_bwd()(y, np.zeros_like(y))
