@@ -1,141 +1,19 @@
 """The GPU path's own kernels (kernels/cuda_raw.py) and the wrappers that call them
 (kernels/cuda.py, cuda_pool.py), run without a GPU and compared with numpy_ref.
 
-A CuPy stand-in makes each ``ElementwiseKernel`` out of its very source: g++ compiles the
-operation into one C++ loop over ``i`` with CuPy's conventions (a ``raw`` parameter is a
-pointer to the whole array, any other one the current element: a const value for an input, a
-reference for an output; T and U are the dtypes bound by the arguments). Everything else the
-wrappers ask of CuPy (empty, add, ascontiguousarray) is NumPy's. So this checks the argument
+The CuPy stand-in (cuda_standins.py) makes each ``ElementwiseKernel`` out of its very source,
+compiled by g++; everything else the wrappers ask of CuPy is NumPy's. So this checks the argument
 order and geometry the wrappers pass, the indexing and the arithmetic. Kernels compiled with
 ``--fmad=false`` are built with ``-ffp-contract=off`` and must agree bit for bit; CUDA's pow, exp
 and log may differ from glibc's by an ulp or two, so LRN and the loss rows get a tolerance.
-The cuDNN paths (floor-mode pooling, odd LRN windows, convolutions, BN) are not covered here:
-tests/kernels/test_cudnn_binding.py checks that binding, tests/gpu the results. Skipped
-without g++."""
+The cuDNN paths (floor-mode pooling, odd LRN windows, convolutions, BN) are the cuDNN
+stand-in's here: test_cuda_on_standins.py trains through them. Skipped without g++."""
 from __future__ import annotations
-
-import ctypes
-import hashlib
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
-from neuron.kernels import cuda, cuda_helpers, cuda_pool, cuda_raw, numpy_ref
-
-_CTYPES = {"int32": "int", "int64": "long long", "uint64": "unsigned long long",
-           "float32": "float", "float64": "double", "uint8": "unsigned char", "bool": "bool"}
-
-
-def _params(spec: str):
-    """CuPy's parameter list: [(raw, type, name)]."""
-    out = []
-    for p in (s.split() for s in spec.split(",") if s.strip()):
-        raw = p[0] == "raw"
-        out.append((raw, p[-2], p[-1]))
-    return out
-
-
-class _Kernel:
-    build_dir = None
-
-    def __init__(self, in_params, out_params, operation, name, preamble="", options=(),
-                 **_):
-        self.ins, self.outs = _params(in_params), _params(out_params)
-        self.operation, self.name, self.preamble = operation, name, preamble
-        self.fmad = "--fmad=false" not in options
-
-    def _source(self, typevars) -> str:
-        head = [f"typedef {_CTYPES[np.dtype(dt).name]} {tv};" for tv, dt in typevars.items()]
-        decl, per_i = [], []
-        for k, (raw, ty, nm) in enumerate(self.ins + self.outs):
-            c = ty if ty in typevars else _CTYPES[ty]
-            is_in = k < len(self.ins)
-            const = "const " if is_in else ""
-            if raw:
-                decl.append(f"{const}{c}* {nm} = ({const}{c}*)a[{k}];")
-            else:
-                decl.append(f"{const}{c}* _{nm} = ({const}{c}*)a[{k}];")
-                per_i.append(f"const {c} {nm} = _{nm}[i];" if is_in else f"{c}& {nm} = _{nm}[i];")
-        return "\n".join([
-            "#include <cmath>", "#include <cstdint>", "using namespace std;",
-            "#define __device__", *head, self.preamble,
-            'extern "C" void run(void** a, long long n) {', *decl,
-            "  for (long long i = 0; i < n; ++i) {", *per_i, "{", self.operation, ";}", "  }",
-            "}"])
-
-    def _lib(self, typevars):
-        src = self._source(typevars)
-        tag = hashlib.sha1(src.encode()).hexdigest()[:16]
-        so = self.build_dir / f"{self.name}_{tag}.so"
-        if not so.exists():
-            cpp = self.build_dir / f"{self.name}_{tag}.cpp"
-            cpp.write_text(src)
-            flags = [] if self.fmad else ["-ffp-contract=off"]
-            r = subprocess.run(["g++", "-O1", "-shared", "-fPIC", *flags, "-o", str(so),
-                                str(cpp)], capture_output=True, text=True)
-            assert r.returncode == 0, f"{self.name} does not compile:\n{r.stderr[-3000:]}"
-        lib = ctypes.CDLL(str(so))
-        lib.run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong]
-        return lib
-
-    def __call__(self, *args):
-        params = self.ins + self.outs
-        assert len(args) == len(params), f"{self.name}: {len(args)} arguments for {len(params)}"
-        typevars = {}
-        for (raw, ty, nm), a in zip(params, args):          # arrays bind T and U first
-            if ty in ("T", "U") and isinstance(a, np.ndarray):
-                assert typevars.setdefault(ty, a.dtype) == a.dtype, \
-                    f"{self.name}: {nm} is {a.dtype}, {ty} is {typevars[ty]}"
-        for (raw, ty, nm), a in zip(params, args):
-            if ty in ("T", "U") and ty not in typevars:
-                typevars[ty] = np.asarray(a).dtype
-        outs = [a for (raw, _, _), a in zip(self.outs, args[len(self.ins):]) if not raw]
-        shape = outs[0].shape
-        arrays = []
-        for k, ((raw, ty, nm), a) in enumerate(zip(params, args)):
-            dt = np.dtype(typevars.get(ty, _CTYPES.get(ty) and ty))
-            if raw or k >= len(self.ins):
-                assert isinstance(a, np.ndarray) and a.flags.c_contiguous, \
-                    f"{self.name}: {nm} must be a C-contiguous array"
-                assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
-                if not raw:
-                    assert a.shape == shape, f"{self.name}: {nm} has shape {a.shape}, not {shape}"
-                arrays.append(a)
-            else:
-                if isinstance(a, np.ndarray):
-                    assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
-                arrays.append(np.ascontiguousarray(np.broadcast_to(np.asarray(a, dt), shape)))
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        self._lib(typevars).run(ptrs, int(np.prod(shape)))
-
-
-class _Cupy:
-    """NumPy, but for ElementwiseKernel."""
-    ElementwiseKernel = _Kernel
-
-    def __getattr__(self, name):
-        return getattr(np, name)
-
-
-_FACTORIES = [getattr(cuda_raw, n) for n in dir(cuda_raw) if n.startswith("_k_")]
-
-
-@pytest.fixture
-def gpu_kernels(monkeypatch, tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed")
-    if _Kernel.build_dir is None:
-        _Kernel.build_dir = tmp_path_factory.mktemp("cuda_raw")
-    fake = _Cupy()
-    for mod in (cuda_raw, cuda_helpers, cuda, cuda_pool):
-        monkeypatch.setattr(mod, "_cp", lambda: fake)
-    for f in _FACTORIES:            # kernels made with the stand-in must not outlive the test
-        f.cache_clear()
-    yield cuda
-    for f in _FACTORIES:
-        f.cache_clear()
+from neuron.kernels import cuda, cuda_pool, cuda_raw, numpy_ref
 
 
 def _x(shape, seed=0, dtype=np.float32, ties=False):

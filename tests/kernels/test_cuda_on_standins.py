@@ -1,0 +1,108 @@
+"""The GPU kernel module trains like numpy_ref, on the CPU: the executor runs every step through
+neuron.kernels.cuda with the CuPy and cuDNN stand-ins (cuda_standins.py), so each wrapper gets
+the arrays, descriptors, accumulate flags and temporaries that a real run gives it.
+
+The numbers differ from numpy_ref only where the GPU module computes differently by design: the
+loss rows in float64, the gathered pooling gradients' summation order. So losses and parameters
+after a few steps agree to float32 rounding (a wrong wire gives an error in the first digits)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import neuron as nn
+from neuron.devices import CpuDevice
+from neuron.executor import Executor
+from neuron.models import build_model
+from neuron.plan import plan
+
+
+class CudaKernelsOnCpu(CpuDevice):
+    """The CPU arena, the GPU kernel module (on the stand-ins)."""
+    name = "cuda-standin"
+
+    @property
+    def kernels(self):
+        from neuron.kernels import cuda
+        return cuda
+
+    def view(self, offset, shape, dtype):
+        from cuda_standins import DevArray
+        return super().view(offset, shape, dtype).view(DevArray)
+
+
+def alexnet_like():
+    """LRN with an even window (a raw kernel) and an odd one (cuDNN), max and average pooling
+    (average backward is a raw kernel), sigmoid; no dropout (its mask is the counter hash on the
+    GPU, NumPy's generator on the CPU, by design)."""
+    x = nn.Input((3, 17, 17), name="data")
+    h = nn.ReLU(name="r1")(nn.Conv2d(8, 3, padding=1, name="c1")(x))
+    h = nn.LRN(4, name="lrn_even")(h)
+    h = nn.MaxPool2d(3, 2, name="p1")(h)
+    h = nn.ReLU(name="r2")(nn.Conv2d(8, 3, padding=1, bias=False, name="c2")(h))
+    h = nn.LRN(5, name="lrn_odd")(h)
+    h = nn.AvgPool2d(2, 2, name="p2")(h)
+    h = nn.Sigmoid(name="s")(nn.Linear(16, name="fc1")(h))
+    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
+
+
+GRAPHS = {
+    "resnet_cifar8": lambda: build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)),
+    "densenet_cifar10": lambda: build_model("densenet_cifar", depth=10, in_shape=(3, 16, 16)),
+    "alexnet_like": alexnet_like,
+}
+
+
+def train(graph, device, steps=3, **kw):
+    batch = 4
+    g = GRAPHS[graph]()
+    shape = g.inputs[0].shape
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((batch, *shape)).astype(np.float32),
+             rng.integers(0, 10, batch)) for _ in range(steps)]
+    ex = Executor(g, batch, device=device, seed=1, **kw,
+                  optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
+    losses = [ex.train_step(x, y) for x, y in data]
+    return losses, ex.state_dict(), ex
+
+
+def _same(a, b):
+    (la, sa, _), (lb, sb, _) = a, b
+    np.testing.assert_allclose(la, lb, rtol=2e-5)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        np.testing.assert_allclose(sa[k], sb[k], rtol=2e-4, atol=2e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("graph", list(GRAPHS))
+def test_the_gpu_kernel_module_trains_like_numpy_ref(gpu_kernels, graph):
+    arena = 64 << 20
+    _same(train(graph, CudaKernelsOnCpu(arena)), train(graph, CpuDevice(arena)))
+
+
+def test_under_memory_pressure_with_recomputation_and_chunks(gpu_kernels):
+    """Recomputed BN (running statistics untouched), offloaded parameters, a chunked schedule
+    (gradients accumulated across chunks: the beta = 1 paths)."""
+    g = GRAPHS["resnet_cifar8"]()
+    peak = plan(g, 4, policy="liveness", search_min=False)["peak_bytes"]
+    budget = int(peak * 0.5)
+    for kw in ({"planner": "superneurons", "offload_params": True, "budget": budget},
+               {"policy": "superneurons", "chunks": 2}):
+        _same(train("resnet_cifar8", CudaKernelsOnCpu(budget if "budget" in kw else 64 << 20),
+                    **kw),
+              train("resnet_cifar8", CpuDevice(budget if "budget" in kw else 64 << 20), **kw))
+
+
+def test_a_wrong_accumulate_flag_is_caught(gpu_kernels, monkeypatch):
+    """The check can fail: conv backward-data that overwrites where it must add (beta 0 for
+    accumulate) trains differently."""
+    import cuda_standins
+    dnn = gpu_kernels.dnn
+    real = type(dnn).convolution_backward_data
+
+    def overwrite(self, *a, beta=0.0, **k):
+        return real(self, *a, beta=0.0, **k)
+    monkeypatch.setattr(cuda_standins.CudnnStandIn, "convolution_backward_data", overwrite)
+    with pytest.raises(AssertionError):
+        _same(train("resnet_cifar8", CudaKernelsOnCpu(64 << 20)),
+              train("resnet_cifar8", CpuDevice(64 << 20)))
