@@ -23,8 +23,9 @@ arena with ``cupy.cuda.set_allocator``: the Pool attaches its heap (``attach_hea
 created, so they are served from the same budget as every tensor, and one that cannot fit is a
 MemoryBudgetError naming the kernel and layer that asked for it. No byte escapes the budget.
 
-The pointer and buffer bookkeeping (ArenaLayout, ArenaAllocator, and host_buffers.HostBufferPool)
-is pure Python so it is tested on machines without a GPU.
+Host buffers for offloaded tensors are the pool's (memory/host.py HostPool), allocated pinned
+through :func:`pinned_empty`. The pointer bookkeeping (ArenaLayout, ArenaAllocator) is pure
+Python so it is tested on machines without a GPU.
 """
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ import math
 import os
 import sys
 import threading
+import weakref
 
 import numpy as np
 
 from .devices import Device
 from .errors import MemoryBudgetError
-from .host_buffers import HostBufferPool
 from .memory.host_budget import default_host_cap
 
 MiB = 1 << 20
@@ -193,18 +194,27 @@ def _cupy():
     return cupy
 
 
+_pinned = {"bytes": 0}           # page-locked bytes held by live pinned_empty buffers
+
+
 def pinned_empty(nbytes: int) -> np.ndarray:
-    """A 1-D uint8 NumPy array over page-locked host memory (alive as long as the array)."""
-    mem = _cupy().cuda.alloc_pinned_memory(int(nbytes))
-    return np.frombuffer(mem, np.uint8, int(nbytes))        # .base keeps `mem` alive
+    """A 1-D uint8 NumPy array over page-locked host memory (alive as long as the array): only
+    pinned buffers let cudaMemcpyAsync run asynchronously and overlap compute."""
+    nbytes = int(nbytes)
+    mem = _cupy().cuda.alloc_pinned_memory(nbytes)
+    a = np.frombuffer(mem, np.uint8, nbytes)        # .base keeps `mem` alive
+    _pinned["bytes"] += nbytes
+    weakref.finalize(a, _unpin, nbytes)
+    return a
 
 
-class PinnedHostPool(HostBufferPool):
-    """HostBufferPool over page-locked memory (cupy.cuda.alloc_pinned_memory): only pinned
-    buffers let cudaMemcpyAsync run asynchronously and overlap compute."""
+def _unpin(nbytes: int) -> None:
+    _pinned["bytes"] -= nbytes
 
-    def __init__(self, capacity: int | None = None):
-        super().__init__(pinned_empty, capacity)
+
+def pinned_host_bytes() -> int:
+    """Page-locked host bytes this process holds through pinned_empty."""
+    return _pinned["bytes"]
 
 
 class CudaDevice(Device):
@@ -266,7 +276,6 @@ class CudaDevice(Device):
         self._prev_allocator = None
         if route_cupy_allocations:
             self._install_allocator()
-        self.host_pool = PinnedHostPool(pinned_capacity)
 
     def _allocate_arena(self, cp, cudnn, free_before) -> None:
         # Create the library handles now so their memory is measured, not discovered later.
@@ -399,7 +408,7 @@ class CudaDevice(Device):
 
     def offload(self, src_view, host_buf, after=None):
         """Copy ``src_view`` (contiguous, in the arena) into ``host_buf`` (pinned, e.g. from
-        ``host_pool.get``) on the copy stream, after everything already queued on compute (the
+        the pool's HostPool) on the copy stream, after everything already queued on compute (the
         producer of the data) and after the event ``after`` (an encode on the codec stream).
         Returns the event that completes with the copy: the arena block may be freed or
         overwritten only once ``is_done(event)``."""
@@ -484,7 +493,7 @@ class CudaDevice(Device):
                 "headroom_bytes": self.headroom_bytes, "device_free_bytes": free,
                 "device_total_bytes": total,
                 "cupy_temporaries_live_bytes": self.allocator.live_bytes,
-                "pinned_host_bytes": self.host_pool.allocated_bytes}
+                "pinned_host_bytes": pinned_host_bytes()}
 
     def close(self) -> None:
         """Give CuPy its previous allocator and stream back (if ours are still installed).

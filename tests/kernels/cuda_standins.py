@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 
@@ -47,7 +48,17 @@ class _Pointer:
 
 class DevArray(np.ndarray):
     """A NumPy array that answers ``.get()`` and ``.data.ptr`` (its address) as a CuPy array
-    does: the GPU module passes such addresses to cuDNN."""
+    does: the GPU module passes such addresses to cuDNN. ``DevArray(shape, dtype,
+    memptr=MemoryPointer)`` is cupy.ndarray's constructor: a view of that memory."""
+
+    def __new__(cls, shape, dtype=np.float32, memptr=None):
+        dtype = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        n = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        buf = (ctypes.c_char * n).from_address(memptr.ptr)
+        a = np.ndarray.__new__(cls, shape, dtype, buffer=buf)
+        a._mem = memptr.mem             # the memory lives as long as an array over it
+        return a
 
     def get(self, stream=None):
         return np.array(self)
@@ -141,9 +152,176 @@ class ElementwiseKernel:
         self._lib(typevars).run(ptrs, int(np.prod(shape)))
 
 
+# The CUDA runtime: device memory is host memory at real addresses, so that pointer arithmetic,
+# views at offsets and memcpy are the real thing; streams run each operation at once and every
+# event is complete (ordering is tests/test_cuda_device.py's and stream_model.py's subject).
+
+class Memory:
+    """cupy.cuda.Memory: ``nbytes`` of "device" memory at ``ptr``."""
+
+    def __init__(self, nbytes, ptr=None, free=None):
+        self.size = int(nbytes)
+        if ptr is None:
+            self._buf = np.zeros(max(self.size, 1), np.uint8)
+            ptr = int(self._buf.__array_interface__["data"][0])
+        self.ptr, self._free = int(ptr), free
+
+    def __del__(self):
+        if self._free is not None and self.ptr:
+            self._free(self.ptr, 0)
+
+
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + int(offset)
+
+
+class _Event:
+    done = True
+
+    def __init__(self, disable_timing=False):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _Stream:
+    _current = []
+
+    def __init__(self, null=False, non_blocking=False):
+        self.ptr = 0 if null else id(self)
+
+    def record(self, event=None):
+        return event or _Event()
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def use(self):
+        _Stream._current[:] = [self]
+
+    def __enter__(self):
+        _Stream._current.append(self)
+
+    def __exit__(self, *exc):
+        _Stream._current.pop()
+
+
+class _Runtime:
+    memcpyHostToDevice, memcpyDeviceToHost, memcpyDeviceToDevice = 1, 2, 3
+
+    @staticmethod
+    def memcpyAsync(dst, src, n, kind, stream):
+        ctypes.memmove(int(dst), int(src), int(n))
+
+    @staticmethod
+    def memGetInfo():
+        return 8 << 30, 16 << 30
+
+
+class _PythonFunctionAllocator:
+    def __init__(self, malloc, free):
+        self._malloc, self._free = malloc, free
+
+    def malloc(self, nbytes):
+        ptr = self._malloc(int(nbytes), 0)
+        return MemoryPointer(Memory(nbytes, ptr, self._free), 0)
+
+
+class _Cuda:
+    Memory, MemoryPointer, Event, Stream = Memory, MemoryPointer, _Event, _Stream
+    PythonFunctionAllocator = _PythonFunctionAllocator
+    runtime = _Runtime
+    device = type("device", (), {"get_cublas_handle": staticmethod(lambda: None)})
+    allocator = None
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def Device(i=0):
+        return type("Dev", (), {"use": lambda self: None})()
+
+    @staticmethod
+    def get_current_stream():
+        if not _Stream._current:
+            _Stream._current.append(_Stream(null=True))
+        return _Stream._current[-1]
+
+    @staticmethod
+    def alloc_pinned_memory(nbytes):
+        return bytearray(int(nbytes))
+
+    @classmethod
+    def set_allocator(cls, fn):
+        cls.allocator = fn
+
+    @classmethod
+    def get_allocator(cls):
+        return cls.allocator
+
+
+def _device_array(shape, dtype):
+    """A new array: from the installed allocator (CudaDevice routes it into its arena), else
+    from host memory."""
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if _Cuda.allocator is None:
+        return np.empty(shape, dtype).view(DevArray)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return DevArray(shape, dtype, memptr=_Cuda.allocator(n))
+
+
 class CupyStandIn:
     ElementwiseKernel = ElementwiseKernel
-    ndarray = np.ndarray        # every array is "on the device"
+    cuda = _Cuda
+    float64 = np.float64
+
+    def __init__(self):
+        self.ndarray = DevArray
+
+    def get_default_memory_pool(self):
+        return type("Pool", (), {"free_all_blocks": lambda self: None})()
+
+    def asnumpy(self, a, stream=None):
+        return np.array(a)
+
+    def empty(self, shape, dtype=np.float32):
+        return _device_array(shape, dtype)
+
+    def empty_like(self, a):
+        return _device_array(a.shape, a.dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        a = _device_array(shape, dtype)
+        a[...] = 0
+        return a
+
+    def ones(self, shape, dtype=np.float32):
+        a = _device_array(shape, dtype)
+        a[...] = 1
+        return a
+
+    def full(self, shape, value, dtype=np.float32):
+        a = _device_array(shape, dtype)
+        a[...] = value
+        return a
+
+    def asarray(self, a, dtype=None):
+        if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
+            return a
+        src = np.asarray(a, dtype)
+        out = _device_array(src.shape, src.dtype)
+        out[...] = src
+        return out
+
+    def ascontiguousarray(self, a):
+        return a if a.flags.c_contiguous else self.asarray(np.ascontiguousarray(a))
 
     def __getattr__(self, name):
         f = getattr(np, name)
@@ -372,6 +550,9 @@ def install(monkeypatch, build_dir):
         monkeypatch.setattr(mod, "_cp", lambda: cp)
     for mod in (cuda, cuda_pool, cuda_helpers, conv_algos):
         monkeypatch.setattr(mod, "dnn", dnn)
+    monkeypatch.setattr(cudnn, "get_handle", dnn.get_handle)    # CudaDevice asks it directly
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(cuda, "_stager", None)      # the input stager over the stand-in's memory
     uninstall()
     return dnn
 
@@ -381,3 +562,5 @@ def uninstall():
     for f in KERNEL_CACHES:
         f.cache_clear()
     conv_algos.clear_conv_algo_cache()
+    _Cuda.allocator = None
+    _Stream._current.clear()

@@ -106,3 +106,45 @@ def test_a_wrong_accumulate_flag_is_caught(gpu_kernels, monkeypatch):
     with pytest.raises(AssertionError):
         _same(train("resnet_cifar8", CudaKernelsOnCpu(64 << 20)),
               train("resnet_cifar8", CpuDevice(64 << 20)))
+
+
+@pytest.mark.parametrize("graph,kw", [
+    ("resnet_cifar8", {}),
+    ("resnet_cifar8", {"policy": "superneurons", "chunks": 2}),
+    ("densenet_cifar10", {"planner": "superneurons", "offload_params": True, "fraction": 0.5}),
+    ("resnet_cifar8", {"planner": "vdnn", "fraction": 0.6}),
+    ("alexnet_like", {"policy": "superneurons", "compact": True, "offload_params": True,
+                      "fraction": 0.7}),
+])
+def test_cuda_device_itself_trains_like_the_cpu(gpu_kernels, graph, kw):
+    """CudaDevice's own code on the CUDA runtime stand-in (device memory is host memory at real
+    addresses): the one arena and its views, CuPy temporaries routed into the pool's heap,
+    offloads and prefetches through pinned buffers with memcpyAsync, compaction, the input
+    stager, the step guard's flag."""
+    from neuron.cuda_device import CudaDevice
+    kw = dict(kw)
+    fraction = kw.pop("fraction", None)
+    g = GRAPHS[graph]()
+    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
+        if fraction else 64 << 20
+    if fraction:
+        kw["budget"] = arena
+    dev = CudaDevice(arena, headroom_bytes=0)
+    temporaries = []
+    malloc = dev.allocator.malloc
+    dev.allocator.malloc = lambda n, device_id=0: temporaries.append(n) or malloc(n, device_id)
+    try:
+        got = train(graph, dev, **kw)
+        _same(got, train(graph, CpuDevice(arena), **kw))
+        pool = got[2].pool
+        assert dev.allocator.live_bytes == 0            # every temporary was given back
+        if kw.get("chunks"):            # accumulating kernels take CuPy temporaries: the arena's
+            assert temporaries
+        if fraction:
+            c = pool.counters()
+            assert c["offloads"] > 0 and c["prefetches"] > 0
+            from neuron.cuda_device import pinned_host_bytes
+            assert pinned_host_bytes() >= pool.host_pool.reserved_bytes > 0     # pinned
+        assert pool.high_water <= arena
+    finally:
+        dev.close()

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from neuron.cuda_device import ArenaAllocator, ArenaLayout
-from neuron.host_buffers import HostBufferPool, size_class
 from neuron.errors import MemoryBudgetError
 from neuron.kernels import cuda as K
 from neuron.kernels import cudnn as dnn
@@ -605,76 +604,6 @@ def test_arena_allocator_scratch_then_pool(tmp_path):
     a.free(0, 0)
     a.remove_region("pool")
     assert scratch_lay.contains(a.malloc(10, 0))
-
-
-def test_size_classes():
-    assert size_class(1) == size_class(4096) == 4096
-    prev = 0
-    for n in list(range(4000, 70000, 997)) + [1 << 20, (1 << 20) + 1, 3 << 30]:
-        c = size_class(n)
-        assert c >= n and c >= prev and (c - n) <= n / 8
-        prev = c
-
-
-class _Event:
-    def __init__(self, done=False):
-        self.done = done
-
-
-def _pool(capacity=None):
-    made = []
-
-    def allocate(n):
-        made.append(n)
-        return np.empty(n, np.uint8)
-    return HostBufferPool(allocate, capacity), made
-
-
-def test_host_buffers_are_reused():
-    pool, made = _pool()
-    a = pool.get(1000)
-    assert a.dtype == np.uint8 and a.nbytes == 1000 and made == [4096]
-    pool.release(a.view(np.float32)[:10])       # any view at the same address releases it
-    b = pool.get(900)
-    assert HostBufferPool.address(b) == HostBufferPool.address(a) and made == [4096]
-    assert (pool.allocations, pool.reuses) == (1, 1)
-    c = pool.get(1 << 20)                        # another class: a new buffer
-    assert made == [4096, 1 << 20] and pool.in_use_bytes == 4096 + (1 << 20)
-    pool.release(c)
-    d = pool.get((1 << 20) - 100000)             # a bigger free buffer within 2x is reused
-    assert HostBufferPool.address(d) == HostBufferPool.address(c) and len(made) == 2
-
-
-def test_a_buffer_waits_for_its_copy():
-    pool, made = _pool()
-    a = pool.get(5000)
-    ev = _Event(done=False)
-    pool.release(a, ev)                          # a D2H copy is still writing into it
-    b = pool.get(5000)
-    assert HostBufferPool.address(b) != HostBufferPool.address(a) and len(made) == 2
-    ev.done = True
-    pool.release(b)
-    c, d = pool.get(5000), pool.get(5000)        # both free again now
-    assert {HostBufferPool.address(c), HostBufferPool.address(d)} == \
-        {HostBufferPool.address(a), HostBufferPool.address(b)} and len(made) == 2
-    pool.release(c, _Event(done=True))
-
-
-def test_release_errors_and_capacity():
-    pool, made = _pool(capacity=10000)
-    a = pool.get(4096)
-    with pytest.raises(KeyError, match="not from this pool"):
-        pool.release(np.empty(10, np.uint8))
-    pool.release(a)
-    with pytest.raises(KeyError):
-        pool.release(a)
-    b = pool.get(5000)                 # class 5120 (the free 4096 is too small): 9216 owned
-    with pytest.raises(MemoryError, match="capacity"):
-        pool.get(8000)                 # 8192 more: over, even after trimming the free 4096
-    assert pool.allocated_bytes == 5120
-    pool.release(b)
-    assert pool.trim() == 5120 and pool.allocated_bytes == 0
-    assert pool.get(8000).nbytes == 8000
 
 
 def test_make_device_cuda_without_a_gpu_is_a_clear_error():
