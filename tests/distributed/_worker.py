@@ -3,7 +3,9 @@ data-parallel for 3 steps and saves each rank's parameters to OUT/rank{r}.npz.
 
 MODE: plain (no BN) | syncbn (BN, --sync-bn) | offload (no BN; superneurons policy with
 parameters offloaded to the host under a tight budget) | die (rank 1 kills itself at iteration 2) |
-stall (rank 1 stops taking part at iteration 2; short collective timeout). A "+ov" suffix
+stall (rank 1 stops taking part at iteration 2; short collective timeout) | nccl (no BN; the
+GPU path on the CPU: CudaDevice, kernels/cuda.py and NcclComm over the stand-ins of
+tests/kernels/cuda_standins.py, whose NCCL all-reduces through MPI). A "+ov" suffix
 (plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
 buckets of at least 600 bytes (several per iteration of these small networks)."""
 import os
@@ -19,10 +21,28 @@ from dp_nets import global_batches, make_executor  # noqa: E402
 from neuron.distributed import DataParallel, DistributedError, MpiComm  # noqa: E402
 
 
+def _gpu_path_on_standins():
+    """Install the CuPy/cuDNN/NCCL stand-ins in this process; returns (device, comm)."""
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "kernels"))
+    import cuda_standins
+
+    from neuron.cuda_device import CudaDevice
+    from neuron.distributed.nccl import NcclComm
+    cuda_standins.install(pytest.MonkeyPatch(), Path(tempfile.mkdtemp(prefix="standin")))
+    return CudaDevice(64 << 20, headroom_bytes=0), NcclComm(timeout_s=60.0)
+
+
 def main(out, mode, batch):
-    comm = MpiComm(timeout_s=60.0)
     mode, overlap = mode.split("+")[0], mode.endswith("+ov")
-    kw = {"grad_buckets": 600} if overlap else {}
+    if mode == "nccl":
+        device, comm = _gpu_path_on_standins()
+    else:
+        device, comm = "cpu", MpiComm(timeout_s=60.0)
+    kw = {"grad_buckets": 600, "device": device} if overlap else {"device": device}
     if mode == "offload":       # the arena holds one layer's parameters at a time
         kw.update(policy="superneurons", offload_params=True, budget=40 * 1024)
     ex = make_executor(batch, bn=mode == "syncbn", **kw)
@@ -42,8 +62,12 @@ def main(out, mode, batch):
         sys.stderr.flush()
         comm.abort(3)
     np.savez(os.path.join(out, f"rank{comm.rank}.npz"), losses=np.array(losses),
+             # on the GPU a conv's workspace is what is free when it runs (dynamic): there
+             # only the tensors follow the plan
              stats=np.array([dp.allreduce_calls, dp.allreduce_bytes, dp.overlap,
-                             ex.planned["peak_bytes"], ex.pool.high_water]),
+                             *((ex.planned["tensor_peak_bytes"], ex.pool.tensor_high_water)
+                               if mode == "nccl" else
+                               (ex.planned["peak_bytes"], ex.pool.high_water))]),
              **{k.replace(":", "__"): v for k, v in ex.state_dict().items()})
 
 

@@ -26,8 +26,8 @@ def net(bn: bool) -> nn.Graph:
     return nn.Graph(x, y, name="dp_net_bn" if bn else "dp_net")
 
 
-def make_executor(batch: int, bn: bool, **kw) -> Executor:
-    return Executor(net(bn), batch, device="cpu", seed=3,
+def make_executor(batch: int, bn: bool, device="cpu", **kw) -> Executor:
+    return Executor(net(bn), batch, device=device, seed=3,
                     optimizer=SGD(lr=0.2, momentum=0.9, weight_decay=1e-3), **kw)
 
 

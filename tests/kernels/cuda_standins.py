@@ -266,6 +266,48 @@ class _Cuda:
         return cls.allocator
 
 
+class _Nccl:
+    """cupy.cuda.nccl for ranks launched by mpirun: every rank's "device" memory is its host
+    memory, so an all-reduce is an MPI all-reduce over the bytes at the given addresses."""
+    NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 6, 7, 8, 0
+    _DTYPES = {6: np.float16, 7: np.float32, 8: np.float64}
+    groups = 0
+
+    @staticmethod
+    def get_unique_id():
+        return b"stand-in"
+
+    @classmethod
+    def groupStart(cls):
+        cls.groups += 1
+
+    @staticmethod
+    def groupEnd():
+        pass
+
+    class NcclCommunicator:
+        def __init__(self, world, uid, rank):
+            from mpi4py import MPI
+            self.mpi = MPI.COMM_WORLD
+            assert (self.mpi.Get_size(), self.mpi.Get_rank()) == (world, rank)
+
+        def allReduce(self, send, recv, count, dtype, op, stream):
+            from mpi4py import MPI
+            assert op == _Nccl.NCCL_SUM and send == recv        # neuron reduces in place
+            dt = np.dtype(_Nccl._DTYPES[dtype])
+            buf = (ctypes.c_char * (count * dt.itemsize)).from_address(recv)
+            self.mpi.Allreduce(MPI.IN_PLACE, np.frombuffer(buf, dt, count), op=MPI.SUM)
+
+        def check_async_error(self):
+            pass
+
+        def abort(self):
+            pass
+
+
+_Cuda.nccl = _Nccl
+
+
 def _device_array(shape, dtype):
     """A new array: from the installed allocator (CudaDevice routes it into its arena), else
     from host memory."""
@@ -552,6 +594,7 @@ def install(monkeypatch, build_dir):
         monkeypatch.setattr(mod, "dnn", dnn)
     monkeypatch.setattr(cudnn, "get_handle", dnn.get_handle)    # CudaDevice asks it directly
     monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", _Cuda)        # from cupy.cuda import nccl
     monkeypatch.setattr(cuda, "_stager", None)      # the input stager over the stand-in's memory
     uninstall()
     return dnn
