@@ -23,6 +23,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -180,7 +181,14 @@ class _Event:
     done = True
 
     def __init__(self, disable_timing=False):
-        pass
+        self.t = None
+
+    def _stamp(self):
+        self.t = time.perf_counter()            # operations ran when issued: now is when
+        return self
+
+    def record(self, stream=None):
+        self._stamp()
 
     def synchronize(self):
         pass
@@ -193,7 +201,7 @@ class _Stream:
         self.ptr = 0 if null else id(self)
 
     def record(self, event=None):
-        return event or _Event()
+        return (event or _Event())._stamp()
 
     def wait_event(self, event):
         pass
@@ -222,6 +230,18 @@ class _Runtime:
     def memGetInfo():
         return 8 << 30, 16 << 30
 
+    @staticmethod
+    def getDeviceProperties(i):
+        return {"name": b"NVIDIA H100 stand-in", "totalGlobalMem": 16 << 30}
+
+    @staticmethod
+    def runtimeGetVersion():
+        return 13000
+
+    @staticmethod
+    def driverGetVersion():
+        return 13000
+
 
 class _PythonFunctionAllocator:
     def __init__(self, malloc, free):
@@ -242,6 +262,10 @@ class _Cuda:
     @staticmethod
     def is_available():
         return True
+
+    @staticmethod
+    def get_elapsed_time(e0, e1):
+        return (e1.t - e0.t) * 1e3              # milliseconds, as CUDA's
 
     @staticmethod
     def Device(i=0):
@@ -593,6 +617,8 @@ def install(monkeypatch, build_dir):
     for mod in (cuda, cuda_pool, cuda_helpers, conv_algos):
         monkeypatch.setattr(mod, "dnn", dnn)
     monkeypatch.setattr(cudnn, "get_handle", dnn.get_handle)    # CudaDevice asks it directly
+    from neuron import cuda_check
+    monkeypatch.setattr(cuda_check, "missing_for_cuda", lambda: [])  # driver, NVRTC, cuDNN
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", _Cuda)        # from cupy.cuda import nccl
     monkeypatch.setattr(cuda, "_stager", None)      # the input stager over the stand-in's memory
