@@ -5,7 +5,8 @@ MODE: plain (no BN) | syncbn (BN, --sync-bn) | offload (no BN; superneurons poli
 parameters offloaded to the host under a tight budget) | die (rank 1 kills itself at iteration 2) |
 stall (rank 1 stops taking part at iteration 2; short collective timeout) | nccl (no BN; the
 GPU path on the CPU: CudaDevice, kernels/cuda.py and NcclComm over the stand-ins of
-tests/kernels/cuda_standins.py, whose NCCL all-reduces through MPI). A "+ov" suffix
+tests/kernels/cuda_standins.py, whose NCCL all-reduces through MPI) | late (offload on the
+stream model's device, whose copies complete late). A "+ov" suffix
 (plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
 buckets of at least 600 bytes (several per iteration of these small networks)."""
 import os
@@ -43,8 +44,12 @@ def main(out, mode, batch):
     else:
         device, comm = "cpu", MpiComm(timeout_s=60.0)
     kw = {"grad_buckets": 600, "device": device} if overlap else {"device": device}
-    if mode == "offload":       # the arena holds one layer's parameters at a time
+    if mode in ("offload", "late"):     # the arena holds one layer's parameters at a time
         kw.update(policy="superneurons", offload_params=True, budget=40 * 1024)
+    if mode == "late":          # copies complete late, as on a GPU (tests/memory/stream_model.py)
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "memory"))
+        from stream_model import StreamModelDevice
+        kw["device"] = StreamModelDevice(40 * 1024, polls=3)
     ex = make_executor(batch, bn=mode == "syncbn", **kw)
     dp = DataParallel(ex, comm, sync_bn=mode == "syncbn", check_every=1)
     if mode == "stall":     # short, but only once both ranks are set up (start-up is uneven)

@@ -44,12 +44,13 @@ def load(path):
 
 
 @pytest.mark.parametrize("mode", ["plain", "syncbn", "offload", "plain+ov", "syncbn+ov",
-                                  "offload+ov", "nccl", "nccl+ov"])
+                                  "offload+ov", "nccl", "nccl+ov", "late+ov"])
 def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path, mode):
     """plain: no BN; syncbn: BN with --sync-bn; offload: no BN, each rank under a tight budget
     with parameters offloaded (the all-reduce runs on gradients the pool placed). +ov: the
     all-reduce overlaps backward in buckets, the updates deferred (distributed/overlap.py).
-    nccl: NcclComm and CudaDevice with the GPU kernel module, on the CPU stand-ins."""
+    nccl: NcclComm and CudaDevice with the GPU kernel module, on the CPU stand-ins. late: offload
+    on a device whose copies complete late (the pool's collectives wait for them)."""
     b, bn = 4, mode.startswith("syncbn")
     r, _ = worker(tmp_path, mode, b)
     assert r.returncode == 0, r.stderr
