@@ -5,11 +5,14 @@ modules it re-exports) runs on the CPU over NumPy arrays.
   g++ (one C++ loop over ``i`` with CuPy's conventions: a ``raw`` parameter is a pointer to the
   whole array, any other one the current element, a const value for an input and a reference
   for an output; T and U are the dtypes the arguments bind), and arrays have ``.get()``.
+- the CUDA runtime (``cupy.cuda``): device memory is host memory at real addresses (Memory,
+  MemoryPointer, ``cupy.ndarray(memptr=)``, memcpyAsync as memmove, the allocator hook that
+  CudaDevice routes into its arena); streams run each operation when it is issued and every
+  event is complete; NCCL all-reduces through MPI.
 - cuDNN (the ``dnn`` namespace, i.e. the level of neuron/kernels/cudnn_ops.py): each operation
-  does what cuDNN's documentation says, including ``alpha``/``beta`` blending, on the arrays
-  that the wrappers pass as "pointers", after checking that every descriptor describes its
-  array. The arithmetic is numpy_ref's, so where the wrappers wire things right the GPU module
-  gives numpy_ref's numbers.
+  does what cuDNN's documentation says, including ``alpha``/``beta`` blending, on the memory at
+  the addresses it is given seen through the descriptors given with them. The arithmetic is
+  numpy_ref's, so where the wrappers wire things right the GPU module gives numpy_ref's numbers.
 
 What this checks: the wrappers' argument order and geometry, their beta (accumulate) flags,
 their temporaries, the raw kernels' source, and the executor's use of the GPU kernel API. What
