@@ -364,8 +364,10 @@ def cmd_plan(args) -> int:
           "parameters; no workspace)")
     print(f"  extra forward steps     {r['extra_forward_steps']}")
     if r["chunks"] > 1:
+        off = "; the policy's recomputation is off with chunks" \
+            if r.get("recompute_off_for_chunks") else ""
         print(f"  chunks                  {r['chunks']} per layer (batch split into "
-              f"{r['chunks']} parts)")
+              f"{r['chunks']} parts{off})")
     if budget is not None:
         if r["fits"]:
             print(f"  budget {fmt_bytes(budget)}: fits, peak {fmt_bytes(r['peak_bytes'])}, "

@@ -202,7 +202,9 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     out = {
         "model": model or graph.name, "batch": batch, "policy": ex.policy.name,
         "offload_params": offload_params, "recompute_strategy": recompute_strategy
-        if ex.policy.recompute else None,
+        if ex.policy.recompute and ex.chunks == 1 else None,
+        # memory/chunking.py: a chunked schedule is not also rewritten for recomputation
+        "recompute_off_for_chunks": bool(ex.policy.recompute and ex.chunks > 1),
         "budget_bytes": budget, "fits": fits, "chunks": ex.chunks,
         "peak_bytes": run["peak_bytes"] if fits else None,
         "unbounded_peak_bytes": unbounded["peak_bytes"],

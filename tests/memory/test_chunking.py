@@ -132,3 +132,17 @@ def test_a_planner_with_chunks_is_a_clear_error_and_auto_keeps_whole_layers(caps
     budget = plan(g, 8, policy="offload", trace=False)["ideal_bound_bytes"] - 1
     assert choose_chunks(g, 8, budget, policy="offload") > 1
     assert choose_chunks(g, 8, budget, planner="vdnn") is None      # only 1 is tried
+
+
+def test_the_plan_says_that_chunks_turn_the_policys_recomputation_off(capsys):
+    from neuron.cli import main
+    g = build_model("resnet_cifar", depth=8)
+    r = plan(g, 8, policy="superneurons", chunks=2, trace=False)
+    assert r["recompute_off_for_chunks"] and r["recompute_strategy"] is None
+    assert r["extra_forward_steps"] == 0
+    whole = plan(g, 8, policy="superneurons", trace=False)
+    assert not whole["recompute_off_for_chunks"] and whole["recompute_strategy"] == "cost"
+    assert not plan(g, 8, policy="offload", chunks=2, trace=False)["recompute_off_for_chunks"]
+    assert main(["plan", "resnet_cifar", "--depth", "8", "--batch", "8", "--policy",
+                 "superneurons", "--chunks", "2"]) == 0
+    assert "recomputation is off with chunks" in capsys.readouterr().out
