@@ -18,3 +18,22 @@ def _codec_samples(n: int) -> np.ndarray:
 @pytest.fixture(scope="session")
 def codec_samples():
     return _codec_samples
+
+
+def _interrupt_at(ex, n, exc=KeyboardInterrupt):
+    """Make the n-th kernel call of ``ex``'s next step raise exc (as Ctrl-C would); returns the
+    call that undoes it."""
+    real, calls = ex._compute, [0]
+
+    def compute(step, ctx, ws):
+        calls[0] += 1
+        if calls[0] == n:
+            raise exc(f"injected at {step.name}")
+        return real(step, ctx, ws)
+    ex._compute = compute
+    return lambda: ex.__dict__.pop("_compute", None)
+
+
+@pytest.fixture(scope="session")
+def interrupt_at():
+    return _interrupt_at

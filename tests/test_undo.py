@@ -41,26 +41,13 @@ class Interrupt(BaseException):
     pass
 
 
-def interrupt_at(ex, n, exc=KeyboardInterrupt):
-    """Make the n-th kernel call of the next step raise exc (as Ctrl-C would)."""
-    real, calls = ex._compute, [0]
-
-    def compute(step, ctx, ws):
-        calls[0] += 1
-        if calls[0] == n:
-            raise exc(f"injected at {step.name}")
-        return real(step, ctx, ws)
-    ex._compute = compute
-    return lambda: ex.__dict__.pop("_compute", None)
-
-
 CONFIGS = [("liveness", False), ("liveness", True), ("baseline", False),
            ("superneurons", False), ("superneurons", True), ("offload", False)]
 
 
 @pytest.mark.parametrize("policy,offload_params", CONFIGS)
-def test_interrupt_anywhere_leaves_state_pool_and_counter_exactly_as_before(policy,
-                                                                            offload_params):
+def test_interrupt_anywhere_leaves_state_pool_and_counter_exactly_as_before(
+        policy, offload_params, interrupt_at):
     g = residual_bn()
     kw = dict(optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3), policy=policy,
               offload_params=offload_params, seed=1)
@@ -84,7 +71,7 @@ def test_interrupt_anywhere_leaves_state_pool_and_counter_exactly_as_before(poli
     assert same_state(ex.state_dict(), ref.state_dict())
 
 
-def test_any_exception_is_undone_too():
+def test_any_exception_is_undone_too(interrupt_at):
     g = residual_bn()
     ex = Executor(g, 4, optimizer=nn.SGD(lr=0.1, momentum=0.9), seed=0)
     x, y = batch(0)
@@ -188,7 +175,7 @@ def test_two_threads_on_one_executor_get_a_clear_error():
     assert ex.iteration == 2
 
 
-def test_an_interrupted_evaluate_leaves_the_pool_at_rest():
+def test_an_interrupted_evaluate_leaves_the_pool_at_rest(interrupt_at):
     g = residual_bn()
     ex = Executor(g, 4, seed=0)
     x, y = batch(0)

@@ -160,7 +160,7 @@ def test_a_compressed_miss_decoded_on_the_host_waits_for_the_copy_that_filled_it
     assert np.all(np.abs(got - x) <= Bf16().bound(x))
 
 
-def test_a_step_interrupted_anywhere_on_late_copies_leaves_no_trace():
+def test_a_step_interrupted_anywhere_on_late_copies_leaves_no_trace(interrupt_at):
     """The step transaction (undo.py) under copies and codec work that are still running when
     the step is cut: the state read back is the state before, and training goes on as if the
     step had never started."""
@@ -175,19 +175,12 @@ def test_a_step_interrupted_anywhere_on_late_copies_leaves_no_trace():
                         optimizer=nn.SGD(lr=0.05, momentum=0.9))
     ex, ref = make(StreamModelDevice(budget, polls=10 ** 6)), make(CpuDevice(budget))
     assert ex.train_step(x, y) == ref.train_step(x, y)
-    real = ex._compute
     for n in range(1, len(ex.steps) + 1, 4):
-        before, calls = ex.state_dict(), [0]
-
-        def compute(step, ctx, ws, n=n):
-            calls[0] += 1
-            if calls[0] == n:
-                raise KeyboardInterrupt(step.name)
-            return real(step, ctx, ws)
-        ex._compute = compute
+        before = ex.state_dict()
+        undo = interrupt_at(ex, n)
         with pytest.raises(KeyboardInterrupt):
             ex.train_step(x, y)
-        del ex._compute
+        undo()
         after = ex.state_dict()
         assert all(after[k].tobytes() == v.tobytes() for k, v in before.items()), n
     assert ex.pool.counters()["offloads"] > 0 and ex.pool.codecs
