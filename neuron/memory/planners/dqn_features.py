@@ -90,6 +90,12 @@ class TraceGraph:
         for _ in range(T_ROUNDS + 1):
             self.powers.append(p)
             p = self.adj @ p
+        # per node i, column i's mean and diagonal entry of each power: how a change of row i
+        # moves the mean node state and node i's own state (afterstates read these per step)
+        self.col_mean = np.array([P.mean(0) for P in self.powers]).T if n else \
+            np.zeros((0, T_ROUNDS + 1))
+        self.diag = np.array([np.diag(P) for P in self.powers]).T if n else \
+            np.zeros((0, T_ROUNDS + 1))
 
     def _adjacency(self) -> np.ndarray:
         n = self.n
@@ -144,8 +150,8 @@ class Episode:
             d[5] = -self.x[i, 5]
             if a and ACTION_FLAGS:
                 d[5 + a] = tg.cover[i]
-            dm = np.concatenate([P[:, i].mean() * d for P in tg.powers])
-            dn = np.concatenate([P[i, i] * d for P in tg.powers])
+            dm = np.outer(tg.col_mean[i], d).ravel()
+            dn = np.outer(tg.diag[i], d).ravel()
             left = max(tg.need - self.freed - (tg.nbytes[i] if a else 0.0), 0.0)
             dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (n - i - 1) / n,
                    min(left / rest, 2.0) if rest else (2.0 if left > 0 else 0.0),
