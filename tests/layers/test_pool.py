@@ -73,10 +73,18 @@ def test_output_shapes_follow_torch():
     assert differ == 4                  # all but the last geometry, where torch drops the window
 
 
-def test_describe_and_defaults():
+def test_describe_and_profile_key():
+    from neuron.memory.costmodel import layer_key
     assert nn.MaxPool2d(3, 2).ceil_mode is False
     assert nn.MaxPool2d(3, 2).describe() == "MaxPool 3x3/2"       # profile keys unchanged
     assert nn.AvgPool2d(3, 2, ceil_mode=True).describe() == "AvgPool 3x3/2 ceil"
+    # the cost model's key is describe() plus the shapes; ceil mode stays apart even where
+    # the shapes agree (here torch drops the extra window)
+    floor, ceil = (nn.MaxPool2d(3, 3, 1, ceil_mode=c) for c in (False, True))
+    for p in (floor, ceil):
+        p(nn.Input((2, 8, 8)))
+    assert floor.outputs[0].shape == ceil.outputs[0].shape
+    assert layer_key(floor, "F", 2) != layer_key(ceil, "F", 2)
 
 
 def test_invalid_arguments_name_the_layer():
