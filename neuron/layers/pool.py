@@ -7,6 +7,9 @@ from .base import Layer, pair
 
 
 class _Pool2d(Layer):
+    """torch.nn.MaxPool2d / AvgPool2d (dilation 1; average counts the padding). ``ceil_mode``
+    rounds the output size up as torch does: the last window must start inside the input or
+    the left padding, and an average window past the padded edge divides by its clipped size."""
     kind = "pool"
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
