@@ -1,18 +1,29 @@
 """Max, average and global-average pooling."""
 from __future__ import annotations
 
-from ..errors import ShapeError
+from ..errors import GraphError, ShapeError
+from ..kernels.numpy_pool import pool_out_hw
 from .base import Layer, pair
 
 
 class _Pool2d(Layer):
+    """torch.nn.MaxPool2d / AvgPool2d (dilation 1; average counts the padding). ``ceil_mode``
+    rounds the output size up as torch does: the last window must start inside the input or
+    the left padding, and an average window past the padded edge divides by its clipped size."""
     kind = "pool"
 
-    def __init__(self, kernel_size, stride=None, padding=0, name: str | None = None):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 name: str | None = None):
         super().__init__(name)
         self.kernel = pair(kernel_size, "kernel_size", self.name)
         self.stride = pair(stride if stride is not None else kernel_size, "stride", self.name)
         self.padding = pair(padding, "padding", self.name)
+        if not isinstance(ceil_mode, bool):
+            raise TypeError(f"{self.name}: ceil_mode must be True or False, got {ceil_mode!r}")
+        self.ceil_mode = ceil_mode
+        if min(self.kernel) <= 0 or min(self.stride) <= 0 or min(self.padding) < 0:
+            raise GraphError(f"{self.name}: invalid pool arguments kernel={self.kernel} "
+                             f"stride={self.stride} padding={self.padding}")
         if self.padding[0] * 2 > self.kernel[0] or self.padding[1] * 2 > self.kernel[1]:
             raise ShapeError(f"{self.name}: padding {self.padding} must be at most half the "
                              f"kernel {self.kernel}")
@@ -22,14 +33,17 @@ class _Pool2d(Layer):
         if len(s) != 3:
             raise ShapeError(f"{self.name}: expects input (C,H,W), got {s}")
         c, h, w = s
-        ho = (h + 2 * self.padding[0] - self.kernel[0]) // self.stride[0] + 1
-        wo = (w + 2 * self.padding[1] - self.kernel[1]) // self.stride[1] + 1
+        # the kernels take the output shape from the output array, so this is the one rule
+        ho, wo = pool_out_hw(h, w, self.kernel, self.stride, self.padding, self.ceil_mode)
         if ho <= 0 or wo <= 0:
             raise ShapeError(f"{self.name}: input {s} too small for kernel {self.kernel}")
         return [(c, ho, wo)]
 
     def describe(self):
-        return f"{self.type_name} {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]}"
+        # also the cost model's profile key (memory/costmodel.layer_key): floor mode keeps
+        # the keys of existing profiles
+        ceil = " ceil" if self.ceil_mode else ""
+        return f"{self.type_name} {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]}{ceil}"
 
 
 class MaxPool2d(_Pool2d):

@@ -569,7 +569,13 @@ class CudnnStandIn:
         _blend(dx, r, 1.0, beta_data)
 
     # pooling, activations, softmax, LRN --------------------------------------------------
+    @staticmethod
+    def _pool_floor_shape(pd, xd, yd):      # cuDNN pools to floor-mode shapes only
+        want = numpy_pool.pool_out_hw(*xd.shape[2:], pd.window, pd.stride, pd.padding)
+        assert tuple(yd.shape[2:]) == want, f"cuDNN pooling: y {yd.shape} is not floor {want}"
+
     def pooling_forward(self, h, pd, xd, x, yd, y):
+        self._pool_floor_shape(pd, xd, yd)
         if pd.mode == cudnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING:
             f = numpy_pool.avgpool_forward
         else:
@@ -578,6 +584,7 @@ class CudnnStandIn:
         f(_at(xd, x), _at(yd, y), pd.window, pd.stride, pd.padding)
 
     def pooling_backward(self, h, pd, yd, y, dyd, dy, xd, x, dxd, dx, beta=0.0):
+        self._pool_floor_shape(pd, xd, yd)
         assert pd.mode in (cudnn.CUDNN_POOLING_MAX, cudnn.CUDNN_POOLING_MAX_DETERMINISTIC)
         numpy_pool.maxpool_backward(_at(xd, x), _at(yd, y), _at(dyd, dy), _at(dxd, dx),
                                     pd.window, pd.stride, pd.padding, accumulate=beta == 1.0)

@@ -46,10 +46,25 @@ def alexnet_like():
     return nn.Graph(x, nn.Linear(10, name="fc2")(h))
 
 
+def ceil_pools():
+    """Ceil-mode pools: three with shapes cuDNN cannot compute (the raw kernels; the cuDNN
+    stand-in refuses them) and one whose last window torch drops, so its shape is the floor
+    one and it may go to cuDNN."""
+    x = nn.Input((3, 16, 16), name="data")
+    h = nn.ReLU(name="r1")(nn.Conv2d(8, 3, padding=1, name="c1")(x))
+    h = nn.MaxPool2d(3, 2, ceil_mode=True, name="p1")(h)                  # 16 -> 8 (floor 7)
+    h = nn.ReLU(name="r2")(nn.Conv2d(8, 3, padding=1, name="c2")(h))
+    h = nn.AvgPool2d(3, 2, 1, ceil_mode=True, name="p2")(h)               # 8 -> 5 (floor 4)
+    h = nn.MaxPool2d(2, 2, 1, ceil_mode=True, name="p3")(h)               # 5 -> 3 (floor 3)
+    h = nn.AvgPool2d(2, 2, ceil_mode=True, name="p4")(h)                  # 3 -> 2 (floor 1)
+    return nn.Graph(x, nn.Linear(10, name="fc")(h))
+
+
 GRAPHS = {
     "resnet_cifar8": lambda: build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)),
     "densenet_cifar10": lambda: build_model("densenet_cifar", depth=10, in_shape=(3, 16, 16)),
     "alexnet_like": alexnet_like,
+    "ceil_pools": ceil_pools,
 }
 
 
