@@ -7,9 +7,10 @@ resident + f x (liveness peak - resident) for the fractions f in TRAIN (bench/pl
 part 2's budgets), except problems where superneurons finds no fitting plan (no signal to
 learn from). One Q-network per --members entry (seed:hidden units); in each training the
 snapshot with the best selection score (the greedy plans' mean log time over superneurons' on
-the training problems and the held-out VALIDATE graphs, never the reported unseen ones) is
-kept, and the agent is all of them (the planner rolls out each member). The agent is written
-to neuron/memory/planners/dqn_default.npz, the best-scoring member's curve to
+the training problems and the held-out VALIDATE graphs, never the reported unseen ones; the
+untrained one, the greedy bound's policy, competes too) is kept, and the agent is all of
+them (the planner rolls out each member). The agent is written to
+neuron/memory/planners/dqn_default.npz, the best-scoring member's curve to
 bench/results/dqn_training.png.
 Evaluation (simulated time, analytic H100 cost model):
 - seen: resnet_cifar-20, vgg11 at f in 1, 0.7, 0.5: DQN against the checkmate MILP optimum
@@ -17,9 +18,11 @@ Evaluation (simulated time, analytic H100 cost model):
 - unseen: resnet_cifar-32 and -56 at 32x32 (f 0.7, 0.5; checkmate too), and resnet50 and
   densenet121 at 224x224, 0.3 x the liveness peak (target: no worse than superneurons).
 "DQN (agent alone)" is the best agent rollout before the comparison with superneurons that
-the planner makes; "dqn" is what the planner returns.
+the planner makes; "dqn" is what the planner returns; "greedy bound" is the plan of the
+agent's fixed part alone (its learned correction N = 0, dqn_agent.py), so that what the
+learning adds is visible.
 
-    nice python bench/dqn.py [--episodes 1200] [--members 0:64,1:64,2:64,0:128]
+    nice python bench/dqn.py [--episodes 600] [--members 0:64,1:64,2:64,0:128]
                              [--parts train,small,unseen,big]
 """
 from __future__ import annotations
@@ -63,13 +66,27 @@ def pct(a, b):
     return a["simulated_s"] / b["simulated_s"] - 1
 
 
+def ms(t):
+    return "no fit" if t is None else f"{t * 1e3:.3f} ms"
+
+
+def bound_s(ex, budget, cost):
+    """Simulated seconds of the greedy bound's plan (None: it does not fit)."""
+    from neuron.memory.planners import PlanContext
+    from neuron.memory.planners.dqn_agent import bound_rollout, score
+    from neuron.memory.planners.dqn_features import TraceGraph
+    ctx = PlanContext(ex, budget, cost)
+    tg = TraceGraph(ctx)
+    return score(ctx, tg, bound_rollout(tg), {})[1]
+
+
 def cell(g):
     return "n/a" if g is None else f"{100 * g:+.1f}%"
 
 
 def main(argv=None):
     ap = arg_parser(__doc__)
-    ap.add_argument("--episodes", type=int, default=1200)
+    ap.add_argument("--episodes", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--members", default="0:64,1:64,2:64,0:128",
                     help="the ensemble's members, seed:hidden units each (one training each)")
@@ -142,8 +159,8 @@ def main(argv=None):
                f"{train_s:.2f} s in all on this machine's CPU (Q-network trained by neuron's "
                f"own Executor). Per seed, the snapshot with the best selection score (mean log of "
                f"the greedy plan's time over superneurons' on the training problems and the "
-               f"held-out {', '.join(held_out)}; every 50 episodes from half way) is kept; the "
-               f"agent is the ensemble of the {len(runs)} Q-networks (the planner rolls "
+               f"held-out {', '.join(held_out)}; every 50 episodes, the untrained one included) "
+               f"is kept; episode 0 means no snapshot beat the untrained one; the agent is the ensemble of the {len(runs)} Q-networks (the planner rolls "
                f"out each; scores, best first: "
                + ", ".join(f"{r[1]} {r[0]} (episode {r[2].meta['selected_episode']})"
                            for r in runs) + f"). Member {seed}: {m['train_s']} s, "
@@ -154,51 +171,58 @@ def main(argv=None):
     dqn = f"dqn:seed={args.seed}"
     if "small" in args.parts or "unseen" in args.parts:
         md += ["## Small graphs: gap to the checkmate MILP optimum (batch 32, 32x32)", "",
-               "| model | seen in training | f | checkmate | superneurons | DQN (agent alone) | "
-               "dqn (planner) | dqn vs optimum | chosen |", "|---|---|---|---|---|---|---|---|---|"]
+               "| model | seen in training | f | checkmate | superneurons | greedy bound | "
+               "DQN (agent alone) | dqn (planner) | dqn vs optimum | chosen |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
         sets = ([(n, d, SEEN_FRACTIONS, "yes") for n, d in SEEN] if "small" in args.parts
                 else []) + ([(n, d, [0.7, 0.5], "no") for n, d in UNSEEN_SMALL]
                             if "unseen" in args.parts else [])
         for name, depth, fractions, seen in sets:
             graph = build_model(name, depth=depth, in_shape=(3, 32, 32), num_classes=10)
-            _, bs = budgets(graph, fractions)
+            ex, bs = budgets(graph, fractions)
             for f, b in bs:
                 rs = {p: row(graph, 32, p, b, cost) for p in ("checkmate", "superneurons", dqn)}
+                bound = bound_s(ex, b, cost)
                 d, opt = rs[dqn], rs["checkmate"]
                 gap = pct(d, opt)
                 for p, r in rs.items():
                     r.update(model=f"{name}{depth or ''}", fraction=f, seen=seen, part="small",
-                             gap_to_optimum=gap if p == dqn else None)
+                             gap_to_optimum=gap if p == dqn else None,
+                             greedy_bound_s=bound if p == dqn else None)
                     out["rows"].append(r)
                 alone = d.get("info", {}).get("dqn_best_s")
                 md.append(f"| {name}{depth or ''} | {seen} | {f:g} | {fmt(opt)} | "
-                          f"{fmt(rs['superneurons'])} | "
+                          f"{fmt(rs['superneurons'])} | {ms(bound)} | "
                           f"{'no fit' if alone is None else f'{alone * 1e3:.3f} ms'} | {fmt(d)} "
                           f"| {cell(gap)} | {d.get('info', {}).get('chosen')} |")
                 print(md[-1], flush=True)
         md.append("")
     if "big" in args.parts:
         md += ["## Unseen large networks, batch 32, 224x224, 0.3 x liveness peak", "",
-               "| model | superneurons | DQN (agent alone) | dqn (planner) | vs superneurons | "
-               "plan time | chosen |", "|---|---|---|---|---|---|---|"]
+               "| model | superneurons | greedy bound | DQN (agent alone) | dqn (planner) | "
+               "vs superneurons | plan time | chosen |", "|---|---|---|---|---|---|---|---|"]
         for name, depth in BIG:
             from neuron.executor import Executor
             graph = build_model(name, depth=depth)
-            live = Executor(graph, 32, device="virtual",
-                            policy="liveness").simulate(None, trace=False)["peak_bytes"]
+            ex = Executor(graph, 32, device="virtual", policy="liveness")
+            live = ex.simulate(None, trace=False)["peak_bytes"]
             b = int(0.3 * live)
             sn, d = row(graph, 32, "superneurons", b, cost), row(graph, 32, dqn, b, cost)
+            bound = bound_s(ex, b, cost)
             for r in (sn, d):
-                r.update(model=name, fraction=0.3, seen="no", part="big")
+                r.update(model=name, fraction=0.3, seen="no", part="big",
+                         greedy_bound_s=bound if r is d else None)
                 out["rows"].append(r)
             i = d.get("info", {})
             alone = i.get("dqn_best_s")
-            md.append(f"| {name} | {fmt(sn)} | "
+            md.append(f"| {name} | {fmt(sn)} | {ms(bound)} | "
                       f"{'no fit' if alone is None else f'{alone * 1e3:.3f} ms'} | {fmt(d)} | "
                       f"{cell(pct(d, sn))} | {d.get('plan_s')} s | {i.get('chosen')} |")
             print(md[-1], flush=True)
         md.append("")
     md += targets(out["rows"])
+    md += ["\"greedy bound\": the plan of the agent's fixed part alone, W = -(completion "
+           "cost), the learned correction left out; \"no fit\": its plan does not fit.", ""]
     write("dqn", out, "\n".join(md) + "\n")
 
 

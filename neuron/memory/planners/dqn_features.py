@@ -36,7 +36,14 @@ candidates swapped or recomputed so far: a cheap running account, not a simulati
 total to free (0 at a budget >= the peak), that total over all candidate bytes, the fraction
 of candidates left after this one, the bytes still to free over the bytes of the later
 candidates (the share of the remaining capacity that must still go, capped at 2: > 1 means
-no plan can fit any more), and whether any bytes are still to free at all.
+no plan can fit any more), whether any bytes are still to free at all, and the completion
+cost: what covering those bytes with the later candidates would cost if they were taken
+cheapest-per-byte first (each at the lower of its exposed swap and recompute time, over the
+iteration time; a knapsack's greedy bound, capped at 1). The network reads the trade-off
+keep-or-drop in terms of the alternatives still ahead: dropping this tensor pays off when it
+is cheaper than the later bytes it spares (without this, agents trained on the paper's node
+features alone dropped expensive tensors early and left cheap ones kept: +5 to +7% over the
+optimum on resnet_cifar 20 and 32 at half the peak).
 """
 from __future__ import annotations
 
@@ -49,9 +56,15 @@ from .rewrite import droppable
 T_ROUNDS = 4
 N_FEATURES = 8
 ACTION_FLAGS = True     # False: ablation without features 7, 8 (drops not recorded per node)
-N_DYNAMIC = 5
+DYNAMIC = ("left", "need", "candidates_left", "left_over_rest", "any_left", "completion")
+N_DYNAMIC = len(DYNAMIC)
 NODE_DIM = N_FEATURES * (T_ROUNDS + 1)
 STATE_DIM = 2 * NODE_DIM + N_DYNAMIC
+
+
+def dynamic(name: str) -> int:
+    """The column of an afterstate's dynamic feature ``name`` (the last N_DYNAMIC columns)."""
+    return 2 * NODE_DIM + DYNAMIC.index(name)
 
 
 class TraceGraph:
@@ -83,6 +96,10 @@ class TraceGraph:
         self.exposed = np.array([c.exposed_s / self.base_s for c in self.costs])
         self.recompute = np.array([c.recompute_s / self.base_s for c in self.costs])
         self.rest = np.cumsum(self.nbytes[::-1])[::-1] if n else np.zeros(0)
+        # the completion cost's ingredients: each candidate's cheaper way out and its price
+        self.drop_cost = np.minimum(self.exposed, self.recompute)
+        price = np.where(self.nbytes > 0, self.drop_cost / np.maximum(self.nbytes, 1.0), np.inf)
+        self.by_price = np.argsort(price, kind="stable")
         self.adj = self._adjacency()
         # Â^k for k = 0..T: the embedding is linear in x, so an afterstate (one row of x
         # changed) is the current embedding plus that row's change times column i of Â^k
@@ -110,6 +127,18 @@ class TraceGraph:
                     a[i, j] = a[j, i] = 1.0
         d = 1.0 / np.sqrt(a.sum(1))
         return a * d[:, None] * d[None, :]
+
+    def completion(self, i: int, left: float) -> float:
+        """The cost (over the iteration time) of freeing ``left`` bytes with the candidates
+        after ``i``, cheapest per byte first (whole tensors; capped at 1)."""
+        if left <= 0:
+            return 0.0
+        later = self.by_price[self.by_price > i]
+        if not len(later):
+            return 1.0
+        covered = np.cumsum(self.nbytes[later])
+        k = int(np.searchsorted(covered, left))     # the first prefix that covers it
+        return min(float(self.drop_cost[later[:k + 1]].sum()), 1.0)
 
     def embed(self, x: np.ndarray) -> np.ndarray:
         """Node states [x, Âx, ..., Â^T x], shape (n, NODE_DIM)."""
@@ -155,7 +184,7 @@ class Episode:
             left = max(tg.need - self.freed - (tg.nbytes[i] if a else 0.0), 0.0)
             dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (n - i - 1) / n,
                    min(left / rest, 2.0) if rest else (2.0 if left > 0 else 0.0),
-                   1.0 if left > 0 else 0.0]
+                   1.0 if left > 0 else 0.0, tg.completion(i, left)]
             out[a] = np.concatenate([mean + dm, node + dn, dyn])
         return out
 

@@ -14,8 +14,9 @@ from neuron.cli_planning import add_planner_arg, planner_spec
 from neuron.executor import Executor
 from neuron.memory.planners import PlanContext, get_planner
 from neuron.memory.planners.dqn import Dqn
-from neuron.memory.planners.dqn_agent import Agent, AgentFileError, train
-from neuron.memory.planners.dqn_features import STATE_DIM, Episode, TraceGraph
+from neuron.memory.planners.dqn_agent import (Agent, AgentFileError, bound_rollout, score,
+                                               train)
+from neuron.memory.planners.dqn_features import STATE_DIM, Episode, TraceGraph, dynamic
 from neuron.models import build_model
 
 from planner_training import make, train as two_steps  # noqa: E402
@@ -41,7 +42,8 @@ def test_features_and_states(setup):
     ep = Episode(tg)
     s0 = ep.afterstates()
     assert s0.shape == (3, STATE_DIM) and np.isfinite(s0).all()
-    assert s0[0, -5] > s0[1, -5] == s0[2, -5]   # dropping frees bytes, keeping does not
+    left = dynamic("left")
+    assert s0[0, left] > s0[1, left] == s0[2, left]     # dropping frees bytes, keeping does not
     # the afterstate shortcut equals embedding the changed features from scratch
     x = tg.x.copy()
     x[0, 5], x[0, 7] = 0.0, tg.cover[0]   # recompute flag: the share of the deficit covered
@@ -49,12 +51,13 @@ def test_features_and_states(setup):
     np.testing.assert_allclose(s0[2, :2 * emb.shape[1]],
                                np.concatenate([emb.mean(0), emb[0]]), atol=1e-12)
     ep.step(1)
-    assert ep.afterstates()[0, -3] < s0[0, -3]  # fraction of candidates left goes down
+    cl = dynamic("candidates_left")
+    assert ep.afterstates()[0, cl] < s0[0, cl]  # fraction of candidates left goes down
 
 
 def test_training_curve_and_meta(setup):
     *_, agent, curve, _ = setup
-    assert len(curve) == 12 and curve[0]["epsilon"] == 1.0
+    assert len(curve) == 12 and curve[0]["epsilon"] == 0.1
     assert agent.meta["networks"] == ["resnet_cifar20 8x8"] and agent.meta["episodes"] == 12
 
 
@@ -111,14 +114,55 @@ def test_ensemble_round_trip_and_plan(setup, tmp_path):
 
 
 def test_training_selects_the_best_snapshot(setup):
-    """With ``select`` the snapshot with the best held-out score is returned."""
+    """With ``select`` the snapshot with the best held-out score is returned, the untrained
+    one (the greedy bound's policy, episode 0) included."""
     ctx, tg = setup[3], setup[4]
     ref = ctx.evaluate(get_planner("superneurons").plan(ctx))["time_s"]
     agent, curve = train([(ctx, tg)], 8, progress=False, select=[(ctx, tg, ref)],
                          select_every=2)
-    scores = [c["select"] for c in curve if c["select"] is not None]
-    assert len(scores) == 3 and agent.meta["selection_score"] == round(min(scores), 5)
-    assert agent.meta["selected_episode"] in (4, 6, 8)
+    scores = {c["episode"]: c["select"] for c in curve if c["select"] is not None}
+    t = score(ctx, tg, bound_rollout(tg), {})[1]
+    scores[0] = np.log(2.0) + 1.0 if t is None else float(np.log(t / ref))
+    assert sorted(scores) == [0, 2, 4, 6, 8]
+    best = min(scores.values())
+    assert agent.meta["selection_score"] == round(best, 5)
+    assert scores[agent.meta["selected_episode"]] == best
+
+
+def test_completion_cost_is_the_greedy_knapsack_bound(setup):
+    """b(i, left): the later candidates' drop costs, cheapest per byte first, until ``left``
+    bytes are covered; 0 when nothing is left; more bytes never cost less."""
+    tg = setup[4]
+    cost = np.minimum(tg.exposed, tg.recompute)
+    i = 2
+    later = sorted(range(i + 1, tg.n), key=lambda j: cost[j] / tg.nbytes[j]
+                   if tg.nbytes[j] else np.inf)
+    covered, expect = 0.0, 0.0
+    left = 0.4 * tg.nbytes[i + 1:].sum()
+    for j in later:
+        expect += cost[j]
+        covered += tg.nbytes[j]
+        if covered >= left:
+            break
+    assert tg.completion(i, left) == pytest.approx(min(expect, 1.0), rel=1e-12)
+    assert tg.completion(i, 0.0) == 0.0
+    lefts = np.linspace(0, tg.nbytes[i + 1:].sum(), 12)
+    assert np.all(np.diff([tg.completion(i, x) for x in lefts]) >= 0)
+    ep = Episode(tg)
+    s = ep.afterstates()
+    col = dynamic("completion")
+    assert s[0, col] >= s[1, col] == s[2, col]  # keeping leaves more to free later
+
+
+def test_an_untrained_agent_follows_the_greedy_bound(setup):
+    """N starts at 0 (its output layer zero): before any update the agent's plan is the
+    greedy bound's, which fits here (the learning corrects it, it does not start from noise)."""
+    ctx, tg = setup[3], setup[4]
+    agent, _ = train([(ctx, tg)], 1, progress=False)     # too few samples for an update
+    assert not agent.w["q.out.weight"].any() and not agent.w["q.out.bias"].any()
+    plan = bound_rollout(tg)
+    np.testing.assert_array_equal(agent.rollout(tg), plan)
+    assert plan.any() and score(ctx, tg, plan, {})[1] is not None
 
 
 def test_bad_agent_files_are_clear_errors(setup, tmp_path):
