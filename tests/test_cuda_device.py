@@ -126,6 +126,9 @@ def test_a_prefetch_and_its_decode_come_before_the_reader_and_after_the_last_ten
     dev.compute_wait(decoded)
     reader = S.launch("reader")
     assert before(decode, reader) and before(copy, reader)
+    dev.prefetch(np.zeros(32, np.uint8), _bytes(dev, 0x5000, 32))     # compute_waits=True
+    plain = _last(dev.copy_stream, "h2d")
+    assert before(plain, S.launch("a reader that waits for nothing itself"))
 
 
 def test_synchronous_copies_wait_on_the_host_and_synchronize_covers_every_stream(gpu):
@@ -137,8 +140,11 @@ def test_synchronous_copies_wait_on_the_host_and_synchronize_covers_every_stream
     streams = (dev.compute_stream, dev.copy_stream, dev.codec_stream)
     dev.synchronize()
     assert all(s.synced for s in streams)
+    data = np.random.default_rng(0).integers(0, 256, 0x300, dtype=np.uint8)
+    _bytes(dev, 0x100, 0x300)[...] = data
     dev.move(0x100, 0x0, 0x300)                     # compaction: on compute, low to high
     moves = [op for op in dev.compute_stream.ops if op[0] == "d2d"]
     base = dev.arena.ptr
     assert [(m[1] - base, m[2] - base) for m in moves] == [(0, 0x100), (0x100, 0x200),
                                                            (0x200, 0x300)]
+    assert np.array_equal(_bytes(dev, 0, 0x300), data)     # overlapping, yet copied whole
