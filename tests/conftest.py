@@ -1,6 +1,10 @@
 """Fixtures shared across test folders."""
+import os
+
 import numpy as np
 import pytest
+
+_KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 
 
 def _codec_samples(n: int) -> np.ndarray:
@@ -37,3 +41,27 @@ def _interrupt_at(ex, n, exc=KeyboardInterrupt):
 @pytest.fixture(scope="session")
 def interrupt_at():
     return _interrupt_at
+
+
+@pytest.fixture
+def cuda_standins(monkeypatch, tmp_path_factory):
+    """The CuPy, CUDA runtime, cuDNN and NCCL stand-ins (tests/kernels/cuda_standins.py)
+    installed in this process for one test; yields the module. Kernels are compiled (with g++,
+    when they run) into one folder for the session."""
+    monkeypatch.syspath_prepend(_KERNELS)
+    import cuda_standins
+    if cuda_standins.ElementwiseKernel.build_dir is None:
+        cuda_standins.ElementwiseKernel.build_dir = tmp_path_factory.mktemp("cuda_raw")
+    cuda_standins.install(monkeypatch, cuda_standins.ElementwiseKernel.build_dir)
+    yield cuda_standins
+    cuda_standins.uninstall()
+
+
+@pytest.fixture
+def gpu_kernels(cuda_standins):
+    """neuron.kernels.cuda running on the CPU over the stand-ins; skipped without g++, which
+    compiles the raw kernels."""
+    if not cuda_standins.have_compiler():
+        pytest.skip("g++ is not installed")
+    from neuron.kernels import cuda
+    return cuda

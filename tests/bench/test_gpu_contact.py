@@ -343,22 +343,8 @@ def test_import_simulator_stage_keeps_the_cpu_list(tmp_path):
     assert c["tests"] == TESTS and set(c["stages"]) == {"tests", "simulator"}
 
 
-@pytest.fixture
-def cuda_standins(monkeypatch, tmp_path_factory):
-    """The CuPy/cuDNN/CUDA stand-ins of tests/kernels/cuda_standins.py, in this process."""
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed (the stand-ins compile the raw kernels)")
-    kernels = os.path.join(ROOT, "tests", "kernels")
-    monkeypatch.syspath_prepend(kernels)
-    import cuda_standins as S
-    S.install(monkeypatch, tmp_path_factory.mktemp("standin_kernels"))
-    yield S
-    S.uninstall()
-
-
 def test_the_models_and_simulator_stages_take_their_gpu_branches_on_the_standins(
-        tmp_path, cuda_standins):
+        tmp_path, gpu_kernels):
     """`--device cuda` through the kit's own code (make_device("cuda"), CUDA-event profiles,
     the pipelined clock, the GPU's cost-model entry), on the CPU: a crash there would cost a
     lent GPU's minutes. The numbers are the stand-ins' (NumPy), so only the contracts count."""

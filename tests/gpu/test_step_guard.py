@@ -22,7 +22,7 @@ def test_cuda_nonfinite_flag_matches_numpy_ref():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_interrupted_cuda_step_is_undone():
+def test_interrupted_cuda_step_is_undone(interrupt_at):
     import neuron as nn
     from neuron.executor import Executor
     x = nn.Input((2, 5, 5), name="data")
@@ -33,17 +33,10 @@ def test_interrupted_cuda_step_is_undone():
     xb, yb = rng.standard_normal((4, 2, 5, 5)).astype(np.float32), rng.integers(0, 4, 4)
     ex.train_step(xb, yb)
     before = ex.state_dict()
-    real, calls = ex._compute, [0]
-
-    def compute(step, ctx, ws):
-        calls[0] += 1
-        if calls[0] == len(ex.steps) - 1:
-            raise KeyboardInterrupt
-        return real(step, ctx, ws)
-    ex._compute = compute
+    undo = interrupt_at(ex, len(ex.steps) - 1)
     with pytest.raises(KeyboardInterrupt):
         ex.train_step(xb, yb)
-    del ex._compute
+    undo()
     after = ex.state_dict()
     assert all(before[k].tobytes() == after[k].tobytes() for k in before)
     assert ex.iteration == 1

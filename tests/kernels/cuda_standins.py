@@ -8,7 +8,7 @@ modules it re-exports) runs on the CPU over NumPy arrays.
 - the CUDA runtime (``cupy.cuda``): device memory is host memory at real addresses (Memory,
   MemoryPointer, ``cupy.ndarray(memptr=)``, memcpyAsync as memmove, the allocator hook that
   CudaDevice routes into its arena); streams run each operation when it is issued and every
-  event is complete; NCCL all-reduces through MPI.
+  event is complete, and they can log what they are issued; NCCL all-reduces through MPI.
 - cuDNN (the ``dnn`` namespace, i.e. the level of neuron/kernels/cudnn_ops.py): each operation
   does what cuDNN's documentation says, including ``alpha``/``beta`` blending, on the memory at
   the addresses it is given seen through the descriptors given with them. The arithmetic is
@@ -17,7 +17,11 @@ modules it re-exports) runs on the CPU over NumPy arrays.
 What this checks: the wrappers' argument order and geometry, their beta (accumulate) flags,
 their temporaries, the raw kernels' source, and the executor's use of the GPU kernel API. What
 it cannot: cuDNN's own numerics, the ctypes marshalling (tests/kernels/test_cudnn_binding.py
-checks that against the headers) and anything about streams (tests/test_cuda_device.py).
+checks that against the headers) and timing: operations run when issued, so a missing stream
+wait changes no number here. Instead, streams made after ``log_streams()`` log what is issued to
+them, and ``happens_before`` reads CUDA's ordering off that log: tests/test_cuda_device.py
+checks CudaDevice's stream graph on it (tests/memory/stream_model.py models the same rules for
+the pool, with copies that complete late).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -158,7 +163,7 @@ class ElementwiseKernel:
 
 # The CUDA runtime: device memory is host memory at real addresses, so that pointer arithmetic,
 # views at offsets and memcpy are the real thing; streams run each operation at once and every
-# event is complete (ordering is tests/test_cuda_device.py's and stream_model.py's subject).
+# event is complete. What CUDA would order them by is kept in a log, on request (log_streams).
 
 class Memory:
     """cupy.cuda.Memory: ``nbytes`` of "device" memory at ``ptr``."""
@@ -185,32 +190,50 @@ class _Event:
 
     def __init__(self, disable_timing=False):
         self.t = None
+        self.stream = self.pos = None       # where it was recorded: stream.ops[pos]
+        self.synced = False                 # the host waited for it
 
     def _stamp(self):
         self.t = time.perf_counter()            # operations ran when issued: now is when
         return self
 
     def record(self, stream=None):
-        self._stamp()
+        (stream or _Cuda.get_current_stream()).record(self)
 
     def synchronize(self):
-        pass
+        self.synced = True
 
 
 class _Stream:
+    """A stream runs each operation when it is issued. One made after log_streams() also keeps
+    what was issued to it, in order, in ``ops``: ("record", event), ("wait", event, the
+    (stream, index) of the record it waits for, None if none), (kind, dst, src, nbytes) for a
+    memcpyAsync of kind "h2d", "d2h" or "d2d", ("kernel", name) for launch(name)."""
     _current = []
+    _logging = False
+    _by_ptr = weakref.WeakValueDictionary()     # memcpyAsync names its stream by pointer
 
     def __init__(self, null=False, non_blocking=False):
         self.ptr = 0 if null else id(self)
+        self.ops = [] if _Stream._logging else None
+        self.synced = False                 # the host waited for all that was queued so far
+        _Stream._by_ptr[self.ptr] = self
+
+    def _log(self, *op):
+        if self.ops is not None:
+            self.ops.append(op)
 
     def record(self, event=None):
-        return (event or _Event())._stamp()
+        ev = (event or _Event())._stamp()
+        ev.stream, ev.pos = self, len(self.ops or ())
+        self._log("record", ev)
+        return ev
 
-    def wait_event(self, event):
-        pass
+    def wait_event(self, event):        # CUDA: waits for the event's latest record, now
+        self._log("wait", event, None if event.stream is None else (event.stream, event.pos))
 
     def synchronize(self):
-        pass
+        self.synced = True
 
     def use(self):
         _Stream._current[:] = [self]
@@ -222,12 +245,48 @@ class _Stream:
         _Stream._current.pop()
 
 
+def log_streams():
+    """Streams made from now on (until uninstall()) log the operations issued to them."""
+    _Stream._logging = True
+
+
+def launch(name):
+    """A kernel ``name`` issued now, on the current stream, into its log: returns the
+    operation, (stream, index in its ops)."""
+    s = _Cuda.get_current_stream()
+    s._log("kernel", name)
+    return s, len(s.ops) - 1
+
+
+def happens_before(a, b) -> bool:
+    """Whether the logged operation a = (stream, index) completes before b starts, as CUDA
+    orders them: each stream in issue order, plus an edge from an event's record to every
+    wait_event on it."""
+    seen, todo = set(), [b]
+    while todo:
+        s, j = todo.pop()
+        for i in range(j - 1, -1, -1):
+            if (s, i) == a:
+                return True
+            if (s, i) in seen:
+                break
+            seen.add((s, i))
+            op = s.ops[i]
+            if op[0] == "wait" and op[2] is not None:
+                todo.append(op[2])
+    return False
+
+
 class _Runtime:
     memcpyHostToDevice, memcpyDeviceToHost, memcpyDeviceToDevice = 1, 2, 3
+    _KINDS = {1: "h2d", 2: "d2h", 3: "d2d"}
 
     @staticmethod
     def memcpyAsync(dst, src, n, kind, stream):
         ctypes.memmove(int(dst), int(src), int(n))
+        s = _Stream._by_ptr.get(stream)
+        if s is not None:
+            s._log(_Runtime._KINDS[kind], dst, src, n)
 
     @staticmethod
     def memGetInfo():
@@ -643,3 +702,4 @@ def uninstall():
     conv_algos.clear_conv_algo_cache()
     _Cuda.allocator = None
     _Stream._current.clear()
+    _Stream._logging = False
