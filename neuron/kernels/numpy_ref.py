@@ -368,7 +368,8 @@ def concat_widths(dy, dxs, widths=None):
 
 def concat_backward(dy, dxs, widths=None, accumulate=()):
     """dxs[i] <- (or += for i in ``accumulate``) its channel slice of dy.  None entries are
-    skipped (see concat_widths)."""
+    skipped (see concat_widths). In-place operators only, so CuPy arrays take the same code
+    (kernels/cuda.py) with no temporary."""
     widths = concat_widths(dy, dxs, widths)
     if widths is None:
         return
@@ -376,9 +377,9 @@ def concat_backward(dy, dxs, widths=None, accumulate=()):
     for i, (d, c) in enumerate(zip(dxs, widths)):
         if d is not None:
             if i in accumulate:
-                np.add(d, dy[:, o:o + c], out=d)
+                d += dy[:, o:o + c]
             else:
-                np.copyto(d, dy[:, o:o + c])
+                d[...] = dy[:, o:o + c]
         o += c
     assert o == dy.shape[1]
 
