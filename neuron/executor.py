@@ -56,11 +56,13 @@ class TraceRow:
     bytes_in_use: int
     live_tensors: int
     workspace_bytes: int = 0        # what the step's kernel got (Figure 12: conv workspace)
+    peak_bytes: int = 0             # the most in use at any moment of the step (bytes_in_use
+                                    # is after its frees)
 
     def as_dict(self):
         return dict(step=self.step, layer=self.layer, phase=self.phase,
                     bytes_in_use=self.bytes_in_use, live_tensors=self.live_tensors,
-                    workspace_bytes=self.workspace_bytes)
+                    workspace_bytes=self.workspace_bytes, peak_bytes=self.peak_bytes)
 
 
 class Executor:
@@ -442,6 +444,7 @@ class Executor:
                 if check_loss and step.phase == "B":    # before any update
                     self._check_loss(ctx)
                     check_loss = False
+                pool.step_peak = pool.used_bytes
                 pool.lock(step.ids)
                 pool.ensure_all(step.reads, step)
                 pool.alloc_all(step.writes, step)
@@ -493,7 +496,7 @@ class Executor:
                             pool.offload(t, defer=defer_offloads)
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
-                                  len(pool.live), ws_bytes))
+                                  len(pool.live), ws_bytes, pool.step_peak))
                 if ahead is not None:       # the plan's look-ahead prefetches, in its order
                     pending.extend(ahead.get(i, ()))
                     if pending and pool.host:

@@ -46,7 +46,8 @@ def graph(name):
 KEYS = {"model", "batch", "policy", "budget_bytes", "peak_bytes", "min_budget_bytes",
         "lower_bound_bytes", "fits", "extra_forward_steps", "offload_bytes", "prefetch_bytes",
         "bytes_by_kind", "steps"}
-STEP_KEYS = {"step", "layer", "phase", "bytes_in_use", "live_tensors", "workspace_bytes"}
+STEP_KEYS = {"step", "layer", "phase", "bytes_in_use", "live_tensors", "workspace_bytes",
+             "peak_bytes"}
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
@@ -73,6 +74,11 @@ def test_plan_keys_and_values(policy):
     assert all(set(s) == STEP_KEYS for s in steps)
     assert [s["step"] for s in steps] == list(range(len(steps)))
     assert max(s["bytes_in_use"] for s in steps) <= r["peak_bytes"]
+    # bytes_in_use is after each step's frees; the step's own peak is where the iteration's is
+    assert all(s["peak_bytes"] >= s["bytes_in_use"] for s in steps)
+    assert max(s["peak_bytes"] for s in steps) == r["peak_bytes"]
+    if POLICIES[policy].free_dead:      # per step, not a running maximum
+        assert steps[-1]["peak_bytes"] < r["peak_bytes"]
     phases = "".join(s["phase"] for s in steps)
     assert phases.startswith("F") and phases.endswith("B")
     assert ("R" in phases) == POLICIES[policy].recompute

@@ -64,6 +64,7 @@ class Pool:
         self._peak_kinds = list(self.by_kind)
         self._peak_used = 0
         self.tensor_high_water = 0      # the high-water mark of everything but workspaces
+        self.step_peak = 0              # the most in use since the executor last reset it
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
         self.hits = self.misses = 0
@@ -160,6 +161,8 @@ class Pool:
         bk[kind_index] += nbytes
         if nbytes > 0:
             u = self._h.used_bytes
+            if u > self.step_peak:
+                self.step_peak = u
             if u >= self._peak_used:        # a new high-water mark: remember its make-up
                 self._peak_used = u
                 self._peak_kinds = list(bk)
