@@ -105,15 +105,16 @@ class PlanContext:
             return cum
         return self._memo("cum", steps, make)
 
-    def simulate(self, d: Decisions, arena="budget", events: bool = False) -> dict:
+    def simulate(self, d: Decisions, arena="budget", events: bool = False,
+                 trace: bool = False) -> dict:
         """One iteration of these decisions in an arena (default: the budget; None:
-        unbounded)."""
+        unbounded); ``trace``: with the per-step rows (executor.TraceRow)."""
         arena = self.budget if arena == "budget" else arena
         self.simulated_steps += len(d.steps)       # a planner's measured effort
         v = copy.copy(self._ex)
         v.planner = None
         v._apply_decisions(d, self.frees(d.steps, d.policy.free_dead))
-        r = v.simulate(arena, trace=False, events=events)
+        r = v.simulate(arena, trace=trace, events=events)
         if events:
             self._sims = [x for x in self._sims[-3:] if x[0] is not d] + [(d, arena, r)]
         return r

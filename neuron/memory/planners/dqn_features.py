@@ -30,20 +30,28 @@ action alone: tensor_costs' exposed swap time or recompute time over the iterati
 keep). An action's known immediate cost then never has to be learned, only what it does for
 the rest of the episode (freeing bytes towards the budget): where nothing must be freed, the
 afterstates of keep and of drop look alike and keep wins by its cost.
-Afterstate g' = [mean of node states, the decided node's state, dynamic features]: the bytes
-still to free after the action (the unbudgeted peak minus the budget, less the bytes of the
-candidates swapped or recomputed so far: a cheap running account, not a simulation) over the
-total to free (0 at a budget >= the peak), that total over all candidate bytes, the fraction
-of candidates left after this one, the bytes still to free over the bytes of the later
-candidates (the share of the remaining capacity that must still go, capped at 2: > 1 means
-no plan can fit any more), whether any bytes are still to free at all, and the completion
-cost: what covering those bytes with the later candidates would cost if they were taken
-cheapest-per-byte first (each at the lower of its exposed swap and recompute time, over the
-iteration time; a knapsack's greedy bound, capped at 1). The network reads the trade-off
-keep-or-drop in terms of the alternatives still ahead: dropping this tensor pays off when it
-is cheaper than the later bytes it spares (without this, agents trained on the paper's node
-features alone dropped expensive tensors early and left cheap ones kept: +5 to +7% over the
-optimum on resnet_cifar 20 and 32 at half the peak).
+Afterstate g' = [mean of node states, the decided node's state, dynamic features], read from
+a per-step account of the excess: each step's peak with every candidate kept, minus the
+budget, less what the actions so far take away (a swap is absent from the step after next to
+its prefetch, exactly as simulated; a recompute from its last forward use to its first
+backward use, and a later recompute that re-runs it on the way holds it again from that one's
+use, since rewrite.py keeps a recomputed version until backward has used it: long chains of
+recomputes cost memory in backward). The features: the largest excess left after the action
+over the largest before any (0 at a budget >= the peak), that over all candidate bytes, the
+fraction of candidates left after this one, the largest excess left over the bytes of the
+later candidates (capped at 2), whether any step is still over, and the completion cost: what
+covering the excess left with the later candidates would cost (at the step furthest over, the
+cheapest per byte of those absent there, each at the lower of its exposed swap and recompute
+time; what none of them can cover priced as evicted, out and back; over the iteration time,
+capped at 1). The network reads the trade-off keep-or-drop in terms of the alternatives still
+ahead: dropping this tensor pays off when it is cheaper than the later bytes it spares.
+Measured reasons (bench/dqn.py, h100 cost model): agents on the paper's node features alone
+dropped expensive tensors early and left cheap ones kept (+5 to +7% over the optimum on
+resnet_cifar 20 and 32 at half the peak); a completion over one byte count (the unbudgeted
+peak minus the budget, every drop counted against it) matched the optimum there but ignored
+where the excess is and what recompute chains hold again, and its plans went to the tensor
+cache at tight budgets (selection score 0.105, resnet50 at 0.3x the peak +61% over
+superneurons, 50 evictions); the per-step account scores 0.036.
 """
 from __future__ import annotations
 
@@ -70,7 +78,8 @@ def dynamic(name: str) -> int:
 class TraceGraph:
     """Candidates, their features and costs for one (network, budget) planning problem."""
 
-    def __init__(self, ctx, cands=None, unbudgeted_peak: int | None = None):
+    def __init__(self, ctx, cands=None):
+        from .choice import build
         cands = droppable(ctx.schedule) if cands is None else cands
         costs = {c.tensor.id: c for c in tensor_costs(ctx, cands)}
         self.cands = [t for t in cands if t.id in costs]
@@ -78,10 +87,12 @@ class TraceGraph:
         n = self.n = len(self.cands)
         self.base_s = unlimited_time(ctx.schedule.steps, ctx.batch, ctx.cost)
         self.nbytes = np.array([t.nbytes for t in self.cands], np.float64)
-        if unbudgeted_peak is None:
-            from .choice import build
-            unbudgeted_peak = ctx.simulate(build(ctx, self.cands, {}), None)["peak_bytes"]
-        self.need = max(0.0, float(unbudgeted_peak) - float(ctx.budget or unbudgeted_peak))
+        # each step's peak with every candidate kept, over the budget: what drops must cover
+        rows = ctx.simulate(build(ctx, self.cands, {}), None, trace=True)["trace"]
+        peaks = np.array([r.peak_bytes for r in rows], np.float64)
+        self.excess = peaks - float(ctx.budget or peaks.max())
+        self.need = max(0.0, float(self.excess.max()))
+        self._windows(ctx)
         x = np.zeros((n, N_FEATURES))
         if n:
             x[:, 0] = self.nbytes / self.nbytes.max()
@@ -100,6 +111,22 @@ class TraceGraph:
         self.drop_cost = np.minimum(self.exposed, self.recompute)
         price = np.where(self.nbytes > 0, self.drop_cost / np.maximum(self.nbytes, 1.0), np.inf)
         self.by_price = np.argsort(price, kind="stable")
+        self.rank = np.empty(n, np.int64)
+        self.rank[self.by_price] = np.arange(n)
+        swap_first = self.exposed <= self.recompute
+        self.lo = np.where(swap_first, self.swap_lo, self.lf + 1)
+        self.hi = np.where(swap_first, self.swap_hi, self.fb)
+        # per step, the candidates absent there that way, cheapest per byte first, and the
+        # last of them in forward order (a step no later candidate is absent at is left over)
+        steps = np.arange(len(self.excess))
+        absent = (self.lo[:, None] <= steps) & (self.hi[:, None] > steps)       # (n, steps)
+        self.absent_by_price = [self.by_price[absent[self.by_price, t]].tolist() for t in steps]
+        self.last_absent = np.where(absent.any(0), n - 1 - np.argmax(absent[::-1], 0), -1)
+        self._way = list(zip(self.lo.tolist(), self.hi.tolist(), self.nbytes.tolist(),
+                             self.drop_cost.tolist()))     # plain numbers: the loop's speed
+        # an excess no later candidate can cover is left to the tensor cache: its bytes go
+        # out and back, exposed (per byte, over the iteration time)
+        self.evict_per_byte = 2 * ctx.cost.copy_time(2 ** 30) / 2 ** 30 / self.base_s
         self.adj = self._adjacency()
         # Â^k for k = 0..T: the embedding is linear in x, so an afterstate (one row of x
         # changed) is the current embedding plus that row's change times column i of Â^k
@@ -113,6 +140,19 @@ class TraceGraph:
             np.zeros((0, T_ROUNDS + 1))
         self.diag = np.array([np.diag(P) for P in self.powers]).T if n else \
             np.zeros((0, T_ROUNDS + 1))
+
+    def _windows(self, ctx) -> None:
+        """The steps over which each candidate is absent: a swap's from after the step that
+        follows its last forward use (a planned offload holds its block until then) up to its
+        prefetch; a recompute's from its last forward use up to its first backward use, cut
+        short by a later recompute that re-runs it on the way (Episode.chain)."""
+        c = self.costs
+        self.lf = np.array([x.last_fwd for x in c], np.int64)
+        self.fb = np.array([x.first_bwd for x in c], np.int64)
+        self.swap_lo = self.lf + 2
+        self.swap_hi = np.array([x.prefetch_after for x in c], np.int64) + 1
+        pos = {t.id: i for i, t in enumerate(self.cands)}
+        self.parents = [[pos[t] for t in x.inputs if t in pos] for x in c]
 
     def _adjacency(self) -> np.ndarray:
         n = self.n
@@ -128,17 +168,38 @@ class TraceGraph:
         d = 1.0 / np.sqrt(a.sum(1))
         return a * d[:, None] * d[None, :]
 
-    def completion(self, i: int, left: float) -> float:
-        """The cost (over the iteration time) of freeing ``left`` bytes with the candidates
-        after ``i``, cheapest per byte first (whole tensors; capped at 1)."""
-        if left <= 0:
-            return 0.0
-        later = self.by_price[self.by_price > i]
-        if not len(later):
-            return 1.0
-        covered = np.cumsum(self.nbytes[later])
-        k = int(np.searchsorted(covered, left))     # the first prefix that covers it
-        return min(float(self.drop_cost[later[:k + 1]].sum()), 1.0)
+    def completion(self, i: int, excess: np.ndarray) -> float:
+        """The cost (over the iteration time, capped at 1) of covering the per-step
+        ``excess`` with the candidates after ``i``: at the step furthest over, the cheapest
+        per byte of those absent there, each its cheaper way out, until no step is over;
+        what none of them can cover is priced as evicted (out and back, exposed)."""
+        r = np.array(excess, np.float64)
+        left_over = self.last_absent <= i
+        uncovered = max(float(r[left_over].max(initial=0.0)), 0.0)
+        r[left_over] = 0.0
+        used = [False] * self.n
+        first = {}                      # per step, where its list's first one left may be
+        cost = 0.0
+        while True:
+            t = int(r.argmax())
+            if r[t] <= 0:
+                break
+            cands, k = self.absent_by_price[t], first.get(t, 0)
+            while k < len(cands) and (cands[k] <= i or used[cands[k]]):
+                k += 1
+            first[t] = k
+            if k == len(cands):         # the later ones absent here are all taken
+                uncovered = max(uncovered, r[t])
+                r[t] = 0.0
+                continue
+            j = cands[k]
+            used[j] = True
+            lo, hi, nbytes, drop_cost = self._way[j]
+            r[lo:hi] -= nbytes
+            cost += drop_cost
+            if cost >= 1.0:
+                return 1.0
+        return min(cost + self.evict_per_byte * uncovered, 1.0)
 
     def embed(self, x: np.ndarray) -> np.ndarray:
         """Node states [x, Âx, ..., Â^T x], shape (n, NODE_DIM)."""
@@ -156,7 +217,8 @@ class Episode:
         self.tg, self.i = tg, 0
         self.x = tg.x.copy()
         self.actions = np.zeros(tg.n, np.int8)
-        self.freed = 0.0
+        self.excess = tg.excess.copy()      # per step, after the actions taken so far
+        self.back = tg.fb.copy()            # a recomputed tensor is held again from here
         self._emb = None
 
     @property
@@ -181,12 +243,41 @@ class Episode:
                 d[5 + a] = tg.cover[i]
             dm = np.outer(tg.col_mean[i], d).ravel()
             dn = np.outer(tg.diag[i], d).ravel()
-            left = max(tg.need - self.freed - (tg.nbytes[i] if a else 0.0), 0.0)
+            excess = self._after(a)
+            left = max(float(excess.max(initial=0.0)), 0.0)
             dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (n - i - 1) / n,
                    min(left / rest, 2.0) if rest else (2.0 if left > 0 else 0.0),
-                   1.0 if left > 0 else 0.0, tg.completion(i, left)]
+                   1.0 if left > 0 else 0.0, tg.completion(i, excess)]
             out[a] = np.concatenate([mean + dm, node + dn, dyn])
         return out
+
+    def chain(self, k: int) -> list:
+        """(ancestor, step) for each recomputed tensor a recompute of ``k`` re-runs on the way
+        and keeps from fb[k] on, earlier than it is held again now (rewrite.py: a recomputed
+        version is kept until backward has used it)."""
+        tg, out, seen = self.tg, [], set()
+        stack = list(tg.parents[k])
+        while stack:
+            j = stack.pop()
+            if j in seen or self.actions[j] != 2:
+                continue
+            seen.add(j)
+            if tg.fb[k] < self.back[j]:
+                out.append((j, int(tg.fb[k])))
+            stack.extend(tg.parents[j])
+        return out
+
+    def _after(self, action: int) -> np.ndarray:
+        """The per-step excess once ``action`` is taken at the current node."""
+        tg, i = self.tg, self.i
+        e = self.excess.copy()
+        if action == 1:
+            e[tg.swap_lo[i]:tg.swap_hi[i]] -= tg.nbytes[i]
+        elif action == 2:
+            e[tg.lf[i] + 1:tg.fb[i]] -= tg.nbytes[i]
+            for j, step in self.chain(i):
+                e[step:self.back[j]] += tg.nbytes[j]
+        return e
 
     def costs(self) -> np.ndarray:
         """The three actions' estimated costs at the current node over the iteration time."""
@@ -198,13 +289,15 @@ class Episode:
         shaped reward: minus that action's estimated cost over the iteration time."""
         tg, i = self.tg, self.i
         r = -self.costs()[action]
+        self.excess = self._after(action)
+        if action == 2:
+            for j, step in self.chain(i):
+                self.back[j] = step
         self.actions[i] = action
         d = np.zeros(N_FEATURES)
         d[5] = -self.x[i, 5]
-        if action:
-            self.freed += tg.nbytes[i]
-            if ACTION_FLAGS:
-                d[5 + action] = tg.cover[i]
+        if action and ACTION_FLAGS:
+            d[5 + action] = tg.cover[i]
         self.x[i] += d
         if self._emb is not None:       # linear: add row i's change times column i of Â^k
             self._emb += np.concatenate([np.outer(P[:, i], d) for P in tg.powers], 1)

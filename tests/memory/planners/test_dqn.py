@@ -43,7 +43,7 @@ def test_features_and_states(setup):
     s0 = ep.afterstates()
     assert s0.shape == (3, STATE_DIM) and np.isfinite(s0).all()
     left = dynamic("left")
-    assert s0[0, left] > s0[1, left] == s0[2, left]     # dropping frees bytes, keeping does not
+    assert s0[0, left] > s0[1, left] and s0[0, left] > s0[2, left]   # dropping frees bytes
     # the afterstate shortcut equals embedding the changed features from scratch
     x = tg.x.copy()
     x[0, 5], x[0, 7] = 0.0, tg.cover[0]   # recompute flag: the share of the deficit covered
@@ -129,29 +129,77 @@ def test_training_selects_the_best_snapshot(setup):
     assert scores[agent.meta["selected_episode"]] == best
 
 
-def test_completion_cost_is_the_greedy_knapsack_bound(setup):
-    """b(i, left): the later candidates' drop costs, cheapest per byte first, until ``left``
-    bytes are covered; 0 when nothing is left; more bytes never cost less."""
+def test_excess_is_each_steps_peak_over_the_budget(setup):
+    """The per-step excess the drops must cover: its maximum is the unbudgeted peak over the
+    budget (need), and nothing is over where the budget is the peak."""
+    ex, budget, ctx, tg = setup[1], setup[2], setup[3], setup[4]
+    assert len(tg.excess) == len(ctx.schedule.steps)
+    assert tg.need == pytest.approx(tg.excess.max()) and tg.need > 0
+    assert tg.excess.max() + budget == ex.simulate(None, trace=False)["peak_bytes"]
+
+
+def test_a_swap_changes_the_excess_exactly_as_simulated(setup):
+    """The episode's account of one swap (absent from the step after next to its prefetch)
+    equals the simulator's per-step peaks with that swap planned."""
+    from neuron.memory.planners.home import Home
+    ctx, tg = setup[3], setup[4]
+    for i in np.linspace(0, tg.n - 1, 6).astype(int):
+        acts = np.zeros(tg.n, np.int8)
+        acts[i] = 1
+        rows = ctx.simulate(Home().decisions(ctx, tg.cands, acts), None, trace=True)["trace"]
+        ep = Episode(tg)
+        ep.i = i
+        np.testing.assert_array_equal(ep._after(1),
+                                      np.array([r.peak_bytes for r in rows]) - ctx.budget)
+
+
+def test_completion_cost_is_the_greedy_cover(setup):
+    """b(i, excess): an excess at one step is covered by the later candidates absent there,
+    cheapest per byte first; one no later candidate can cover is priced as evicted; nothing
+    over costs nothing; keeping leaves more to cover than dropping."""
     tg = setup[4]
     cost = np.minimum(tg.exposed, tg.recompute)
-    i = 2
-    later = sorted(range(i + 1, tg.n), key=lambda j: cost[j] / tg.nbytes[j]
-                   if tg.nbytes[j] else np.inf)
+    i, t = 2, int(np.argmax(tg.excess))
+    absent = [j for j in range(i + 1, tg.n) if tg.lo[j] <= t < tg.hi[j]]
+    assert absent
+    absent.sort(key=lambda j: cost[j] / tg.nbytes[j])
+    x = 0.4 * tg.nbytes[absent].sum()
     covered, expect = 0.0, 0.0
-    left = 0.4 * tg.nbytes[i + 1:].sum()
-    for j in later:
+    for j in absent:
         expect += cost[j]
         covered += tg.nbytes[j]
-        if covered >= left:
+        if covered >= x:
             break
-    assert tg.completion(i, left) == pytest.approx(min(expect, 1.0), rel=1e-12)
-    assert tg.completion(i, 0.0) == 0.0
-    lefts = np.linspace(0, tg.nbytes[i + 1:].sum(), 12)
-    assert np.all(np.diff([tg.completion(i, x) for x in lefts]) >= 0)
-    ep = Episode(tg)
-    s = ep.afterstates()
+    one = np.zeros_like(tg.excess)
+    one[t] = x
+    assert tg.completion(i, one) == pytest.approx(min(expect, 1.0), rel=1e-12)
+    assert tg.completion(i, one - x) == 0.0
+    first = np.zeros_like(tg.excess)      # step 0 (the data layer): no candidate is absent
+    first[0] = 2 ** 20
+    assert tg.completion(i, first) == pytest.approx(tg.evict_per_byte * 2 ** 20, rel=1e-12)
+    s = Episode(tg).afterstates()
     col = dynamic("completion")
-    assert s[0, col] >= s[1, col] == s[2, col]  # keeping leaves more to free later
+    assert s[0, col] >= s[1, col] and s[0, col] >= s[2, col]
+
+
+def test_a_recompute_through_a_recomputed_input_holds_it_again_from_its_own_use(setup):
+    """rewrite.py keeps a recomputed version until backward has used it: recomputing k after
+    its input p puts p back from k's first backward use (Episode.chain)."""
+    tg = setup[4]
+    k = next(k for k in range(tg.n) if tg.parents[k] and tg.fb[k] < tg.fb[tg.parents[k][0]])
+    p = tg.parents[k][0]
+    ep = Episode(tg)
+    while ep.i < k:
+        ep.step(2 if ep.i == p else 0)
+    before = ep.excess.copy()
+    assert ep.chain(k) == [(p, int(tg.fb[k]))]
+    ep.step(2)
+    delta = ep.excess - before
+    expect = np.zeros_like(delta)
+    expect[tg.lf[k] + 1:tg.fb[k]] -= tg.nbytes[k]
+    expect[tg.fb[k]:tg.fb[p]] += tg.nbytes[p]
+    np.testing.assert_allclose(delta, expect)
+    assert ep.back[p] == tg.fb[k]
 
 
 def test_an_untrained_agent_follows_the_greedy_bound(setup):
