@@ -45,7 +45,7 @@ def interrupt_at():
 
 @pytest.fixture
 def cuda_standins(monkeypatch, tmp_path_factory):
-    """The CuPy, CUDA runtime, cuDNN and NCCL stand-ins (tests/kernels/cuda_standins.py)
+    """The CuPy, CUDA runtime, cuDNN and NCCL stand-ins (tests/kernels/cuda_standins/)
     installed in this process for one test; yields the module. Kernels are compiled (with g++,
     when they run) into one folder for the session."""
     monkeypatch.syspath_prepend(_KERNELS)

@@ -5,7 +5,7 @@ MODE: plain (no BN) | syncbn (BN, --sync-bn) | offload (no BN; superneurons poli
 parameters offloaded to the host under a tight budget) | die (rank 1 kills itself at iteration 2) |
 stall (rank 1 stops taking part at iteration 2; short collective timeout) | nccl (no BN; the
 GPU path on the CPU: CudaDevice, kernels/cuda.py and NcclComm over the stand-ins of
-tests/kernels/cuda_standins.py, whose NCCL all-reduces through MPI) | late (offload on the
+tests/kernels/cuda_standins/, whose NCCL all-reduces through MPI) | late (offload on the
 stream model's device, whose copies complete late). A "+ov" suffix
 (plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
 buckets of at least 600 bytes (several per iteration of these small networks)."""

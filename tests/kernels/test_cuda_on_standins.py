@@ -1,5 +1,5 @@
 """The GPU kernel module trains like numpy_ref, on the CPU: the executor runs every step through
-neuron.kernels.cuda with the CuPy and cuDNN stand-ins (cuda_standins.py), so each wrapper gets
+neuron.kernels.cuda with the CuPy and cuDNN stand-ins (cuda_standins/), so each wrapper gets
 the arrays, descriptors, accumulate flags and temporaries that a real run gives it.
 
 The numbers differ from numpy_ref only where the GPU module computes differently by design: the

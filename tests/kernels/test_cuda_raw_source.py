@@ -1,7 +1,7 @@
 """The GPU path's own kernels (kernels/cuda_raw.py) and the wrappers that call them
 (kernels/cuda.py, cuda_pool.py), run without a GPU and compared with numpy_ref.
 
-The CuPy stand-in (cuda_standins.py) makes each ``ElementwiseKernel`` out of its very source,
+The CuPy stand-in (cuda_standins/) makes each ``ElementwiseKernel`` out of its very source,
 compiled by g++; everything else the wrappers ask of CuPy is NumPy's. So this checks the argument
 order and geometry the wrappers pass, the indexing and the arithmetic. Kernels compiled with
 ``--fmad=false`` are built with ``-ffp-contract=off`` and must agree bit for bit; CUDA's pow, exp

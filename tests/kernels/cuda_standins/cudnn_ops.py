@@ -1,0 +1,215 @@
+"""The cuDNN stand-in (the ``dnn`` namespace): each operation done with numpy_ref's arithmetic."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from neuron.kernels import cudnn, numpy_pool, numpy_ref
+
+class Desc:
+    def __init__(self, kind, **kw):
+        self.kind = kind
+        self.__dict__.update(kw)
+
+    def set_math_type(self, mt):
+        self.math_type = mt
+
+
+def _at(desc, ptr):
+    """The array a descriptor describes at a device address (None for a NULL pointer): the
+    memory the wrapper pointed at, seen through the descriptor it passed with it."""
+    if not ptr:
+        return None
+    dtype = np.dtype(desc.dtype)
+    shape = tuple(desc.shape)
+    strides = desc.strides if desc.strides is not None else \
+        tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
+              for i in range(len(shape)))
+    span = sum((n - 1) * st for n, st in zip(shape, strides)) + dtype.itemsize
+    buf = (ctypes.c_char * span).from_address(int(ptr))
+    return np.ndarray(shape, dtype, buffer=buf, strides=strides)
+
+
+def _channels(desc, ptr):
+    a = _at(desc, ptr)
+    return None if a is None else a.reshape(-1)
+
+
+def _blend(out, result, alpha=1.0, beta=0.0):
+    """cuDNN's out = alpha * result + beta * out (beta 0: out is not read, NaN or not)."""
+    r = result if alpha == 1.0 else alpha * result
+    if beta == 0.0:
+        out[...] = r
+    else:
+        out[...] = r + (out if beta == 1.0 else beta * out)
+
+
+class CudnnStandIn:
+    """The ``dnn`` namespace the GPU kernels use, over device addresses as cuDNN's is;
+    constants from the real binding."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(cudnn, name)            # constants, ALGO_NAMES, AlgoPerf
+
+    # descriptors and handle ---------------------------------------------------------------
+    def get_handle(self, *a):
+        return None
+
+    def tensor_descriptor(self, shape, dtype, strides_bytes=None):
+        return Desc("tensor", shape=tuple(shape), dtype=np.dtype(dtype),
+                    strides=None if strides_bytes is None else tuple(strides_bytes))
+
+    def filter_descriptor(self, shape, dtype):
+        return Desc("filter", shape=tuple(shape), dtype=np.dtype(dtype), strides=None)
+
+    def bias_descriptor(self, channels, dtype):
+        return Desc("tensor", shape=(1, int(channels), 1, 1), dtype=np.dtype(dtype), strides=None)
+
+    def convolution_descriptor(self, padding, stride, dilation, groups, dtype):
+        return Desc("conv", padding=padding, stride=stride, dilation=dilation, groups=groups)
+
+    def pooling_descriptor(self, mode, window, padding, stride, nan=None):
+        return Desc("pool", mode=mode, window=window, padding=padding, stride=stride)
+
+    def activation_descriptor(self, mode, nan=None, coef=0.0):
+        return Desc("act", mode=mode)
+
+    def lrn_descriptor(self, n, alpha, beta, k):
+        return Desc("lrn", n=n, alpha=alpha, beta=beta, k=k)
+
+    # convolution -------------------------------------------------------------------------
+    @staticmethod
+    def _perf(time):
+        return [cudnn.AlgoPerf(0, cudnn.CUDNN_STATUS_SUCCESS, time, 0,
+                               cudnn.CUDNN_DETERMINISTIC, cudnn.CUDNN_FMA_MATH)]
+
+    def get_algorithms(self, h, kind, x, w, conv, y):
+        return self._perf(-1.0)
+
+    def find_algorithms(self, h, kind, xd, x, wd, w, cd, yd, y, ws, ws_bytes):
+        """Like cudnnFind*Ex it runs the algorithms, so it WRITES the output operand (forward
+        naming: y for fwd, x = dx for bwd_data, w = dw for bwd_filter): NaN here."""
+        d, p = {"fwd": (yd, y), "bwd_data": (xd, x), "bwd_filter": (wd, w)}[kind]
+        _at(d, p)[...] = np.nan
+        self.calls.append(("find", kind))
+        return self._perf(0.01)
+
+    def workspace_size(self, *a):
+        return 0
+
+    @staticmethod
+    def _conv(c):
+        return c.stride, c.padding, c.dilation, c.groups
+
+    @staticmethod
+    def _ws(x_shape, w_shape, c, dtype):
+        return np.empty(numpy_ref.conv2d_workspace_bytes(x_shape, w_shape, c.stride, c.padding,
+                                                         c.dilation, c.groups,
+                                                         np.dtype(dtype).itemsize), np.uint8)
+
+    def convolution_forward(self, h, xd, x, wd, w, cd, algo, ws, ws_bytes, yd, y, alpha=1.0,
+                            beta=0.0):
+        x, w, y = _at(xd, x), _at(wd, w), _at(yd, y)
+        r = np.empty(y.shape, y.dtype)
+        numpy_ref.conv2d_forward(x, w, None, r, *self._conv(cd),
+                                 self._ws(x.shape, w.shape, cd, x.dtype))
+        _blend(y, r, alpha, beta)
+
+    def convolution_backward_data(self, h, wd, w, dyd, dy, cd, algo, ws, ws_bytes, dxd, dx,
+                                  alpha=1.0, beta=0.0):
+        w, dy, dx = _at(wd, w), _at(dyd, dy), _at(dxd, dx)
+        r = np.empty(dx.shape, dx.dtype)
+        numpy_ref.conv2d_backward(np.zeros_like(r), w, dy, r, None, None, *self._conv(cd),
+                                  self._ws(dx.shape, w.shape, cd, dx.dtype))
+        _blend(dx, r, alpha, beta)
+
+    def convolution_backward_filter(self, h, xd, x, dyd, dy, cd, algo, ws, ws_bytes, wd, dw,
+                                    alpha=1.0, beta=0.0):
+        x, dy, dw = _at(xd, x), _at(dyd, dy), _at(wd, dw)
+        r = np.empty(dw.shape, dw.dtype)
+        numpy_ref.conv2d_backward(x, np.zeros_like(r), dy, None, r, None, *self._conv(cd),
+                                  self._ws(x.shape, dw.shape, cd, x.dtype))
+        _blend(dw, r, alpha, beta)
+
+    def convolution_backward_bias(self, h, dyd, dy, bd, db, alpha=1.0, beta=0.0):
+        dy, db = _at(dyd, dy), _channels(bd, db)
+        _blend(db, dy.sum(axis=(0, 2, 3)), alpha, beta)
+
+    def add_tensor(self, h, ad, a, cd, c, alpha=1.0, beta=1.0):
+        a, c = _at(ad, a), _at(cd, c)
+        _blend(c, np.broadcast_to(a, c.shape) if alpha == 1.0 else alpha * a, 1.0, beta)
+
+    # batch normalization -----------------------------------------------------------------
+    def batchnorm_forward_training(self, h, xd, x, yd, y, bd, scale, bias, factor, rm, rv, eps,
+                                   sm, si, mode=None):
+        rm, rv = _channels(bd, rm), _channels(bd, rv)
+        assert (rm is None) == (rv is None), "cuDNN updates both running statistics or neither"
+        numpy_ref.batchnorm_forward_train(_at(xd, x), _channels(bd, scale),
+                                          _channels(bd, bias), _at(yd, y), rm, rv,
+                                          _channels(bd, sm), _channels(bd, si), factor, eps,
+                                          rm is not None)
+
+    def batchnorm_forward_inference(self, h, xd, x, yd, y, bd, scale, bias, mean, var, eps,
+                                    mode=None):
+        numpy_ref.batchnorm_forward_infer(_at(xd, x), _channels(bd, scale), _channels(bd, bias),
+                                          _at(yd, y), _channels(bd, mean), _channels(bd, var),
+                                          eps)
+
+    def batchnorm_backward(self, h, xd, x, dyd, dy, dxd, dx, bd, scale, dscale, dbias, eps,
+                           sm, si, mode=None, beta_data=0.0):
+        x, dy, dx = _at(xd, x), _at(dyd, dy), _at(dxd, dx)
+        sm, si = _channels(bd, sm), _channels(bd, si)
+        if sm is None:              # cuDNN recomputes the statistics from x
+            axes = (0, 2, 3) if x.ndim == 4 else (0,)
+            sm = x.mean(axis=axes)
+            si = 1.0 / np.sqrt(x.var(axis=axes) + eps)
+        r = np.empty(dx.shape, dx.dtype)
+        numpy_ref.batchnorm_backward(x, dy, _channels(bd, scale), sm, si, r,
+                                     _channels(bd, dscale), _channels(bd, dbias), eps)
+        _blend(dx, r, 1.0, beta_data)
+
+    # pooling, activations, softmax, LRN --------------------------------------------------
+    @staticmethod
+    def _pool_floor_shape(pd, xd, yd):      # cuDNN pools to floor-mode shapes only
+        want = numpy_pool.pool_out_hw(*xd.shape[2:], pd.window, pd.stride, pd.padding)
+        assert tuple(yd.shape[2:]) == want, f"cuDNN pooling: y {yd.shape} is not floor {want}"
+
+    def pooling_forward(self, h, pd, xd, x, yd, y):
+        self._pool_floor_shape(pd, xd, yd)
+        if pd.mode == cudnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING:
+            f = numpy_pool.avgpool_forward
+        else:
+            assert pd.mode in (cudnn.CUDNN_POOLING_MAX, cudnn.CUDNN_POOLING_MAX_DETERMINISTIC)
+            f = numpy_pool.maxpool_forward
+        f(_at(xd, x), _at(yd, y), pd.window, pd.stride, pd.padding)
+
+    def pooling_backward(self, h, pd, yd, y, dyd, dy, xd, x, dxd, dx, beta=0.0):
+        self._pool_floor_shape(pd, xd, yd)
+        assert pd.mode in (cudnn.CUDNN_POOLING_MAX, cudnn.CUDNN_POOLING_MAX_DETERMINISTIC)
+        numpy_pool.maxpool_backward(_at(xd, x), _at(yd, y), _at(dyd, dy), _at(dxd, dx),
+                                    pd.window, pd.stride, pd.padding, accumulate=beta == 1.0)
+
+    def activation_forward(self, h, ad, xd, x, yd, y):
+        {cudnn.CUDNN_ACTIVATION_RELU: numpy_ref.relu_forward,
+         cudnn.CUDNN_ACTIVATION_SIGMOID: numpy_ref.sigmoid_forward,
+         cudnn.CUDNN_ACTIVATION_TANH: numpy_ref.tanh_forward}[ad.mode](_at(xd, x), _at(yd, y))
+
+    def activation_backward(self, h, ad, yd, y, dyd, dy, xd, x, dxd, dx, beta=0.0):
+        assert ad.mode == cudnn.CUDNN_ACTIVATION_RELU, "only ReLU's backward is cuDNN's"
+        x, dy, dx = _at(xd, x), _at(dyd, dy), _at(dxd, dx)
+        _blend(dx, np.where(x > 0, dy, np.zeros((), dy.dtype)), 1.0, beta)  # cuDNN: x > 0
+
+    def softmax_forward(self, h, xd, x, yd, y, algo=None, mode=None):
+        x = _at(xd, x)
+        numpy_ref.softmax_xent_forward(x, np.zeros(x.shape[0], np.int64), _at(yd, y))
+
+    def lrn_forward(self, h, ld, xd, x, yd, y):
+        numpy_ref.lrn_forward(_at(xd, x), _at(yd, y), ld.n, ld.alpha, ld.beta, ld.k)
+
+    def lrn_backward(self, h, ld, yd, y, dyd, dy, xd, x, dxd, dx, beta=0.0):
+        numpy_ref.lrn_backward(_at(xd, x), _at(yd, y), _at(dyd, dy), _at(dxd, dx), ld.n,
+                               ld.alpha, ld.beta, ld.k, accumulate=beta == 1.0)

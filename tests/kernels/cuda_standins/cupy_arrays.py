@@ -1,0 +1,198 @@
+"""The CuPy stand-in: arrays that answer ``.get()``, and ElementwiseKernel built with g++."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import subprocess
+
+import numpy as np
+
+from .runtime import _Cuda
+
+_CTYPES = {"int32": "int", "int64": "long long", "uint64": "unsigned long long",
+           "float32": "float", "float64": "double", "uint8": "unsigned char", "bool": "bool"}
+
+
+def have_compiler() -> bool:
+    return shutil.which("g++") is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# CuPy
+# ---------------------------------------------------------------------------------------------
+
+class _Pointer:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class DevArray(np.ndarray):
+    """A NumPy array that answers ``.get()`` and ``.data.ptr`` (its address) as a CuPy array
+    does: the GPU module passes such addresses to cuDNN. ``DevArray(shape, dtype,
+    memptr=MemoryPointer)`` is cupy.ndarray's constructor: a view of that memory."""
+
+    def __new__(cls, shape, dtype=np.float32, memptr=None):
+        dtype = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        n = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        buf = (ctypes.c_char * n).from_address(memptr.ptr)
+        a = np.ndarray.__new__(cls, shape, dtype, buffer=buf)
+        a._mem = memptr.mem             # the memory lives as long as an array over it
+        return a
+
+    def get(self, stream=None):
+        return np.array(self)
+
+    @property
+    def data(self):
+        return _Pointer(int(self.__array_interface__["data"][0]))
+
+
+def _dev(a):
+    return a.view(DevArray) if isinstance(a, np.ndarray) and not isinstance(a, DevArray) else a
+
+
+def _params(spec: str):
+    """CuPy's parameter list: [(raw, type, name)]."""
+    return [(p[0] == "raw", p[-2], p[-1]) for p in (s.split() for s in spec.split(",")
+                                                     if s.strip())]
+
+
+class ElementwiseKernel:
+    build_dir = None            # set by install()
+
+    def __init__(self, in_params, out_params, operation, name, preamble="", options=(), **_):
+        self.ins, self.outs = _params(in_params), _params(out_params)
+        self.operation, self.name, self.preamble = operation, name, preamble
+        self.fmad = "--fmad=false" not in options
+
+    def _source(self, typevars) -> str:
+        head = [f"typedef {_CTYPES[np.dtype(dt).name]} {tv};" for tv, dt in typevars.items()]
+        decl, per_i = [], []
+        for k, (raw, ty, nm) in enumerate(self.ins + self.outs):
+            c = ty if ty in typevars else _CTYPES[ty]
+            is_in = k < len(self.ins)
+            const = "const " if is_in else ""
+            if raw:
+                decl.append(f"{const}{c}* {nm} = ({const}{c}*)a[{k}];")
+            else:
+                decl.append(f"{const}{c}* _{nm} = ({const}{c}*)a[{k}];")
+                per_i.append(f"const {c} {nm} = _{nm}[i];" if is_in else f"{c}& {nm} = _{nm}[i];")
+        return "\n".join([
+            "#include <cmath>", "#include <cstdint>", "using namespace std;",
+            "#define __device__", *head, self.preamble,
+            'extern "C" void run(void** a, long long n) {', *decl,
+            "  for (long long i = 0; i < n; ++i) {", *per_i, "{", self.operation, ";}", "  }",
+            "}"])
+
+    def _lib(self, typevars):
+        src = self._source(typevars)
+        tag = hashlib.sha1(src.encode()).hexdigest()[:16]
+        so = self.build_dir / f"{self.name}_{tag}.so"
+        if not so.exists():
+            cpp = self.build_dir / f"{self.name}_{tag}.cpp"
+            cpp.write_text(src)
+            flags = [] if self.fmad else ["-ffp-contract=off"]
+            r = subprocess.run(["g++", "-O1", "-shared", "-fPIC", *flags, "-o", str(so),
+                                str(cpp)], capture_output=True, text=True)
+            assert r.returncode == 0, f"{self.name} does not compile:\n{r.stderr[-3000:]}"
+        lib = ctypes.CDLL(str(so))
+        lib.run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong]
+        return lib
+
+    def __call__(self, *args):
+        params = self.ins + self.outs
+        assert len(args) == len(params), f"{self.name}: {len(args)} arguments for {len(params)}"
+        typevars = {}
+        for (raw, ty, nm), a in zip(params, args):          # arrays bind T and U first
+            if ty in ("T", "U") and isinstance(a, np.ndarray):
+                assert typevars.setdefault(ty, a.dtype) == a.dtype, \
+                    f"{self.name}: {nm} is {a.dtype}, {ty} is {typevars[ty]}"
+        for (raw, ty, nm), a in zip(params, args):
+            if ty in ("T", "U") and ty not in typevars:
+                typevars[ty] = np.asarray(a).dtype
+        elementwise = [a for k, ((raw, _, _), a) in enumerate(zip(params, args))
+                       if not raw and (k >= len(self.ins) or isinstance(a, np.ndarray))]
+        shape = elementwise[-1].shape
+        arrays = []
+        for k, ((raw, ty, nm), a) in enumerate(zip(params, args)):
+            dt = np.dtype(typevars[ty] if ty in typevars else ty)
+            if raw or k >= len(self.ins):
+                assert isinstance(a, np.ndarray) and a.flags.c_contiguous, \
+                    f"{self.name}: {nm} must be a C-contiguous array"
+                assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
+                if not raw:
+                    assert a.shape == shape, f"{self.name}: {nm} has shape {a.shape}, not {shape}"
+                arrays.append(a)
+            else:
+                if isinstance(a, np.ndarray):
+                    assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
+                arrays.append(np.ascontiguousarray(np.broadcast_to(np.asarray(a, dt), shape)))
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        self._lib(typevars).run(ptrs, int(np.prod(shape)))
+
+
+
+def _device_array(shape, dtype):
+    """A new array: from the installed allocator (CudaDevice routes it into its arena), else
+    from host memory."""
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if _Cuda.allocator is None:
+        return np.empty(shape, dtype).view(DevArray)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return DevArray(shape, dtype, memptr=_Cuda.allocator(n))
+
+
+class CupyStandIn:
+    ElementwiseKernel = ElementwiseKernel
+    cuda = _Cuda
+    float64 = np.float64
+
+    def __init__(self):
+        self.ndarray = DevArray
+
+    def get_default_memory_pool(self):
+        return type("Pool", (), {"free_all_blocks": lambda self: None})()
+
+    def asnumpy(self, a, stream=None):
+        return np.array(a)
+
+    def empty(self, shape, dtype=np.float32):
+        return _device_array(shape, dtype)
+
+    def empty_like(self, a):
+        return _device_array(a.shape, a.dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        a = _device_array(shape, dtype)
+        a[...] = 0
+        return a
+
+    def ones(self, shape, dtype=np.float32):
+        a = _device_array(shape, dtype)
+        a[...] = 1
+        return a
+
+    def full(self, shape, value, dtype=np.float32):
+        a = _device_array(shape, dtype)
+        a[...] = value
+        return a
+
+    def asarray(self, a, dtype=None):
+        if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
+            return a
+        src = np.asarray(a, dtype)
+        out = _device_array(src.shape, src.dtype)
+        out[...] = src
+        return out
+
+    def ascontiguousarray(self, a):
+        return a if a.flags.c_contiguous else self.asarray(np.ascontiguousarray(a))
+
+    def __getattr__(self, name):
+        f = getattr(np, name)
+        if not callable(f) or isinstance(f, type):
+            return f
+        return lambda *a, **k: _dev(f(*a, **k))
