@@ -119,9 +119,8 @@ class TraceGraph:
         # per step, the candidates absent there that way, cheapest per byte first, and the
         # last of them in forward order (a step no later candidate is absent at is left over)
         steps = np.arange(len(self.excess))
-        absent = (self.lo[:, None] <= steps) & (self.hi[:, None] > steps)       # (n, steps)
-        self.absent_by_price = [self.by_price[absent[self.by_price, t]].tolist() for t in steps]
-        self.last_absent = np.where(absent.any(0), n - 1 - np.argmax(absent[::-1], 0), -1)
+        self.absent = (self.lo[:, None] <= steps) & (self.hi[:, None] > steps)  # (n, steps)
+        self.absent_by_price = np.ascontiguousarray(self.absent[self.by_price].T)   # (steps, n)
         self._way = list(zip(self.lo.tolist(), self.hi.tolist(), self.nbytes.tolist(),
                              self.drop_cost.tolist()))     # plain numbers: the loop's speed
         # an excess no later candidate can cover is left to the tensor cache: its bytes go
@@ -174,28 +173,24 @@ class TraceGraph:
         per byte of those absent there, each its cheaper way out, until no step is over;
         what none of them can cover is priced as evicted (out and back, exposed)."""
         r = np.array(excess, np.float64)
-        left_over = self.last_absent <= i
-        uncovered = max(float(r[left_over].max(initial=0.0)), 0.0)
-        r[left_over] = 0.0
-        used = [False] * self.n
-        first = {}                      # per step, where its list's first one left may be
-        cost = 0.0
+        later = np.arange(self.n) > i
+        free = later[self.by_price]             # by price: still to take
+        left = self.absent[later].sum(0)        # per step, how many of those are absent there
+        cost = uncovered = 0.0
+        lo, hi = 0, len(r)                      # where the last take changed things
         while True:
+            out = (left[lo:hi] == 0) & (r[lo:hi] > 0)   # over, with nothing left to take there
+            if out.any():
+                uncovered = max(uncovered, float(r[lo:hi][out].max()))
+                r[lo:hi][out] = 0.0
             t = int(r.argmax())
             if r[t] <= 0:
                 break
-            cands, k = self.absent_by_price[t], first.get(t, 0)
-            while k < len(cands) and (cands[k] <= i or used[cands[k]]):
-                k += 1
-            first[t] = k
-            if k == len(cands):         # the later ones absent here are all taken
-                uncovered = max(uncovered, r[t])
-                r[t] = 0.0
-                continue
-            j = cands[k]
-            used[j] = True
-            lo, hi, nbytes, drop_cost = self._way[j]
+            k = int((self.absent_by_price[t] & free).argmax())
+            free[k] = False
+            lo, hi, nbytes, drop_cost = self._way[self.by_price[k]]
             r[lo:hi] -= nbytes
+            left[lo:hi] -= 1
             cost += drop_cost
             if cost >= 1.0:
                 return 1.0
