@@ -21,7 +21,8 @@ def add_planner_arg(p) -> None:
                    "it applies to superneurons; with --planner home the swarm decides per "
                    "tensor whether to compress")
     p.add_argument("--search-seconds", type=float, default=None, metavar="T",
-                   help="home: stop the swarm search after T CPU seconds (default 30)")
+                   help="home: stop the swarm search after T CPU seconds (default 30); dqn: "
+                   "stop the noisy rollouts after T CPU seconds (default 10)")
     p.add_argument("--agent", default=None, metavar="FILE.npz",
                    help="dqn: the trained agent to plan with (default: the agent bundled with "
                    "neuron, trained by bench/dqn.py)")
@@ -41,6 +42,8 @@ def planner_spec(args) -> str | None:
             opts["search_seconds"] = args.search_seconds
     if name == "dqn":
         opts["seed"] = args.seed
+        if args.search_seconds is not None:
+            opts["search_seconds"] = args.search_seconds
         if getattr(args, "agent", None):
             if "," in args.agent or "=" in args.agent:   # the "name:key=value,..." spec
                 raise ValueError(f"--agent {args.agent}: the path may not contain ',' or '='; "

@@ -6,7 +6,9 @@ candidate tensor (features, embedding: dqn_features.py; agent, training: dqn_age
 brief agent on the target graph itself. At plan time, for each member of the agent (an
 ensemble of Q-networks trained with different seeds or sizes, dqn_agent.Agent.members), its
 greedy rollout and ``rollouts`` - 1 rollouts with exploration noise (epsilon ``noise``) are
-simulated, and the best of all is compared with the superneurons plan: the better one is
+simulated (the greedy ones first, then the noisy ones a round at a time, until
+``search_seconds`` of CPU time are used: the cover bound's rollouts take seconds on a large
+network at a tight budget), and the best of all is compared with the superneurons plan: the better one is
 returned, so the DQN planner is never worse than superneurons (as HOME). ``Decisions.info``
 says which agent and which plan were used. No budget: every tensor kept (nothing moved or
 recomputed).
@@ -34,12 +36,14 @@ class Dqn(Planner):
     description = "deep Q-network over keep/swap/recompute per tensor, never worse than superneurons"
 
     def __init__(self, agent: str | None = None, seed: int = 0, rollouts: int = 8,
-                 noise: float = 0.2, episodes: int = 150):
-        if rollouts < 1 or not 0 <= noise < 1 or episodes < 1:
-            raise ValueError(f"dqn: rollouts >= 1, 0 <= noise < 1 and episodes >= 1, got "
-                             f"rollouts={rollouts} noise={noise} episodes={episodes}")
+                 noise: float = 0.2, episodes: int = 150, search_seconds: float = 10.0):
+        if rollouts < 1 or not 0 <= noise < 1 or episodes < 1 or search_seconds <= 0:
+            raise ValueError(f"dqn: rollouts >= 1, 0 <= noise < 1, episodes >= 1 and "
+                             f"search_seconds > 0, got rollouts={rollouts} noise={noise} "
+                             f"episodes={episodes} search_seconds={search_seconds}")
         self.agent_path = agent or None
         self.seed, self.rollouts, self.noise = int(seed), int(rollouts), float(noise)
+        self.search_seconds = float(search_seconds)
         self.episodes = int(episodes)
         self._agent = Agent.load(agent) if agent else None    # a bad file fails here, early
 
@@ -68,9 +72,16 @@ class Dqn(Planner):
         rng, cache = np.random.default_rng(self.seed), {}
         best_vec, best_t = None, None
         members = agent.members
-        for member in members:          # an ensemble: each member's own rollouts
-            for i in range(self.rollouts):
+        # an ensemble: each member's greedy rollout, then noisy ones, member after member,
+        # until each has made ``rollouts`` or the search has used search_seconds of CPU
+        c0, done, timed_out = time.process_time(), 0, False
+        for i in range(self.rollouts):
+            if i and time.process_time() - c0 > self.search_seconds:
+                timed_out = True
+                break
+            for member in members:
                 vec = member.rollout(tg, 0.0 if i == 0 else self.noise, rng)
+                done += 1
                 _, t = score(ctx, tg, vec, cache)
                 if t is not None and (best_t is None or t < best_t):
                     best_vec, best_t = vec, t
@@ -83,7 +94,10 @@ class Dqn(Planner):
         else:
             d, chosen = sn, "superneurons"
         greedy = np.array([CODES.index(d.tensors.get(t.name, KEEP)) for t in tg.cands])
-        d.info.update({"agent": source, "chosen": chosen, "rollouts": self.rollouts,
+        d.info.update({"agent": source, "chosen": chosen, "rollouts": done,
+                       "rollouts_limit": self.rollouts * len(members),
+                       "search_seconds_limit": self.search_seconds,
+                       "stopped_by_time": timed_out,
                        "dqn_best_s": best_t, "superneurons_s": sn_t, "tensors": tg.n,
                        "agent_members": len(members),
                        "agent_networks": getattr(agent, "meta", {}).get("networks"),

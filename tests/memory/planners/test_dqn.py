@@ -237,10 +237,25 @@ def test_options_and_their_errors():
         get_planner("dqn:colour=3")
     with pytest.raises(ValueError, match="rollouts"):
         get_planner("dqn:rollouts=0")
+    with pytest.raises(ValueError, match="search_seconds"):
+        get_planner("dqn:search_seconds=0")
     p = argparse.ArgumentParser()
     add_planner_arg(p)
     args = p.parse_args(["--planner", "dqn", "--seed", "2", "--agent", "a.npz"])
     assert planner_spec(args) == "dqn:seed=2,agent=a.npz"
+    args = p.parse_args(["--planner", "dqn", "--search-seconds", "4"])
+    assert get_planner(planner_spec(args)).search_seconds == 4.0
+
+
+def test_the_noisy_rollouts_stop_at_the_search_limit(setup):
+    """Every member's greedy rollout always runs; the noisy ones stop once the CPU limit is
+    spent (a round at a time), and the plan says so."""
+    ctx, path = setup[3], setup[7]
+    full = Dqn(agent=path, rollouts=3).plan(ctx).info
+    assert (full["rollouts"], full["stopped_by_time"]) == (3, False)
+    short = Dqn(agent=path, rollouts=3, search_seconds=1e-9).plan(ctx).info
+    assert (short["rollouts"], short["stopped_by_time"]) == (1, True)
+    assert short["rollouts_limit"] == 3 and short["search_seconds_limit"] == 1e-9
 
 
 def test_cli_plan_with_dqn(setup, capsys):
