@@ -111,13 +111,11 @@ class TraceGraph:
         self.drop_cost = np.minimum(self.exposed, self.recompute)
         price = np.where(self.nbytes > 0, self.drop_cost / np.maximum(self.nbytes, 1.0), np.inf)
         self.by_price = np.argsort(price, kind="stable")
-        self.rank = np.empty(n, np.int64)
-        self.rank[self.by_price] = np.arange(n)
         swap_first = self.exposed <= self.recompute
         self.lo = np.where(swap_first, self.swap_lo, self.lf + 1)
         self.hi = np.where(swap_first, self.swap_hi, self.fb)
-        # per step, the candidates absent there that way, cheapest per byte first, and the
-        # last of them in forward order (a step no later candidate is absent at is left over)
+        # which candidates are absent at which step, taken their cheaper way; and per step,
+        # in price order (completion takes the first one still free at the step furthest over)
         steps = np.arange(len(self.excess))
         self.absent = (self.lo[:, None] <= steps) & (self.hi[:, None] > steps)  # (n, steps)
         self.absent_by_price = np.ascontiguousarray(self.absent[self.by_price].T)   # (steps, n)
