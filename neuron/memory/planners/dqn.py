@@ -8,8 +8,8 @@ ensemble of Q-networks trained with different seeds or sizes, dqn_agent.Agent.me
 greedy rollout and ``rollouts`` - 1 rollouts with exploration noise (epsilon ``noise``) are
 simulated (the greedy ones first, then the noisy ones a round at a time, until
 ``search_seconds`` of CPU time are used: the cover bound's rollouts take seconds on a large
-network at a tight budget), and the best of all is compared with the superneurons plan: the better one is
-returned, so the DQN planner is never worse than superneurons (as HOME). ``Decisions.info``
+network at a tight budget), and the best of all is compared with the superneurons plan: the
+better one is returned, so the DQN planner is never worse than superneurons (as HOME). ``Decisions.info``
 says which agent and which plan were used. No budget: every tensor kept (nothing moved or
 recomputed).
 """
