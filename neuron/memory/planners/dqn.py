@@ -3,15 +3,14 @@ candidate tensor (features, embedding: dqn_features.py; agent, training: dqn_age
 
 ``--planner dqn [--agent FILE]``: without --agent the agent bundled with the package
 (``dqn_default.npz``, trained by bench/dqn.py) is used; if it is missing the planner trains a
-brief agent on the target graph itself. At plan time, for each member of the agent (an
-ensemble of Q-networks trained with different seeds or sizes, dqn_agent.Agent.members), its
-greedy rollout and ``rollouts`` - 1 rollouts with exploration noise (epsilon ``noise``) are
-simulated (the greedy ones first, then the noisy ones a round at a time, until
-``search_seconds`` of CPU time are used: the cover bound's rollouts take seconds on a large
-network at a tight budget), and the best of all is compared with the superneurons plan: the
-better one is returned, so the DQN planner is never worse than superneurons (as HOME). ``Decisions.info``
-says which agent and which plan were used. No budget: every tensor kept (nothing moved or
-recomputed).
+brief agent on the target graph itself. At plan time, for each member of the agent (an ensemble
+of Q-networks trained with different seeds or sizes, dqn_agent.Agent.members), its greedy
+rollout and ``rollouts`` - 1 rollouts with exploration noise (epsilon ``noise``) are simulated
+(the greedy ones first, then the noisy ones a round at a time, until ``search_seconds`` of CPU
+time are used: the cover bound's rollouts take seconds on a large network at a tight budget),
+and the best of all is compared with the superneurons plan: the better one is returned, so the
+DQN planner is never worse than superneurons (as HOME). ``Decisions.info`` says which agent and
+which plan were used. No budget: every tensor kept (nothing moved or recomputed).
 """
 from __future__ import annotations
 

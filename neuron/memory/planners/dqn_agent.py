@@ -1,28 +1,27 @@
 """The DQN planner's agent (seed 000, Algorithm 1): a Q-network trained by neuron itself.
 
-Q(s, a) = r(s, a) + W(g'_a) for the current candidate's three actions (keep, swap,
-recompute): r is minus the action's estimated cost, W the value of the afterstate g'_a
-(dqn_features.py). W = -b(g') + N(g'): b is the afterstate's completion cost (a greedy
-cover of the per-step excess still over the budget by the later candidates, one of its
-features), N a learned correction, a neuron Graph (Linear-ReLU-Linear-ReLU-Linear, one output, its output layer
-zero at the start, so the untrained agent is the greedy bound's policy) trained by neuron's
-own Executor on the CPU with the MSE loss (layers/loss.py) and SGD with momentum: the
-framework trains its own planner. N learns what the bound misses (swaps that queue behind
-each other on the copy stream, the transient tensors a recompute re-runs, the recomputes'
-inserted steps, the tensor cache). Acting uses a
-NumPy copy of the weights (the same Linear arithmetic). Why the bound: agents that learned
-all of W from the paper's node features dropped costly tensors and kept cheap ones (+5 to
-+7% over the MILP optimum on resnet_cifar 20 and 32 at half the peak); learning a
+Q(s, a) = r(s, a) + W(g'_a) for the current candidate's three actions (keep, swap, recompute):
+r is minus the action's estimated cost, W the value of the afterstate g'_a (dqn_features.py).
+W = -b(g') + N(g'): b is the afterstate's completion cost (a greedy cover of the per-step excess
+still over the budget by the later candidates, one of its features), N a learned correction, a
+neuron Graph (Linear-ReLU-Linear-ReLU-Linear, one output, its output layer zero at the start,
+so the untrained agent is the greedy bound's policy) trained by neuron's own Executor on the
+CPU with the MSE loss (layers/loss.py) and SGD with momentum: the framework trains its own
+planner. N learns what the bound misses (swaps that queue behind each other on the copy stream,
+the transient tensors a recompute re-runs, the recomputes' inserted steps, the tensor cache).
+Acting uses a NumPy copy of the weights (the same Linear arithmetic). Why the bound: agents
+that learned all of W from the paper's node features dropped costly tensors and kept cheap ones
+(+5 to +7% over the MILP optimum on resnet_cifar 20 and 32 at half the peak); learning a
 correction to a sound estimate is the easier problem.
 
 Training (Algorithm 1, with the choices the paper leaves open stated):
-- episodes walk the candidates in forward order; epsilon-greedy with epsilon =
-  ``eps_start`` x (1 - episode/l), floored at ``eps_min``: 0.1 to 0.03 by default, small
-  because the untrained agent already follows the greedy bound and the Monte Carlo targets
-  value the exploring policy, not the greedy one (measured with bench/dqn.py's problems,
-  600 episodes, on version 4's one-number bound: from epsilon 1 and lr 1e-3 no snapshot beat the untrained agent's selection
-  score, 0.105; from 0.3 or 0.1 with lr 1e-4 to 3e-4 the best ones reached 0.070 to 0.078,
-  and later ones drifted back up, hence the selection); each episode plans one (network,
+- episodes walk the candidates in forward order; epsilon-greedy with epsilon = ``eps_start`` x
+  (1 - episode/l), floored at ``eps_min``: 0.1 to 0.03 by default, small because the untrained
+  agent already follows the greedy bound and the Monte Carlo targets value the exploring
+  policy, not the greedy one (measured with bench/dqn.py's problems, 600 episodes, on version
+  4's one-number bound: from epsilon 1 and lr 1e-3 no snapshot beat the untrained agent's
+  selection score, 0.105; from 0.3 or 0.1 with lr 1e-4 to 3e-4 the best ones reached 0.070 to
+  0.078, and later ones drifted back up, hence the selection); each episode plans one (network,
   budget) problem, in turn;
 - reward: each step minus its action's estimated cost over the iteration time (tensor_costs:
   exposed swap time, recompute time; keep 0), and at the terminal step the correction that
