@@ -163,3 +163,39 @@ def test_cuda_device_itself_trains_like_the_cpu(gpu_kernels, graph, kw):
         assert pool.high_water <= arena
     finally:
         dev.close()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("kw", [{}, {"planner": "superneurons", "offload_params": True,
+                                     "fraction": 0.5}])
+def test_an_interrupted_step_on_cuda_device_is_undone(gpu_kernels, interrupt_at, kw):
+    """tests/gpu/test_step_guard.py's interrupted step, on CudaDevice's own code here: a step
+    interrupted at every 7th kernel leaves parameters, optimizer state and BN statistics
+    bitwise as they were (also with parameters offloaded to pinned memory under a budget)."""
+    from neuron.cuda_device import CudaDevice
+    kw = dict(kw)
+    fraction = kw.pop("fraction", None)
+    g = GRAPHS["resnet_cifar8"]()
+    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
+        if fraction else 64 << 20
+    if fraction:
+        kw["budget"] = arena
+    dev = CudaDevice(arena, headroom_bytes=0)
+    try:
+        _, _, ex = train("resnet_cifar8", dev, steps=1, **kw)
+        rng = np.random.default_rng(5)
+        xb = rng.standard_normal((4, *g.inputs[0].shape)).astype(np.float32)
+        yb = rng.integers(0, 10, 4)
+        before = ex.state_dict()
+        for n in range(1, len(ex.steps), 7):
+            undo = interrupt_at(ex, n)
+            with pytest.raises(KeyboardInterrupt):
+                ex.train_step(xb, yb)
+            undo()
+            after = ex.state_dict()
+            assert all(before[k].tobytes() == after[k].tobytes() for k in before), n
+            assert ex.iteration == 1
+        ex.train_step(xb, yb)           # and the next step runs
+        assert ex.iteration == 2
+    finally:
+        dev.close()
