@@ -154,14 +154,11 @@ class TraceGraph:
     def _adjacency(self) -> np.ndarray:
         n = self.n
         a = np.eye(n)
-        pos = {t.id: i for i, t in enumerate(self.cands)}
         for i in range(n - 1):
             a[i, i + 1] = a[i + 1, i] = 1.0
-        for i, c in enumerate(self.costs):
-            for tid in c.inputs:
-                j = pos.get(tid)
-                if j is not None:
-                    a[i, j] = a[j, i] = 1.0
+        for i, js in enumerate(self.parents):       # the candidates its recompute reads
+            for j in js:
+                a[i, j] = a[j, i] = 1.0
         d = 1.0 / np.sqrt(a.sum(1))
         return a * d[:, None] * d[None, :]
 
@@ -236,7 +233,7 @@ class Episode:
                 d[5 + a] = tg.cover[i]
             dm = np.outer(tg.col_mean[i], d).ravel()
             dn = np.outer(tg.diag[i], d).ravel()
-            excess = self._after(a)
+            excess, _ = self._after(a)
             left = max(float(excess.max(initial=0.0)), 0.0)
             dyn = [left / tg.need if tg.need else 0.0, tg.need / total, (n - i - 1) / n,
                    min(left / rest, 2.0) if rest else (2.0 if left > 0 else 0.0),
@@ -260,17 +257,19 @@ class Episode:
             stack.extend(tg.parents[j])
         return out
 
-    def _after(self, action: int) -> np.ndarray:
-        """The per-step excess once ``action`` is taken at the current node."""
+    def _after(self, action: int) -> tuple[np.ndarray, list]:
+        """The per-step excess once ``action`` is taken at the current node, and the chain
+        that a recompute holds again (Episode.chain; empty for keep and swap)."""
         tg, i = self.tg, self.i
-        e = self.excess.copy()
+        e, chain = self.excess.copy(), []
         if action == 1:
             e[tg.swap_lo[i]:tg.swap_hi[i]] -= tg.nbytes[i]
         elif action == 2:
             e[tg.lf[i] + 1:tg.fb[i]] -= tg.nbytes[i]
-            for j, step in self.chain(i):
+            chain = self.chain(i)
+            for j, step in chain:
                 e[step:self.back[j]] += tg.nbytes[j]
-        return e
+        return e, chain
 
     def costs(self) -> np.ndarray:
         """The three actions' estimated costs at the current node over the iteration time."""
@@ -282,10 +281,9 @@ class Episode:
         shaped reward: minus that action's estimated cost over the iteration time."""
         tg, i = self.tg, self.i
         r = -self.costs()[action]
-        self.excess = self._after(action)
-        if action == 2:
-            for j, step in self.chain(i):
-                self.back[j] = step
+        self.excess, chain = self._after(action)
+        for j, step in chain:
+            self.back[j] = step
         self.actions[i] = action
         d = np.zeros(N_FEATURES)
         d[5] = -self.x[i, 5]

@@ -149,7 +149,7 @@ def test_a_swap_changes_the_excess_exactly_as_simulated(setup):
         rows = ctx.simulate(Home().decisions(ctx, tg.cands, acts), None, trace=True)["trace"]
         ep = Episode(tg)
         ep.i = i
-        np.testing.assert_array_equal(ep._after(1),
+        np.testing.assert_array_equal(ep._after(1)[0],
                                       np.array([r.peak_bytes for r in rows]) - ctx.budget)
 
 
