@@ -45,6 +45,20 @@ def pair(v, what: str, layer: str) -> tuple[int, int]:
     return v
 
 
+def window_text(kernel, stride, padding, dilation=(1, 1)) -> str:
+    """A sliding window as ``describe()`` prints it: "3x3/2 p1" (stride, then padding and
+    dilation where not 0 and 1; a pair where its two sides differ). All of it is geometry the
+    cost model's profile keys must tell apart: the shapes alone do not fix the padding."""
+    def one(v):
+        return str(v[0]) if v[0] == v[1] else f"{v[0]}x{v[1]}"
+    out = f"{kernel[0]}x{kernel[1]}/{one(stride)}"
+    if any(padding):
+        out += f" p{one(padding)}"
+    if tuple(dilation) != (1, 1):
+        out += f" d{one(dilation)}"
+    return out
+
+
 class Layer:
     #: role in memory planning: "data", "conv", "fc", "join", "concat" are checkpoints
     #: (their outputs are worth keeping); "bn", "act", "pool", "lrn", "dropout" are cheap to

@@ -6,7 +6,7 @@ import math
 from ..errors import ShapeError, GraphError
 from ..init import he_normal, zeros
 from ..sizes import size_arg
-from .base import Layer, ParamSpec, param_accumulation, pair
+from .base import Layer, ParamSpec, param_accumulation, pair, window_text
 
 
 class Conv2d(Layer):
@@ -95,5 +95,7 @@ class Conv2d(Layer):
         return math.prod(self.out_shapes(batch)[0]) * c * kh * kw
 
     def describe(self):
-        return (f"Conv {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]} "
-                f"{self.in_channels}->{self.out_channels}")
+        # also the cost model's profile key (memory/costmodel.layer_key): all the geometry
+        groups = f" g{self.groups}" if self.groups != 1 else ""
+        return (f"Conv {window_text(self.kernel, self.stride, self.padding, self.dilation)}"
+                f"{groups} {self.in_channels}->{self.out_channels}")

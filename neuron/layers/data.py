@@ -1,8 +1,6 @@
 """Input: the data layer. Its forward copies the batch fed by the executor into the arena."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import GraphError
 from ..sizes import shape_arg
 from .base import Layer

@@ -112,6 +112,9 @@ class LRN(Layer):
             raise ShapeError(f"{self.name}: expects input (C,H,W), got {in_shapes[0]}")
         return [in_shapes[0]]
 
+    def describe(self):
+        return f"LRN {self.size}"       # the window: the cost model's key must tell it
+
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         k.lrn_forward(ins[0], outs[0], self.size, self.alpha, self.beta, self.k)
 

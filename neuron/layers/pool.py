@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import GraphError, ShapeError
 from ..kernels.numpy_pool import pool_out_hw
-from .base import Layer, pair
+from .base import Layer, pair, window_text
 
 
 class _Pool2d(Layer):
@@ -40,10 +40,9 @@ class _Pool2d(Layer):
         return [(c, ho, wo)]
 
     def describe(self):
-        # also the cost model's profile key (memory/costmodel.layer_key): floor mode keeps
-        # the keys of existing profiles
+        # also the cost model's profile key (memory/costmodel.layer_key): all the geometry
         ceil = " ceil" if self.ceil_mode else ""
-        return f"{self.type_name} {self.kernel[0]}x{self.kernel[1]}/{self.stride[0]}{ceil}"
+        return f"{self.type_name} {window_text(self.kernel, self.stride, self.padding)}{ceil}"
 
 
 class MaxPool2d(_Pool2d):

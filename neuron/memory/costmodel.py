@@ -111,6 +111,12 @@ def device_spec(name: str) -> DeviceSpec:
                          f"{', '.join(DEVICES)}") from None
 
 
+#: the profile's JSON format. 2: the keys carry every layer's whole geometry (padding,
+#: dilation, groups, the LRN window); format 1's keys omitted them, so two layers with the
+#: same shapes but different padding shared one entry
+PROFILE_FORMAT = "neuron-profile-2"
+
+
 def layer_key(layer, phase: str, batch: int) -> str:
     """A step's geometry: what its kernel's time depends on (recompute = forward)."""
     ins = [list(s) for s in layer.in_shapes(batch)]
@@ -156,8 +162,13 @@ class CostModel:
                 prof = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise ProfileError(f"cannot read profile {path}: {e}") from None
-        if prof.get("format") != "neuron-profile-1":
-            raise ProfileError(f"{path} is not a neuron profile (format {prof.get('format')!r})")
+        fmt = prof.get("format")
+        if fmt == "neuron-profile-1":
+            raise ProfileError(f"{path} is an old profile (neuron-profile-1) whose keys omit "
+                               "padding and dilation, so layers that differ only there share "
+                               "a time: re-run `neuron profile` to measure it again")
+        if fmt != PROFILE_FORMAT:
+            raise ProfileError(f"{path} is not a neuron profile (format {fmt!r})")
         dev = prof.get("device")
         if dev not in ("cpu", *DEVICES):
             raise ProfileError(f"{path}: measured on unknown device {dev!r}")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..executor import Executor
-from .costmodel import ProfileError, cpu_spec, device_spec, layer_key
+from .costmodel import PROFILE_FORMAT, ProfileError, cpu_spec, device_spec, layer_key
 
 
 #: the stopwatches: wall time, or the process's CPU time, which other users of shared cores do
@@ -139,7 +139,7 @@ class Profiler:
         # everything the executor does around the kernels (pool, liveness, Python), per step
         overhead = max(0.0, (iteration_s - sum(per_step)) / n)
         spec = cpu_spec() if self.kind == "cpu" else device_spec(self.kind)
-        out = {"format": "neuron-profile-1", "device": self.kind, "device_detail": spec.detail,
+        out = {"format": PROFILE_FORMAT, "device": self.kind, "device_detail": spec.detail,
                "dtype": str(self.dtype), "model": self.model or self.graph.name,
                "batch": batch, "repeat": rounds, "clock": self.clock,
                "measured_iteration_s": iteration_s, "step_overhead_s": overhead,

@@ -271,7 +271,7 @@ def test_simulator_stage_contract(tmp_path):
         assert (tmp_path / r["profile"]).exists()
     assert d["profiles"] == ["profile_resnet_cifar_b2_16_cpu.json"]
     prof = json.loads((tmp_path / d["profiles"][0]).read_text())
-    assert prof["format"] == "neuron-profile-1" and prof["batch"] == 2
+    assert prof["format"] == "neuron-profile-2" and prof["batch"] == 2
     assert "max |error|" in d["verdict"] and "target 10%" in d["verdict"]
     assert d["provenance"]["device"].startswith("CPU") and d["errors"] == []
 

@@ -76,8 +76,10 @@ def test_output_shapes_follow_torch():
 def test_describe_and_profile_key():
     from neuron.memory.costmodel import layer_key
     assert nn.MaxPool2d(3, 2).ceil_mode is False
-    assert nn.MaxPool2d(3, 2).describe() == "MaxPool 3x3/2"       # profile keys unchanged
+    assert nn.MaxPool2d(3, 2).describe() == "MaxPool 3x3/2"
+    assert nn.MaxPool2d(3, 2, 1).describe() == "MaxPool 3x3/2 p1"
     assert nn.AvgPool2d(3, 2, ceil_mode=True).describe() == "AvgPool 3x3/2 ceil"
+    assert nn.AvgPool2d((3, 1), (2, 1), (1, 0)).describe() == "AvgPool 3x1/2x1 p1x0"
     # the cost model's key is describe() plus the shapes; ceil mode stays apart even where
     # the shapes agree (here torch drops the extra window)
     floor, ceil = (nn.MaxPool2d(3, 3, 1, ceil_mode=c) for c in (False, True))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from neuron.memory.clock import makespan
-from neuron.memory.costmodel import CostModel, DeviceSpec, ProfileError, layer_key
+from neuron.memory.costmodel import PROFILE_FORMAT, CostModel, DeviceSpec, ProfileError, layer_key
+import neuron as nn
 from neuron.models import build_model
 from neuron.plan import plan
 
@@ -108,7 +109,7 @@ def _profile_for(g, batch, tmp_path, **over):
     from neuron.executor import Executor
     ex = Executor(g, batch, device="virtual", policy="liveness")
     entries = {layer_key(s.layer, s.phase, batch): 1e-3 for s in ex.steps}
-    prof = {"format": "neuron-profile-1", "device": "cpu", "device_detail": cpu_spec().detail,
+    prof = {"format": PROFILE_FORMAT, "device": "cpu", "device_detail": cpu_spec().detail,
             "dtype": "float32", "model": "resnet_cifar", "batch": batch, "entries": entries,
             "step_overhead_s": 0.0, **over}
     p = tmp_path / "p.json"
@@ -127,6 +128,26 @@ def test_profile_times_are_used_and_other_geometry_or_device_is_refused(tmp_path
         CostModel.from_profile(_profile_for(g, 4, tmp_path, device_detail="another cpu"))
     with pytest.raises(ProfileError, match="float16"):
         CostModel.from_profile(_profile_for(g, 4, tmp_path), dtype=np.float16)
+    # format 1's keys omitted the padding: its times may belong to another geometry
+    with pytest.raises(ProfileError, match="old profile .*re-run `neuron profile`"):
+        CostModel.from_profile(_profile_for(g, 4, tmp_path, format="neuron-profile-1"))
+
+
+@pytest.mark.parametrize("a, b", [
+    # same input and output shapes, different arithmetic: each pair needs its own profile time
+    (nn.Conv2d(4, 3, 3, padding=0), nn.Conv2d(4, 3, 3, padding=1)),
+    (nn.Conv2d(4, 3, 4, dilation=1), nn.Conv2d(4, 3, 4, dilation=2)),
+    (nn.Conv2d(4, 3, 3, padding=1, groups=1), nn.Conv2d(4, 3, 3, padding=1, groups=4)),
+    (nn.MaxPool2d(3, 3, 0), nn.MaxPool2d(3, 3, 1)),
+    (nn.AvgPool2d(3, 3, 0), nn.AvgPool2d(3, 3, 1)),
+    (nn.LRN(size=3), nn.LRN(size=5)),
+])
+def test_profile_keys_tell_geometries_with_equal_shapes_apart(a, b):
+    for layer in (a, b):
+        layer(nn.Input((4, 9, 9)))
+    assert a.outputs[0].shape == b.outputs[0].shape
+    assert layer_key(a, "F", 2) != layer_key(b, "F", 2)
+    assert layer_key(a, "B", 2) != layer_key(b, "B", 2)
 
 
 def test_neuron_profile_measures_every_step_geometry(tmp_path):
@@ -224,7 +245,7 @@ def test_a_gpu_profile_with_host_and_event_times_is_pipelined(tmp_path):
     assert {v for k, v in pe["host_entries"].items() if k != loss_key} == {2e-3}
     pe["host_entries"][loss_key] = 2e-3     # a uniform host for the arithmetic below
     keys = {layer_key(s.layer, s.phase, 2) for s in ex.steps}
-    prof = {"format": "neuron-profile-1", "device": "h100", "dtype": "float32",
+    prof = {"format": PROFILE_FORMAT, "device": "h100", "dtype": "float32",
             "entries": {k: 9e-3 for k in keys}, "step_overhead_s": 1e-4, **pe}
     p = tmp_path / "gpu.json"
     p.write_text(json.dumps(prof))
