@@ -147,7 +147,7 @@ def main(argv=None):
                      ("pytorch", lambda: profile_torch(args, args.model, x, y))):
         try:
             res[name] = fn()
-        except Exception as e:          # noqa: BLE001 (one side's failure is its result)
+        except Exception:               # noqa: BLE001 (one side's failure is its result)
             import traceback
             res[name] = {"error": traceback.format_exc()[-3000:]}
     os.makedirs(args.out, exist_ok=True)

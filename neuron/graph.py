@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import numpy as np
-
 from .errors import GraphError
 from .layers.base import Layer
 from .layers.data import Input

@@ -1,6 +1,5 @@
 """`--dataset folder:DIR` (neuron/image_folder.py) on folders of generated images."""
 import json
-import os
 import time
 
 import numpy as np

@@ -1,7 +1,6 @@
 """`neuron plan --html`: the self-contained canvas timeline (neuron/timeline_html.py), checked
 as data and in a real headless Chromium (Debian's package, driven by Playwright)."""
 import json
-import os
 import re
 import shutil
 

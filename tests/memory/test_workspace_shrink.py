@@ -5,7 +5,6 @@ one workspace, the largest any step asks for (the papers' baseline)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import neuron as nn
 from neuron.executor import Executor
