@@ -165,20 +165,16 @@ class CupyStandIn:
     def empty_like(self, a):
         return _device_array(a.shape, a.dtype)
 
-    def zeros(self, shape, dtype=np.float32):
-        a = _device_array(shape, dtype)
-        a[...] = 0
-        return a
-
-    def ones(self, shape, dtype=np.float32):
-        a = _device_array(shape, dtype)
-        a[...] = 1
-        return a
-
     def full(self, shape, value, dtype=np.float32):
         a = _device_array(shape, dtype)
         a[...] = value
         return a
+
+    def zeros(self, shape, dtype=np.float32):
+        return self.full(shape, 0, dtype)
+
+    def ones(self, shape, dtype=np.float32):
+        return self.full(shape, 1, dtype)
 
     def asarray(self, a, dtype=None):
         if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
