@@ -14,6 +14,8 @@ this is unverified).
 """
 from __future__ import annotations
 
+from .numpy_ref import update_running_stats
+
 
 def _axes(x):
     if x.ndim == 4:
@@ -56,13 +58,7 @@ def stats_finish(mean_acc, m2_acc, count: int, running_mean, running_var, moment
     mean = mean_acc.copy()
     m2_acc[...] = 1.0 / (var + eps) ** 0.5
     if update_running:
-        if running_mean is not None:
-            running_mean *= (1.0 - momentum)
-            running_mean += momentum * mean
-        if running_var is not None:
-            unbiased = var * (count / max(count - 1, 1))
-            running_var *= (1.0 - momentum)
-            running_var += momentum * unbiased
+        update_running_stats(running_mean, running_var, mean, var, count, momentum)
 
 
 def apply(x, gamma, beta, y, save_mean, save_invstd) -> None:

@@ -97,13 +97,19 @@ def bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invst
     if beta is not None:
         y += beta.reshape(bshape)
     if update_running:
-        if running_mean is not None:
-            running_mean *= (1.0 - momentum)
-            running_mean += momentum * mean
-        if running_var is not None:
-            unbiased = var * (m / max(m - 1, 1))
-            running_var *= (1.0 - momentum)
-            running_var += momentum * unbiased
+        update_running_stats(running_mean, running_var, mean, var, m, momentum)
+
+
+def update_running_stats(running_mean, running_var, mean, var, m, momentum) -> None:
+    """Running statistics as torch updates them: the variance unbiased over m values. In-place
+    array operators only, so CuPy arrays work too (the chunked BN of bn_chunks.py uses it)."""
+    if running_mean is not None:
+        running_mean *= (1.0 - momentum)
+        running_mean += momentum * mean
+    if running_var is not None:
+        unbiased = var * (m / max(m - 1, 1))
+        running_var *= (1.0 - momentum)
+        running_var += momentum * unbiased
 
 
 def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
