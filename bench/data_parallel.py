@@ -52,6 +52,10 @@ def parse_args(argv=None):
                    help="gradient bucket of the overlapping runs, MiB (default 0.05: several "
                    "buckets in resnet_cifar depth 8's 0.3 MiB of gradients; DDP's 25 would be "
                    "one bucket started at the last layer, i.e. no overlap)")
+    p.add_argument("--launcher", choices=["auto", "mpiexec", "direct"], default="auto",
+                   help="how data-parallel ranks start: mpiexec -n K, or direct (one rank, no "
+                        "launcher; on cuda NCCL then needs no MPI at all); auto: mpiexec where "
+                        "there is one, else direct for one rank")
     p.add_argument("--no-overlap", dest="overlap", action="store_false", help=argparse_hidden())
     p.add_argument("--worker", choices=["plain", "dp"], default=None, help=argparse_hidden())
     return p.parse_args(argv)
@@ -73,13 +77,16 @@ def worker(args) -> None:
         if args.device == "cuda":
             from neuron.distributed.nccl import select_local_gpu
             select_local_gpu()
-        comm = make_comm("auto", device=args.device)
+        # a direct launch is a world of one: NCCL bootstraps without MPI, MPI as a singleton
+        comm = make_comm("auto", device=args.device,
+                         bootstrap="local" if args.launcher == "direct" else "mpi")
     graph = build_model(args.model, depth=args.depth)
     overlap = comm is not None and args.overlap
     ex = Executor(graph, args.batch, device=args.device, seed=0,
                   grad_buckets=int(args.bucket_mb * 2**20) if overlap else None)
     if comm is not None:
-        dp = DataParallel(ex, comm, check_every=0)
+        # a world of one runs the collectives too: the path's cost is what is measured
+        dp = DataParallel(ex, comm, check_every=0, force_collectives=True)
     rank, world = (comm.rank, comm.world_size) if comm else (0, 1)
     rng = np.random.default_rng(0)
     gb = args.batch * world
@@ -113,17 +120,30 @@ def worker(args) -> None:
                           "device": ex.device.name}))
 
 
+def launcher(choice: str, ranks: int) -> tuple[str, str | None]:
+    """("mpiexec", its path) or ("direct", None) for a data-parallel run of ``ranks``."""
+    mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+               or shutil.which("mpiexec"))
+    if choice == "direct" or (choice == "auto" and mpiexec is None and ranks == 1):
+        if ranks != 1:
+            sys.exit(f"bench/data_parallel.py: a direct launch runs one rank, not {ranks}")
+        return "direct", None
+    if mpiexec is None:
+        sys.exit(f"bench/data_parallel.py: no mpiexec for {ranks} ranks; "
+                 "pip install 'neuron[mpi]'")
+    return "mpiexec", mpiexec
+
+
 def launch(args, mode: str, ranks: int, overlap: bool = True) -> dict:
     base = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--model", args.model,
             "--depth", str(args.depth), "--batch", str(args.batch), "--warmup",
             str(args.warmup), "--iters", str(args.iters), "--device", args.device,
             "--bucket-mb", str(args.bucket_mb), *([] if overlap else ["--no-overlap"])]
     if mode == "dp":
-        mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-                   or shutil.which("mpiexec"))
-        if mpiexec is None:
-            sys.exit("bench/data_parallel.py: no mpiexec; pip install 'neuron[mpi]'")
-        base = [mpiexec, "-n", str(ranks), *base]
+        how, mpiexec = launcher(args.launcher, ranks)
+        base += ["--launcher", how]
+        if how == "mpiexec":
+            base = [mpiexec, "-n", str(ranks), *base]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[v] = str(args.threads)
@@ -137,6 +157,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    payload, md = measure(args)
+    write("data_parallel", payload, md)
+
+
+def measure(args) -> tuple[dict, str]:
+    """The interleaved runs: (the results' payload, their markdown)."""
     import numpy as np
     runs = {"plain": [], "dp1": [], "dpk": [], "dpk_blocking": []}
     for _ in range(args.repeats):
@@ -192,7 +218,7 @@ def main(argv=None) -> None:
            f"overlap vs blocking at {args.ranks} ranks: {1e3 * dpk['seconds_per_iter']:.1f} vs "
            f"{1e3 * best['dpk_blocking']['seconds_per_iter']:.1f} ms per iteration (best), "
            f"{median['dpk'] / median['dpk_blocking']:.3f}x the blocking img/s (median)", ""]
-    write("data_parallel", payload, "\n".join(md))
+    return payload, "\n".join(md)
 
 
 if __name__ == "__main__":

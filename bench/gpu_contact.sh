@@ -3,8 +3,8 @@
 #
 #   bash bench/gpu_contact.sh OUTDIR STAGE...
 #
-# Stages: env install tests models throughput pressure pool confirm simulator ("all": the first
-# eight, the three planned commands below; simulator is a fourth command of its own). Each stage
+# Stages: env install tests models throughput pressure pool confirm simulator nccl ("all": the
+# first eight, the three planned commands below; simulator and nccl are a fourth command). Each stage
 # runs under its own `timeout`, writes <stage>.log and <stage>.json, never stops the stages after
 # it, and prints a one-line verdict. OUTDIR receives just two files, rewritten after every stage (so a
 # command killed at its limit still leaves what finished): contact-<stages>.tar.gz (every log,
@@ -15,6 +15,7 @@
 #   bash bench/gpu_contact.sh $OUT env install tests
 #   bash bench/gpu_contact.sh $OUT models throughput
 #   bash bench/gpu_contact.sh $OUT pool pressure confirm
+#   bash bench/gpu_contact.sh $OUT simulator nccl  # nccl: the one-GPU data-parallel path (240 s)
 #   bash bench/gpu_contact.sh $OUT simulator       # simulated vs measured time (limit 300 s, its
 #                                                  # GPU time not yet measured; not in "all": the
 #                                                  # three above already take up to ~28 of a
@@ -34,7 +35,7 @@ cd "$(dirname "$0")/.."
 
 if [ $# -lt 2 ]; then
     echo "usage: bash bench/gpu_contact.sh OUTDIR STAGE... (env install tests models throughput" \
-         "pressure pool confirm simulator, or all)" >&2
+         "pressure pool confirm simulator nccl, or all)" >&2
     exit 2
 fi
 OUTDIR=$1; shift
@@ -55,7 +56,7 @@ SUMMARY_LINES=()
 
 # default limits (seconds): each planned command's stages sum to at most 570 of its 600
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=380 [pool]=60
-                  [pressure]=270 [confirm]=230 [simulator]=300)
+                  [pressure]=270 [confirm]=230 [simulator]=300 [nccl]=240)
 
 pack() {
     # the summary first (the tarball holds it too), each written then moved: never half a file
@@ -92,6 +93,7 @@ stage_cmd() {
         pool)       ensure_built && "$PY" bench/pool_vs_malloc.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         confirm)    ensure_built && "$PY" bench/gpu_confirm.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         simulator)  ensure_built && "$PY" bench/gpu_simulator.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        nccl)       ensure_built && "$PY" bench/gpu_nccl.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         *)          echo "unknown stage $s"; return 2 ;;
     esac
 }

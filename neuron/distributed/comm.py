@@ -120,6 +120,9 @@ class LocalComm(Communicator):
     def allgather(self, value, what):
         return [value]
 
+    def bcast_object(self, obj, root: int = 0):
+        return obj
+
 
 class MpiComm(Communicator):
     engine = "mpi"
@@ -266,8 +269,11 @@ class MpiComm(Communicator):
             os._exit(code)          # MPI_Abort may return before the launcher ends us
 
 
-def make_comm(engine: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):
-    """mpi | nccl | local | auto (nccl on a CUDA device, else mpi)."""
+def make_comm(engine: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu",
+              bootstrap: str = "mpi"):
+    """mpi | nccl | local | auto (nccl on a CUDA device, else mpi). ``bootstrap`` (nccl): how
+    the ranks find each other, "mpi" or "local" (a world of one process, no MPI needed: the
+    one-GPU NCCL path of a machine without an MPI library)."""
     if engine == "auto":
         engine = "nccl" if device == "cuda" else "mpi"
     if engine == "local":
@@ -276,5 +282,8 @@ def make_comm(engine: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S, device
         return MpiComm(timeout_s=timeout_s)
     if engine == "nccl":
         from .nccl import NcclComm
-        return NcclComm(timeout_s=timeout_s)
+        if bootstrap not in ("mpi", "local"):
+            raise ValueError(f"unknown NCCL bootstrap {bootstrap!r}; expected mpi or local")
+        return NcclComm(timeout_s=timeout_s,
+                        host=LocalComm() if bootstrap == "local" else None)
     raise ValueError(f"unknown communication engine {engine!r}; expected mpi, nccl or local")

@@ -35,15 +35,19 @@ class DataParallel:
 
     sync_bn: BatchNorm normalizes with statistics of the global batch (default: per replica).
     check_every: compare parameter checksums across ranks every N iterations (0: never).
+    force_collectives: run the gradient all-reduces and the loss gather even in a world of one
+    (skipped there by default: they change nothing), so that a one-GPU run measures what the
+    communication path costs (bench/data_parallel.py, the kit's nccl stage).
     """
 
     def __init__(self, executor, comm: Communicator, *, sync_bn: bool = False,
-                 check_every: int = 100):
+                 check_every: int = 100, force_collectives: bool = False):
         if executor.device.computes is False:
             raise ValueError("data parallelism needs a computing device, not a virtual one")
         self.ex, self.comm = executor, comm
         self.sync_bn, self.check_every = bool(sync_bn), int(check_every)
         self.rank, self.world_size = comm.rank, comm.world_size
+        self._collect = comm.world_size > 1 or bool(force_collectives)
         self._sync_kernels = None
         if self.sync_bn and comm.world_size > 1:
             self._sync_kernels = SyncBatchNormKernels(executor.device.kernels, comm)
@@ -69,7 +73,7 @@ class DataParallel:
         """Called per backward step after the layer's kernel, before its updates. Blocking
         plan: average this layer's gradients (one collective per layer). Overlapping plan:
         progress the collectives in flight, start this step's bucket, finish the due ones."""
-        if self.world_size == 1:
+        if not self._collect:
             return
         if self.overlap:
             return self._overlap_step(step)
@@ -135,7 +139,7 @@ class DataParallel:
             loss = self.ex.train_step(x, y)
         finally:
             self._pending.clear()       # every bucket is due by the last backward step
-        if self.world_size > 1:
+        if self._collect:
             self.comm.flush(f"gradient all-reduces of iteration {self.ex.iteration - 1}")
             losses = self.comm.allgather(np.float64(loss), f"loss of iteration "
                                          f"{self.ex.iteration - 1}")

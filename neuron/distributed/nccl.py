@@ -1,7 +1,8 @@
 """NCCL communicator for one process per GPU (GPU-UNVERIFIED: written against CuPy's
 ``cupy.cuda.nccl`` binding, never run on a GPU in this repository yet).
 
-Bootstrapped through MPI (mpi4py): rank 0 makes the NCCL unique id and broadcasts it. Each rank
+Bootstrapped through MPI (mpi4py): rank 0 makes the NCCL unique id and broadcasts it; a world of
+one process may bootstrap without MPI (``make_comm("nccl", bootstrap="local")``). Each rank
 should see only its own GPU: call ``select_local_gpu()`` before CuPy is first imported (it sets
 CUDA_VISIBLE_DEVICES from the launcher's local rank), so device 0 of every process is its GPU and
 the executor's arena lands there.
@@ -49,11 +50,12 @@ def select_local_gpu() -> int:
 class NcclComm(Communicator):
     engine = "nccl"
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, stream=None):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, stream=None, host=None):
         import cupy as cp
         from cupy.cuda import nccl
         self._cp, self._nccl = cp, nccl
-        self.host = MpiComm(timeout_s=timeout_s)        # bootstrap + host-side collectives
+        # bootstrap + host-side collectives: MPI, or a LocalComm for a world of one
+        self.host = host if host is not None else MpiComm(timeout_s=timeout_s)
         self.rank, self.world_size = self.host.rank, self.host.world_size
         self.timeout_s = float(timeout_s)
         uid = nccl.get_unique_id() if self.rank == 0 else None

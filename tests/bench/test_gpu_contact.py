@@ -360,3 +360,38 @@ def test_the_models_and_simulator_stages_take_their_gpu_branches_on_the_standins
         assert r["cost_model"] == "pipelined" and r["serial_rel_error"] is not None
     assert d["profiles"] == ["profile_resnet_cifar_b2_16_h100.json"]
     assert "target 5%" in d["verdict"]
+
+
+def test_nccl_stage_contract(tmp_path):
+    # on the CPU the same path runs on MPI: plain, data-parallel at world size 1, blocking
+    _run_stage("gpu_nccl.py", tmp_path)
+    d = _stage_json(tmp_path, "nccl")
+    assert d["ok"], d["verdict"]
+    assert "world size 1" in d["verdict"] and "blocking" in d["verdict"]
+    assert d["probe"]["mpi4py"].startswith("MPICH") and d["probe"]["mpiexec"]
+    r = d["result"]
+    assert r["dp_1"]["world_size"] == 1 and r["plain"]["world_size"] == 1
+    assert r["dp_1"]["overlap"] and not r["dp_1_no_overlap"]["overlap"]
+    assert "--ranks" in d["argv"] and "| plain |" in d["markdown"]
+
+
+def test_data_parallel_direct_launch_is_one_rank(capsys):
+    # no launcher: the one rank starts as a plain process (MPI as a singleton here; NCCL on a
+    # GPU bootstraps without MPI); more ranks than one need mpiexec
+    import data_parallel as DP
+    args = DP.parse_args(["--model", "resnet_cifar", "--depth", "8", "--batch", "2",
+                          "--iters", "1", "--warmup", "1", "--launcher", "direct"])
+    r = DP.launch(args, "dp", 1)
+    assert r["world_size"] == 1 and r["allreduce_calls_per_iter"] > 0
+    with pytest.raises(SystemExit, match="a direct launch runs one rank, not 2"):
+        DP.launcher("direct", 2)
+    assert DP.launcher("auto", 1)[0] in ("mpiexec", "direct")
+
+
+def test_local_bootstrap_is_a_world_of_one():
+    from neuron.distributed.comm import LocalComm, make_comm
+    c = make_comm("local")
+    assert isinstance(c, LocalComm) and (c.rank, c.world_size) == (0, 1)
+    assert c.bcast_object({"uid": 7}) == {"uid": 7}
+    with pytest.raises(ValueError, match="unknown NCCL bootstrap 'tcp'"):
+        make_comm("nccl", device="cuda", bootstrap="tcp")
