@@ -19,6 +19,8 @@ latest by date when several runs have it):
   its profiles ``profile_<model>_b<batch>_<side>_<device>.json`` are copied into bench/results/;
   a run of that stage alone (its own command) updates gpu_contact.json's ``stages.simulator``
   and keeps the rest of the file (the earlier commands' results);
+* an ``nccl`` stage (bench/gpu_nccl.py) becomes ``bench/results/data_parallel_gpu.{json,md}``:
+  bench/data_parallel.py's payload and table for the one-GPU NCCL path, with the probe;
 * ``bench/readme_tables.py`` (the README's tables from bench/results/*.json) is run if present.
 
 Smoke runs (``--smoke`` on the CPU) are refused unless ``--allow-smoke``: they are not GPU results.
@@ -36,9 +38,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("env", "install", "tests", "models", "throughput", "pressure", "pool", "confirm",
-          "simulator")
+          "simulator", "nccl")
 #: stages that are a command of their own: importing one alone keeps gpu_contact.json's others
-STANDALONE = {"simulator"}
+STANDALONE = {"simulator", "nccl"}
 
 
 def collect(sources) -> dict[str, dict]:
@@ -174,6 +176,27 @@ def import_simulator(found: dict, results: str, commit: str | None = None) -> di
     return payload
 
 
+def import_nccl(found: dict, results: str) -> dict | None:
+    """The nccl stage's measurement -> ``results/data_parallel_gpu.{json,md}`` (None: no such
+    stage, or a failed one: nothing is written)."""
+    rec = found.get("nccl")
+    if rec is None or not rec["json"].get("ok"):
+        if rec is not None:
+            print(f"import_gpu_results: the nccl stage failed ({rec['json'].get('verdict')}); "
+                  "data_parallel_gpu.json not written", file=sys.stderr)
+        return None
+    j = rec["json"]
+    payload = {**j["result"], "probe": j.get("probe"), "device_name": j.get("device_name"),
+               "kit": {"stage": "nccl", "date": j.get("date"), "commit": j.get("commit"),
+                       "command": j.get("command"), "verdict": j.get("verdict")}}
+    os.makedirs(results, exist_ok=True)
+    _dump(os.path.join(results, "data_parallel_gpu.json"), payload)
+    with open(os.path.join(results, "data_parallel_gpu.md"), "w") as f:
+        f.write(f"<!-- {j.get('device_name')}: the kit's nccl stage, {j.get('date')}, commit "
+                f"{j.get('commit')} -->\n" + j.get("markdown", ""))
+    return payload
+
+
 def _fmt(x, spec=".2e"):
     return "-" if x is None else format(x, spec)
 
@@ -248,6 +271,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.results, "gpu_contact.md"), "w") as f:
         f.write(markdown_contact(contact))
     import_simulator(found, args.results, args.commit)
+    import_nccl(found, args.results)
     tp = throughput_summary(found)
     if tp is not None:
         _dump(os.path.join(args.results, "throughput.json"), tp)

@@ -372,7 +372,24 @@ def test_nccl_stage_contract(tmp_path):
     r = d["result"]
     assert r["dp_1"]["world_size"] == 1 and r["plain"]["world_size"] == 1
     assert r["dp_1"]["overlap"] and not r["dp_1_no_overlap"]["overlap"]
+    assert r["dp_1"]["allreduce_calls_per_iter"] > 0       # the path runs its collectives
+    r_dp1 = r["dp_1"]
     assert "--ranks" in d["argv"] and "| plain |" in d["markdown"]
+    # the importer turns it into data_parallel_gpu.{json,md} and keeps the other stages
+    res = tmp_path / "results"
+    res.mkdir()
+    (res / "gpu_contact.json").write_text(json.dumps(
+        {"device": "H100", "date": "2026-11-23", "commit": "abc", "models": {},
+         "tests": {"passed": 1, "failed": 0, "skipped": 0, "errors": 0},
+         "stages": {"tests": {"ok": True, "verdict": "OK"}}}))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"),
+                        str(tmp_path), "--results", str(res), "--no-readme-tables",
+                        "--allow-smoke"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    imported = json.loads((res / "data_parallel_gpu.json").read_text())
+    assert imported["dp_1"] == r_dp1 and imported["kit"]["verdict"] == d["verdict"]
+    assert "| plain |" in (res / "data_parallel_gpu.md").read_text()
+    assert set(json.loads((res / "gpu_contact.json").read_text())["stages"]) == {"tests", "nccl"}
 
 
 def test_data_parallel_direct_launch_is_one_rank(capsys):
