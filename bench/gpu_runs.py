@@ -256,6 +256,11 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
         after = ex.pool.counters()
         moved = {k: (after[k] - before[k]) / max(iters, 1)
                  for k in ("offload_bytes", "prefetch_bytes") if k in after}
+        # the run's pool traffic per iteration beside the plan's (its virtual simulation):
+        # where they differ (evictions the plan did not make), the GPU ran another schedule
+        per_iter = {k: (after[k] - before[k]) / max(iters, 1) for k in after
+                    if k != "host_peak_bytes"}
+        plan_counts = {k: (ex.planned or {}).get(k) for k in per_iter}
         out.update(fits=True, seconds_per_iter=dt if iters else None,
                    img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
                    else None, peak_bytes=ex.pool.high_water,
@@ -264,7 +269,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                    # free at that moment (SuperNeurons §3.5), so only the tensors follow the plan
                    tensor_peak_bytes=ex.pool.tensor_high_water,
                    planned_tensor_peak_bytes=(ex.planned or {}).get("tensor_peak_bytes"),
-                   moved_per_iter=moved,
+                   moved_per_iter=moved, pool_per_iter=per_iter,
+                   planned_pool_per_iter=plan_counts if ex.planned else None,
                    device_memory=(ex.device.memory_info()
                                   if hasattr(ex.device, "memory_info") else None))
         if trace:

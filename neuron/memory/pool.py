@@ -67,6 +67,8 @@ class Pool:
         self.step_peak = 0              # the most in use since the executor last reset it
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
+        # of those offloads, the ones made to find room (LRU eviction), not planned
+        self.evictions = self.evicted_bytes = 0
         self.hits = self.misses = 0
         # asynchronous copies (CudaDevice: copy stream + events); the CPU copies synchronously
         self.async_copies = getattr(device, "async_copies", False)
@@ -515,6 +517,8 @@ class Pool:
         locked = self.locked
         for tid, t in self.lru.items():     # oldest first; pinned tensors are never in it
             if tid not in locked:
+                self.evictions += 1
+                self.evicted_bytes += t.nbytes
                 self.offload(t)
                 return True
         return False
@@ -531,6 +535,7 @@ class Pool:
     def counters(self) -> dict:
         return {"offload_bytes": self.offload_bytes, "prefetch_bytes": self.prefetch_bytes,
                 "offloads": self.offload_count, "prefetches": self.prefetch_count,
+                "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
                 "cache_hits": self.hits, "cache_misses": self.misses,
                 "compactions": self.compactions, "compacted_bytes": self.moved_bytes,
                 "host_peak_bytes": self.host_pool.peak_bytes}

@@ -163,6 +163,10 @@ def test_pressure_stage_contract(tmp_path):
     assert nb["fits"] and nb["budget_bytes"] == d["budget_bytes"]
     moved = nb["moved_per_iter"]
     assert moved["offload_bytes"] + moved["prefetch_bytes"] >= 0
+    # the run's pool traffic next to its plan's: on the CPU the run follows the plan exactly
+    # (on a GPU a difference shows the schedule it really ran, e.g. unplanned evictions)
+    assert nb["pool_per_iter"] == nb["planned_pool_per_iter"]
+    assert {"evictions", "evicted_bytes", "compactions"} <= set(nb["pool_per_iter"])
 
 
 def test_hidden_fraction():
