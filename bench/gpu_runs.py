@@ -210,6 +210,23 @@ def torch_search(name: str, *, mode: str, limit: int, batch: int | None = None,
             "search_seconds": round(time.perf_counter() - t0, 1)}
 
 
+def first_divergence(planned, ran) -> dict | None:
+    """Where an iteration's run left its plan: the first step whose tensors in use (after the
+    step's frees, so without its workspace) or live count differ, both rows, and how many steps
+    differ in all. None when every step agrees."""
+    def key(r):
+        return r.bytes_in_use, r.live_tensors
+    diff = [i for i, (p, r) in enumerate(zip(planned, ran)) if key(p) != key(r)]
+    if len(planned) != len(ran):
+        diff.append(min(len(planned), len(ran)))
+    if not diff:
+        return None
+    i = diff[0]
+    row = (lambda rows: rows[i].as_dict() if i < len(rows) else None)
+    return {"position": i, "planned": row(planned), "ran": row(ran), "steps_differing": len(diff),
+            "steps": len(planned)}
+
+
 def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                offload_params: bool = False, host_budget: int | None = None,
                recompute_strategy: str = "cost", tensor_cache: bool = True,
@@ -261,6 +278,10 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
         per_iter = {k: (after[k] - before[k]) / max(iters, 1) for k in after
                     if k != "host_peak_bytes"}
         plan_counts = {k: (ex.planned or {}).get(k) for k in per_iter}
+        divergence = None
+        if ex.planned and any(per_iter[k] != plan_counts[k] for k in per_iter):
+            planned_rows = ex.simulate(ex.device.arena_bytes, trace=True)["trace"]
+            divergence = first_divergence(planned_rows, ex.last_trace)
         out.update(fits=True, seconds_per_iter=dt if iters else None,
                    img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
                    else None, peak_bytes=ex.pool.high_water,
@@ -271,6 +292,7 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                    planned_tensor_peak_bytes=(ex.planned or {}).get("tensor_peak_bytes"),
                    moved_per_iter=moved, pool_per_iter=per_iter,
                    planned_pool_per_iter=plan_counts if ex.planned else None,
+                   divergence=divergence,
                    device_memory=(ex.device.memory_info()
                                   if hasattr(ex.device, "memory_info") else None))
         if trace:

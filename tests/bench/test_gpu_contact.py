@@ -416,3 +416,21 @@ def test_local_bootstrap_is_a_world_of_one():
     assert c.bcast_object({"uid": 7}) == {"uid": 7}
     with pytest.raises(ValueError, match="unknown NCCL bootstrap 'tcp'"):
         make_comm("nccl", device="cuda", bootstrap="tcp")
+
+
+def test_first_divergence_names_the_step_where_a_run_left_its_plan():
+    pytest.importorskip("torch")
+    from gpu_runs import first_divergence
+    from neuron.executor import TraceRow
+    plan = [TraceRow(i, f"l{i}", "F", 100 * i, i) for i in range(5)]
+    assert first_divergence(plan, list(plan)) is None
+    ran = list(plan)
+    ran[3] = TraceRow(3, "l3", "F", 250, 3, workspace_bytes=7)       # an unplanned eviction
+    ran[4] = TraceRow(4, "l4", "F", 350, 4)
+    d = first_divergence(plan, ran)
+    assert d["position"] == 3 and d["steps_differing"] == 2 and d["steps"] == 5
+    assert d["planned"]["bytes_in_use"] == 300 and d["ran"]["bytes_in_use"] == 250
+    # a workspace of another size (chosen under free memory on the GPU) is no divergence
+    ws = [TraceRow(i, f"l{i}", "F", 100 * i, i, workspace_bytes=64) for i in range(5)]
+    assert first_divergence(plan, ws) is None
+    assert first_divergence(plan, plan[:4])["position"] == 4         # a run cut short
