@@ -148,7 +148,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
         started.update(id(t) for t in layer.inputs)
     _rebind_accumulations(steps)
     return Schedule(graph, batch, dtype, reg, steps, act, grad, base.params, base.param_grads,
-                    base.opt_state, base.aux)
+                    base.opt_state, base.aux, chunks=count)
 
 
 def _rebind_accumulations(steps) -> None:
@@ -157,18 +157,13 @@ def _rebind_accumulations(steps) -> None:
     begun by another consumer) is updated in place: it must be resident, so it is a read."""
     written: set[int] = set()
     for s in steps:
-        moved = [t for t in s.writes if t.id in written]
+        moved = tuple(t.id for t in s.writes if t.id in written)
         if moved:
-            ids = {t.id for t in moved}
-            s.writes = [t for t in s.writes if t.id not in ids]
-            s.reads = s.reads + moved
-            s.ids = tuple(t.id for t in s.reads) + tuple(t.id for t in s.writes)
+            s.inplace = moved
+            s.bind()
         written.update(t.id for t in s.writes)
 
 
 def logits_chunks(schedule: Schedule, graph: Graph, count: int) -> list:
     """The logits tensors of the chunks, in batch order (evaluation gathers them)."""
-    tid = id(graph.outputs[0])
-    if count == 1:
-        return [schedule.act[tid]]
-    return [schedule.act[tid, c] for c in range(count)]
+    return schedule.values(graph.outputs[0])
