@@ -85,7 +85,12 @@ class SuperNeurons(Planner):
         """The paper's policy: cost-aware recompute of the cheap segments, the rest kept (with
         a prefetch point). Returns the decisions and the kept tensors."""
         cands = droppable(ctx.schedule) if cands is None else cands
-        steps, report = plan_recompute(ctx.schedule, self.recompute_strategy)
+        if ctx.schedule.chunks > 1:
+            # the paper's segment rule is by whole layers (memory/recompute.py): with chunks
+            # this variant keeps everything (the cost variants recompute chunk by chunk)
+            steps, report = ctx.schedule.steps, None
+        else:
+            steps, report = plan_recompute(ctx.schedule, self.recompute_strategy)
         dropped = {t.name.split("@")[0] for s in steps if s.phase == "R" for t in s.outs}
         kept = [t for t in cands if t.name not in dropped]
         _, prefetch_after = swap_schedule(steps, kept, ctx)
@@ -204,6 +209,9 @@ class SuperNeurons(Planner):
 
         for name, bound, make in sorted(variants, key=lambda v: v[1]):
             entry = log[name] = {"lower_bound_s": bound}
+            if name == "paper" and ctx.schedule.chunks > 1:
+                entry["skipped"] = "chunks: the paper's segment rule is by whole layers"
+                continue
             if bound == float("inf"):
                 entry["skipped"] = "its live bytes exceed the budget"
                 continue
