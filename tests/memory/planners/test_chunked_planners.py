@@ -119,11 +119,23 @@ def test_parameter_gradients_summed_over_chunks_stay_in_place_in_a_rewritten_ste
         written.update(t.id for t in st.writes)
 
 
-def test_superneurons_on_chunks_says_why_the_paper_variant_is_skipped():
+def test_superneurons_on_chunks_is_never_slower_than_the_policy_with_those_chunks():
+    """Its paper variant is then the policy's own chunked plan (whose recompute is by whole
+    layers): a candidate, so the planner's pick is at most the policy's simulated time."""
+    from neuron.memory.clock import makespan
     graph, k, budget, _ = reference("resnet8")
+    cost = CostModel.analytic("h100")
     ex = Executor(graph, BATCH, device="virtual", planner="superneurons", budget=budget,
-                  chunks=k)
-    assert "chunks" in ex.decisions.info["candidates"]["paper"]["skipped"]
+                  chunks=k, cost=cost)
+    assert "chunks" in ex.decisions.info["paper_variant"]
+    assert "time_s" in ex.decisions.info["candidates"]["paper"]
+    pol = Executor(graph, BATCH, device="virtual", policy="superneurons", chunks=k)
+    times = []
+    for e in (ex, pol):
+        r = e.simulate(budget, events=True)
+        assert r["fits"]
+        times.append(makespan(r["events"], e.steps, BATCH, cost).makespan_s)
+    assert times[0] <= times[1]
 
 
 def test_checkmate_on_too_many_chunk_steps_is_a_clear_error(capsys):
