@@ -17,9 +17,15 @@ read the chunk from ``ctx.chunk``:
   the others add), and the optimizer runs once, in the layer's last backward step.
 - The loss is the mean over the whole batch; dropout draws the mask of the whole batch.
 
-The chunk count is the same for every layer (the planner picks the smallest that fits).
-Recomputation is not combined with chunking: with K > 1 the policy's recompute is off and
-the pool's offload does the work.
+The chunk count is the same for every layer (``--chunks auto``: the smallest that fits, with
+the policy or the planner given). The policy's own recomputation is off with K > 1 (its
+segment rule is by whole layers): its pool's offload does the work. A planner
+(memory/planners) plans the chunked schedule itself: every chunk of a layer output is a tensor
+of its own to keep, swap or recompute, and a recompute re-runs that chunk's forward step
+(recompute.rerun_step): BN's "apply" pass, which reads the whole batch's statistics (held
+until backward) and changes no running statistics, and dropout with the chunk's saved mask.
+A step that adds to a tensor an earlier chunk wrote records it in ``Step.inplace``, so a
+rewrite that rebinds the step keeps it a read.
 """
 from __future__ import annotations
 

@@ -14,6 +14,9 @@ Split points are where one tensor carries everything forward (the open set of th
 that tensor alone: block outputs of ResNet, transitions of DenseNet, every layer of VGG), so a
 segment's recompute never needs more than its checkpoint. The recursive O(log n) variant of
 §4.4 is ``sublinear-recursive`` (sublinear_recursive.py). No offload: the pool runs without eviction.
+On a chunked schedule (memory/chunking.py) a layer output's chunks are one unit (``units``),
+checkpointed or dropped together; the chunks of a recomputed segment are then all held until
+their backward steps ran, as the whole tensors were, so chunking does not lower this peak.
 """
 from __future__ import annotations
 
