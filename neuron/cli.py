@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arena size, e.g. 12GiB, 512MiB, 3GB (default: the planned peak)")
     t.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
+    t.add_argument("--chunks", default="1", type=_chunks_arg,
+                   help="split every layer's step along the batch into N chunks, or 'auto' "
+                   "(needs --budget): the smallest count that fits (default 1)")
     t.add_argument("--checkpoint", default=None, metavar="FILE.npz",
                    help="write parameters + optimizer state here, atomically, every "
                    "--checkpoint-every iterations and at the end (default: none)")
@@ -364,7 +367,8 @@ def cmd_plan(args) -> int:
     print(f"  extra forward steps     {r['extra_forward_steps']}")
     if r["chunks"] > 1:
         off = "; the policy's recomputation is off with chunks" \
-            if r.get("recompute_off_for_chunks") else ""
+            if r.get("recompute_off_for_chunks") else \
+            f"; {r['planner']} plans each chunk's tensors" if r.get("planner") else ""
         print(f"  chunks                  {r['chunks']} per layer (batch split into "
               f"{r['chunks']} parts{off})")
     if budget is not None:
@@ -522,14 +526,17 @@ def cmd_train(args) -> int:
     graph = _build(args, in_shape=split.train.sample_shape, num_classes=split.train.num_classes)
     opt = SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
               nesterov=args.nesterov)
+    from .cli_planning import train_chunks
+    chunks = train_chunks(args, graph, budget)
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
-                      planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag)
+                      planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
+                      chunks=chunks)
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False, planner=planner_spec(args))["min_budget_bytes"]
+                    trace=False, planner=planner_spec(args), chunks=chunks)["min_budget_bytes"]
         raise MemoryBudgetError(f"{e}; the smallest budget in which policy {args.policy} "
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
                                 ) from None
@@ -552,13 +559,14 @@ def cmd_train(args) -> int:
             return 0
         print(comm_line)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
-               policy=ex.policy.name, dataset=args.dataset)
+               policy=ex.policy.name, dataset=args.dataset, chunks=ex.chunks)
     res.update(ex.pool.counters())
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
             f"{res['images_per_sec']:.1f} img/s on {ex.device.name}, pool peak "
             f"{fmt_bytes(res['peak_bytes'])} (planned {fmt_bytes(res['planned_peak_bytes'] or 0)})"
             f", moved {fmt_bytes(res['offload_bytes'])} to host and "
-            f"{fmt_bytes(res['prefetch_bytes'])} back")
+            f"{fmt_bytes(res['prefetch_bytes'])} back" +
+            (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else ""))
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"
     if args.checkpoint:

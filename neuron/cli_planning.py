@@ -54,6 +54,19 @@ def planner_spec(args) -> str | None:
     return name + ":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else name
 
 
+def train_chunks(args, graph, budget) -> int:
+    """`train --chunks N|auto`: the chunk count (memory/chunking.py); auto: the smallest that
+    fits --budget with the policy or --planner (1 where none does: the budget error follows)."""
+    if args.chunks != "auto":
+        return args.chunks
+    from .errors import UsageError
+    if budget is None:
+        raise UsageError("--chunks auto needs --budget: it picks the fewest chunks that fit it")
+    from .plan import choose_chunks
+    return choose_chunks(graph, args.batch, budget, policy=args.policy,
+                         offload_params=args.offload_params, planner=planner_spec(args)) or 1
+
+
 def add_time_args(p) -> None:
     p.add_argument("--time", action="store_true",
                    help="also simulate the iteration's time on two streams (compute, copy; with "

@@ -76,7 +76,7 @@ class Executor:
     steps, eager offloads, look-ahead prefetches) replace the policy's plan; ``cost`` is the
     memory.costmodel.CostModel it plans with (default: analytic H100).
     chunks: every layer's step split along the batch into this many chunk steps
-    (memory/chunking.py; recompute is then off).
+    (memory/chunking.py; the policy's recompute is then off, a planner's works per chunk).
     grad_buckets: bytes per gradient bucket; set, each bucket's updates are deferred to a later
     backward step so its all-reduce overlaps backward (distributed/overlap.py). None: at once.
     grad_lag: with grad_buckets, how many backward steps later (None: overlap.DEFAULT_LAG).
@@ -117,11 +117,6 @@ class Executor:
         self.grad_buckets, self.grad_lag = grad_buckets, grad_lag
         if not 1 <= self.chunks <= self.batch:
             raise ValueError(f"chunks must be between 1 and the batch ({self.batch}), got {chunks}")
-        if planner is not None and self.chunks > 1:
-            # the planners decide per layer output; a chunked schedule has one per chunk
-            raise ValueError(f"planner {planner!r} plans whole-layer schedules only, not one "
-                             f"split into {self.chunks} chunks: use --chunks 1 with --planner, "
-                             "or --chunks with --policy (no --planner)")
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
         else:

@@ -183,11 +183,14 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     kw = dict(policy=policy, offload_params=offload_params,
               recompute_strategy=recompute_strategy, host_budget=host_budget,
               tensor_cache=tensor_cache, compact=compact, dtype=dtype)
-    if chunks == "auto":
-        chunks = (choose_chunks(graph, batch, budget, **kw) if budget is not None else 1) or 1
-    ex = Executor(graph, batch, device="virtual", chunks=chunks, planner=planner, cost=cost,
-                  budget=budget if planner else None, grad_buckets=grad_buckets,
-                  grad_lag=grad_lag, **kw)
+    more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
+    ex = None
+    if chunks == "auto":        # the search's executor: a planner plans once, not again
+        chunks, ex = (_choose(graph, batch, budget, **kw, **more) if budget is not None
+                      else None) or (1, None)
+    if ex is None:
+        ex = Executor(graph, batch, device="virtual", chunks=chunks,
+                      budget=budget if planner else None, **kw, **more)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
@@ -203,8 +206,10 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         "model": model or graph.name, "batch": batch, "policy": ex.policy.name,
         "offload_params": offload_params, "recompute_strategy": recompute_strategy
         if ex.policy.recompute and ex.chunks == 1 else None,
-        # memory/chunking.py: a chunked schedule is not also rewritten for recomputation
-        "recompute_off_for_chunks": bool(ex.policy.recompute and ex.chunks > 1),
+        # memory/chunking.py: the policy does not rewrite a chunked schedule for
+        # recomputation (a planner does: it plans every chunk's tensors)
+        "recompute_off_for_chunks": bool(ex.decisions is None and ex.policy.recompute
+                                         and ex.chunks > 1),
         "budget_bytes": budget, "fits": fits, "chunks": ex.chunks,
         "peak_bytes": run["peak_bytes"] if fits else None,
         "unbounded_peak_bytes": unbounded["peak_bytes"],
@@ -241,25 +246,45 @@ def fits(graph: Graph, batch: int, budget: int, chunks=1, **kw) -> bool:
     """Whether an iteration fits the budget; ``chunks="auto"``: with some chunk count."""
     if chunks == "auto":
         return choose_chunks(graph, batch, budget, **kw) is not None
+    return _fitting(graph, batch, budget, chunks, **kw) is not None
+
+
+def _fitting(graph: Graph, batch: int, budget: int, chunks, **kw) -> Executor | None:
+    """The virtual executor of this plan if it fits the budget, else None."""
+    planner = kw.get("planner")
     try:
+        if planner:
+            # below the layer bound nothing fits: known without planning (HOME's search
+            # takes seconds, and `--chunks auto` asks several chunk counts)
+            plain = Executor(graph, batch, device="virtual", chunks=chunks,
+                             **{k: v for k, v in kw.items() if k not in ("planner", "cost")})
+            if lower_bound(plain, ideal=True)[0] > budget:
+                return None
         # a planner decides for the budget it is asked about
         ex = Executor(graph, batch, device="virtual", chunks=chunks,
-                      budget=budget if kw.get("planner") else None, **kw)
+                      budget=budget if planner else None, **kw)
     except MemoryBudgetError:
-        return False
+        return None
     if lower_bound(ex, ideal=True)[0] > budget:
-        return False                # no need to simulate: below the bound nothing fits
-    return ex.simulate(budget, trace=False)["fits"]
+        return None                 # no need to simulate: below the bound nothing fits
+    return ex if ex.simulate(budget, trace=False)["fits"] else None
 
 
 def choose_chunks(graph: Graph, batch: int, budget: int, **kw) -> int | None:
     """The smallest chunk count (memory/chunking.py CHUNK_COUNTS) whose plan fits the
-    budget, or None. A planner plans whole layers: with one, only 1 is tried."""
+    budget, or None (a planner's too: it plans each count's chunk tensors)."""
+    found = _choose(graph, batch, budget, **kw)
+    return found[0] if found else None
+
+
+def _choose(graph: Graph, batch: int, budget: int, **kw) -> tuple[int, Executor] | None:
+    """choose_chunks, with the executor of the count it chose."""
     for k in CHUNK_COUNTS:
-        if k > batch or (k > 1 and kw.get("planner")):
+        if k > batch:
             break
-        if fits(graph, batch, budget, chunks=k, **kw):
-            return k
+        ex = _fitting(graph, batch, budget, k, **kw)
+        if ex is not None:
+            return k, ex
     return None
 
 

@@ -17,9 +17,15 @@ read the chunk from ``ctx.chunk``:
   the others add), and the optimizer runs once, in the layer's last backward step.
 - The loss is the mean over the whole batch; dropout draws the mask of the whole batch.
 
-The chunk count is the same for every layer (the planner picks the smallest that fits).
-Recomputation is not combined with chunking: with K > 1 the policy's recompute is off and
-the pool's offload does the work.
+The chunk count is the same for every layer (``--chunks auto``: the smallest that fits, with
+the policy or the planner given). The policy's own recomputation is off with K > 1 (its
+segment rule is by whole layers): its pool's offload does the work. A planner
+(memory/planners) plans the chunked schedule itself: every chunk of a layer output is a tensor
+of its own to keep, swap or recompute, and a recompute re-runs that chunk's forward step
+(recompute.rerun_step): BN's "apply" pass, which reads the whole batch's statistics (held
+until backward) and changes no running statistics, and dropout with the chunk's saved mask.
+A step that adds to a tensor an earlier chunk wrote records it in ``Step.inplace``, so a
+rewrite that rebinds the step keeps it a read.
 """
 from __future__ import annotations
 
@@ -148,7 +154,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
         started.update(id(t) for t in layer.inputs)
     _rebind_accumulations(steps)
     return Schedule(graph, batch, dtype, reg, steps, act, grad, base.params, base.param_grads,
-                    base.opt_state, base.aux)
+                    base.opt_state, base.aux, chunks=count)
 
 
 def _rebind_accumulations(steps) -> None:
@@ -157,18 +163,13 @@ def _rebind_accumulations(steps) -> None:
     begun by another consumer) is updated in place: it must be resident, so it is a read."""
     written: set[int] = set()
     for s in steps:
-        moved = [t for t in s.writes if t.id in written]
+        moved = tuple(t.id for t in s.writes if t.id in written)
         if moved:
-            ids = {t.id for t in moved}
-            s.writes = [t for t in s.writes if t.id not in ids]
-            s.reads = s.reads + moved
-            s.ids = tuple(t.id for t in s.reads) + tuple(t.id for t in s.writes)
+            s.inplace = moved
+            s.bind()
         written.update(t.id for t in s.writes)
 
 
 def logits_chunks(schedule: Schedule, graph: Graph, count: int) -> list:
     """The logits tensors of the chunks, in batch order (evaluation gathers them)."""
-    tid = id(graph.outputs[0])
-    if count == 1:
-        return [schedule.act[tid]]
-    return [schedule.act[tid, c] for c in range(count)]
+    return schedule.values(graph.outputs[0])

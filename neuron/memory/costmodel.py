@@ -189,14 +189,24 @@ class CostModel:
         """Seconds of one step's kernel (not counting the per-step overhead)."""
         # the analytic estimate counts the bytes a step reads and writes: a backward step that
         # also runs deferred updates (distributed/overlap.py) reads more than its layer's own
-        key = id(step.layer), step.phase == "B", batch, len(step.reads), len(step.writes)
+        # a chunk step (memory/chunking.py) runs on its part of the batch
+        chunk = getattr(step, "chunk", None)
+        n = batch if chunk is None else chunk.size
+        key = id(step.layer), step.phase == "B", n, len(step.reads), len(step.writes)
         hit = self._cache.get(key)
         # the entry holds its layer: a layer's id is reused once it is freed, and a cost model
         # outlives graphs (the planners bench plans model after model with one)
         if hit is not None and hit[0] is step.layer:
             return hit[1]
-        t = (self._profiled(step, batch) if self.profile is not None
-             else self._analytic(step, batch))
+        if self.profile is None:
+            t = self._analytic(step, n)
+        elif n == batch:
+            t = self._profiled(step, batch)
+        else:
+            try:
+                t = self._profiled(step, n)
+            except ProfileError:        # not profiled at the chunk's size: linear in it
+                t = self._profiled(step, batch) * n / batch
         self._cache[key] = (step.layer, t)
         return t
 

@@ -49,6 +49,18 @@ def recompute_step(schedule, layer, ins, out) -> Step:
                 workspace_bytes=layer.workspace_bytes("F", schedule.batch,
                                                       schedule.dtype.itemsize)).bind()
 
+
+def rerun_step(fwd: Step, ins, out) -> Step:
+    """An "R" step repeating the forward step ``fwd`` from ``ins`` into the new version
+    ``out``: its layer, parameters, aux (read now: a dropout mask, BN statistics), workspace
+    and chunk (memory/chunking.py: a chunk's recompute is that chunk's forward; BN's
+    "apply" pass, which reads the whole batch's statistics and changes no running ones)."""
+    s = Step(0, fwd.layer, "R", ins=list(ins), outs=[out], params=dict(fwd.params),
+             aux=dict(fwd.aux), workspace_bytes=fwd.workspace_bytes)
+    s.chunk = fwd.chunk
+    return s.bind()
+
+
 def is_checkpoint(layer) -> bool:
     return layer.kind in CHECKPOINT_KINDS
 

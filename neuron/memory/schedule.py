@@ -44,6 +44,10 @@ class Step:
     due: list = field(default_factory=list)
     deferred: bool = False
     chunk: object = None                            # memory/chunking.py: which part of the batch
+    # ids of tensors this step would write that an earlier step wrote (a parameter gradient
+    # summed over chunks, memory/chunking.py): updated in place, so resident, so reads; kept
+    # here so that a step rebound by a rewrite (recompute, overlap) stays so
+    inplace: tuple = ()
     reads: list = field(default_factory=list)      # derived by bind()
     writes: list = field(default_factory=list)
     ids: tuple = ()                                 # ids of reads + writes (locking)
@@ -92,6 +96,9 @@ class Step:
                         for s in (p, *states):
                             b = s.storage
                             reads[b.id] = b
+        for tid in self.inplace:
+            if tid in writes and tid not in reads:
+                reads[tid] = writes[tid]
         self.reads = list(reads.values())
         self.writes = [t for tid, t in writes.items() if tid not in reads]
         self.ids = tuple(t.id for t in self.reads) + tuple(t.id for t in self.writes)
@@ -128,6 +135,13 @@ class Schedule:
     param_grads: dict           # qualified name -> TensorInfo
     opt_state: dict             # qualified name -> [TensorInfo]
     aux: dict                   # layer name -> {aux name: TensorInfo}
+    chunks: int = 1             # memory/chunking.py: > 1, act and grad are keyed (id, chunk)
+
+    def values(self, sym) -> list[TensorInfo]:
+        """The tensors holding a symbolic tensor's value: one, or one per chunk."""
+        if self.chunks == 1:
+            return [self.act[id(sym)]]
+        return [self.act[id(sym), c] for c in range(self.chunks)]
 
     def persistent(self) -> list[TensorInfo]:
         """What is allocated for the whole run: the per-layer parameter blocks."""

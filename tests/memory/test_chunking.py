@@ -117,21 +117,25 @@ def test_planner_chooses_the_chunk_count_and_cli_shows_it(capsys):
     assert json.loads(out.strip().splitlines()[-1])["chunks"] == k
 
 
-def test_a_planner_with_chunks_is_a_clear_error_and_auto_keeps_whole_layers(capsys):
-    """The planners decide per layer output, which a chunked schedule splits (it was a bare
-    KeyError from the planner's rewrite)."""
+def test_auto_chunks_with_a_planner_splits_below_the_whole_layer_bound(capsys):
+    """The planners plan a chunked schedule's tensors (it was an error, and before that a bare
+    KeyError from the planner's rewrite): `--chunks auto` with a planner splits the layers
+    where no whole-layer plan fits, and the CLI says who plans the chunks."""
     from neuron.cli import main
     from neuron.plan import choose_chunks
     g = build_model("resnet_cifar", depth=8)
-    with pytest.raises(ValueError, match=r"planner 'vdnn' plans whole-layer schedules only.*"
-                                         r"2 chunks.*--chunks 1 with --planner"):
-        Executor(g, 8, device="virtual", planner="vdnn", chunks=2, budget=1 << 30)
-    rc = main(["plan", "resnet_cifar", "--depth", "8", "--batch", "8", "--planner", "vdnn",
-               "--chunks", "2"])
-    assert rc == 2 and "plans whole-layer schedules only" in capsys.readouterr().err
     budget = plan(g, 8, policy="offload", trace=False)["ideal_bound_bytes"] - 1
-    assert choose_chunks(g, 8, budget, policy="offload") > 1
-    assert choose_chunks(g, 8, budget, planner="vdnn") is None      # only 1 is tried
+    k = choose_chunks(g, 8, budget, planner="vdnn")
+    assert k is not None and k > 1
+    r = plan(g, 8, planner="vdnn", budget=budget, chunks="auto", trace=False)
+    assert r["fits"] and r["chunks"] == k and r["peak_bytes"] <= budget
+    assert r["planner"] == "vdnn" and r["tensor_decisions"]["swap"] > 0
+    assert not r["recompute_off_for_chunks"]
+    rc = main(["plan", "resnet_cifar", "--depth", "8", "--batch", "8", "--planner", "vdnn",
+               "--chunks", "auto", "--budget", str(budget), "--no-min-budget"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"chunks                  {k} per layer" in out
+    assert "vdnn plans each chunk's tensors" in out and "fits, peak" in out
 
 
 def test_the_plan_says_that_chunks_turn_the_policys_recomputation_off(capsys):

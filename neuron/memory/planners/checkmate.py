@@ -55,8 +55,11 @@ class Checkmate(Planner):
                              "pip install 'neuron[planners]'") from None
         steps = ctx.schedule.steps
         if len(steps) > MAX_STEPS:
+            k = ctx.schedule.chunks
             raise ValueError(f"checkmate: {len(steps)} steps; the MILP is for graphs up to "
-                             f"{MAX_STEPS} steps (about 150 layers)")
+                             f"{MAX_STEPS} steps (about 150 layers" +
+                             (f", fewer with --chunks: {k} chunks make {k} steps of each "
+                              "layer step)" if k > 1 else ")"))
         cands = droppable(ctx.schedule)
         if ctx.budget is None:
             return build(ctx, cands, {})

@@ -36,7 +36,6 @@ def _tensor_costs(ctx, cands) -> list[TensorCost]:
     steps = ctx.schedule.steps
     last_fwd, first_bwd = ctx.uses(steps)
     cum = ctx.cum_time(steps)
-    fwd_time = {id(s.layer): ctx.step_time(s) for s in steps if s.phase == "F"}
     chain = chains(ctx.schedule, cands)
     out = []
     for t in cands:
@@ -46,7 +45,7 @@ def _tensor_costs(ctx, cands) -> list[TensorCost]:
         free = cum[j] - cum[f + 1]
         one = ctx.cost.copy_time(t.nbytes)
         swap = 2 * one
-        layers, ins = chain[t.id]
+        reruns, ins = chain[t.id]
         # a planned offload overlaps the next step (its block is kept until then), the copy
         # back the free time before the tensor's use (memory/clock.py); on a device without a
         # copy stream both copies are exposed
@@ -56,6 +55,6 @@ def _tensor_costs(ctx, cands) -> list[TensorCost]:
         else:
             exposed = swap
         out.append(TensorCost(t, f, j, free, swap, exposed,
-                              sum(fwd_time.get(id(l), 0.0) for l in layers), ins,
+                              sum(ctx.step_time(s) for s in reruns), ins,
                               prefetch_step(cum, f, j, one)))
     return out

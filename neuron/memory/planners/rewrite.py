@@ -15,19 +15,28 @@ say, a ReLU output save nothing: its BN output would stay instead). ``chains`` g
 droppable tensor's re-run layers and the held tensors they start from, so costs price what the
 rewrite runs. memory/recompute.py is SuperNeurons' own rule (checkpoint kinds, cost-aware
 modes); this is the general mechanism for planners that choose tensors themselves.
+
+Everything here goes by the forward step that makes a tensor, not by its layer, so a chunked
+schedule (memory/chunking.py) is planned the same way: each chunk of a layer output is a
+candidate of its own, and its recompute re-runs that chunk's forward step from that chunk's
+inputs (``recompute.rerun_step``: BN's "apply" pass with the whole batch's statistics, which
+stay held until backward; dropout with its saved mask).
 """
 from __future__ import annotations
 
-from ..recompute import RecomputeReport, rebind, recompute_step, renumber
+from ..recompute import RecomputeReport, rebind, renumber, rerun_step
 from ..schedule import Schedule, Step
 
 
 def producers(schedule: Schedule) -> dict:
-    """Forward tensor id -> (layer, route position) for every activation a layer makes."""
+    """Forward tensor id -> (the forward step that makes it, its position in the schedule):
+    every activation a layer makes (one per chunk in a chunked schedule). Forward steps come
+    first, in route order, so positions order the tensors as the route does."""
     out = {}
-    for pos, layer in enumerate(schedule.graph.route):
-        for t in layer.outputs:
-            out[schedule.act[id(t)].id] = (layer, pos)
+    for pos, s in enumerate(schedule.steps):
+        if s.phase == "F":
+            for t in s.outs:
+                out[t.id] = (s, pos)
     return out
 
 
@@ -44,47 +53,45 @@ def backward_read(schedule: Schedule) -> set:
 def droppable(schedule: Schedule) -> list:
     """Forward activations backward reads that a recompute could make again, in route order."""
     read = backward_read(schedule)
-    out = [schedule.act[id(l.outputs[0])] for l in schedule.graph.route if recomputable(l)]
-    return [t for t in out if t.id in read]
+    return [s.outs[0] for s in schedule.steps if s.phase == "F" and s.outs
+            and recomputable(s.layer) and s.outs[0].id in read]
 
 
 def transient(schedule: Schedule, prod=None) -> set:
     """Ids of forward activations no backward step reads that a recompute could make again."""
     prod = producers(schedule) if prod is None else prod
     read = backward_read(schedule)
-    return {tid for tid, (layer, _) in prod.items() if tid not in read and recomputable(layer)}
+    return {tid for tid, (s, _) in prod.items() if tid not in read and recomputable(s.layer)}
 
 
 def chains(schedule: Schedule, cands) -> dict:
-    """Tensor id -> (layers re-run to make it again, in route order; ids of the held tensors
-    they read): its producer, and the producers of the transient tensors on the way."""
+    """Tensor id -> (forward steps re-run to make it again, in route order; ids of the held
+    tensors they read): its producer, and the producers of the transient tensors on the way."""
     prod = producers(schedule)
     trans = transient(schedule, prod)
-    act = schedule.act
     out = {}
     for t in cands:
-        layers, frontier, seen, stack = {}, set(), set(), [t.id]
+        made, frontier, seen, stack = {}, set(), set(), [t.id]
         while stack:
             tid = stack.pop()
             if tid in seen:
                 continue
             seen.add(tid)
-            layer, pos = prod[tid]
-            layers[pos] = layer
-            for sym in layer.inputs:
-                a = act[id(sym)].id
-                if a in trans:
-                    stack.append(a)
+            step, pos = prod[tid]
+            made[pos] = step
+            for a in step.ins:
+                if a.id in trans:
+                    stack.append(a.id)
                 else:
-                    frontier.add(a)
-        out[t.id] = ([layers[p] for p in sorted(layers)], tuple(sorted(frontier)))
+                    frontier.add(a.id)
+        out[t.id] = ([made[p] for p in sorted(made)], tuple(sorted(frontier)))
     return out
 
 
 def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, RecomputeReport]:
     """The schedule with "R" steps that make every dropped tensor again before backward."""
     steps = schedule.steps if steps is None else steps
-    act, reg = schedule.act, schedule.registry
+    reg = schedule.registry
     prod = producers(schedule)
     trans = transient(schedule, prod)
     current: dict[int, object] = {}         # dropped id -> its live recomputed version
@@ -105,18 +112,15 @@ def recompute_rewrite(schedule: Schedule, drop: set, steps=None) -> tuple[list, 
             if u.id in need or u.id in current:
                 continue
             need[u.id] = u
-            layer = prod[u.id][0]
-            for sym in layer.inputs:
-                a = act[id(sym)]
+            for a in prod[u.id][0].ins:
                 if (a.id in drop or a.id in trans) and a.id not in current:
                     stack.append(a)
         for u in sorted(need.values(), key=lambda u: prod[u.id][1]):
-            layer = prod[u.id][0]
-            ins = [current.get(a.id, local.get(a.id, a))
-                   for a in (act[id(sym)] for sym in layer.inputs)]
+            fwd = prod[u.id][0]
+            ins = [current.get(a.id, local.get(a.id, a)) for a in fwd.ins]
             counter[0] += 1
             v = reg.add(f"{u.name}@c{counter[0]}", u.kind, u.shape, u.dtype)
-            new_steps.append(recompute_step(schedule, layer, ins, v))
+            new_steps.append(rerun_step(fwd, ins, v))
             (local if u.id in trans and u.id not in drop else current)[u.id] = v
             extra += 1
         return current[t.id]

@@ -14,13 +14,16 @@ Split points are where one tensor carries everything forward (the open set of th
 that tensor alone: block outputs of ResNet, transitions of DenseNet, every layer of VGG), so a
 segment's recompute never needs more than its checkpoint. The recursive O(log n) variant of
 §4.4 is ``sublinear-recursive`` (sublinear_recursive.py). No offload: the pool runs without eviction.
+On a chunked schedule (memory/chunking.py) a layer output's chunks are one unit (``units``),
+checkpointed or dropped together; the chunks of a recomputed segment are then all held until
+their backward steps ran, as the whole tensors were, so chunking does not lower this peak.
 """
 from __future__ import annotations
 
 import math
 
 from .base import KEEP, PLANNED_NO_EVICT, RECOMPUTE, Decisions, Planner
-from .rewrite import droppable, recompute_rewrite
+from .rewrite import droppable, producers, recompute_rewrite
 
 
 def split_points(schedule) -> set:
@@ -39,20 +42,32 @@ def split_points(schedule) -> set:
             if last_consumer[id(t)] > i:
                 open_[id(t)] = last_consumer[id(t)]
         if len(open_) == 1 and len(layer.outputs) == 1 and id(layer.outputs[0]) in open_:
-            out.add(schedule.act[id(layer.outputs[0])].id)
+            out.update(t.id for t in schedule.values(layer.outputs[0]))    # every chunk
     return out
 
 
-def algorithm3(cands: list, split: set, budget: float) -> tuple[set, int, int]:
-    """Chen et al.'s Algorithm 3 -> (checkpoint ids, x, y)."""
+def units(schedule, cands: list) -> list[list]:
+    """The candidates by layer output, in route order: the chunks of one output (a chunked
+    schedule, memory/chunking.py) are checkpointed or dropped together, as the whole tensor
+    is without chunks (a recompute of chunk c then starts from chunk c of the checkpoint)."""
+    prod = producers(schedule)
+    out: dict[int, list] = {}
+    for t in cands:
+        out.setdefault(id(prod[t.id][0].layer), []).append(t)
+    return list(out.values())
+
+
+def algorithm3(units: list, split: set, budget: float) -> tuple[set, int, int]:
+    """Chen et al.'s Algorithm 3 over ``units`` (see units()) -> (checkpoint ids, x, y)."""
     temp = x = y = 0
     keep = set()
-    for t in cands:
-        temp += t.nbytes
-        if t.id in split and temp > budget:
-            x += t.nbytes
+    for u in units:
+        n = sum(t.nbytes for t in u)
+        temp += n
+        if u[0].id in split and temp > budget:
+            x += n
             y = max(y, temp)
-            keep.add(t.id)
+            keep.update(t.id for t in u)
             temp = 0
     return keep, x, y
 
@@ -69,8 +84,8 @@ class Sublinear(Planner):
 
     def plan(self, ctx) -> Decisions:
         cands = droppable(ctx.schedule)
-        split = split_points(ctx.schedule)
-        _, x, y = algorithm3(cands, split, 0)
+        split, groups = split_points(ctx.schedule), units(ctx.schedule, cands)
+        _, x, y = algorithm3(groups, split, 0)
         b = math.sqrt(x * y)
         grid = [b] + [b / math.sqrt(2) * 2 ** (k / 5) for k in range(6)]
         # rank the grid by Algorithm 3's own estimate, x + y (stored checkpoints + the
@@ -78,7 +93,7 @@ class Sublinear(Planner):
         # simulation of a 10^4-layer plan costs seconds
         ranked, seen = [], set()
         for g in grid:
-            keep, gx, gy = algorithm3(cands, split, g)
+            keep, gx, gy = algorithm3(groups, split, g)
             if frozenset(keep) not in seen:     # neighbouring B often give the same plan
                 seen.add(frozenset(keep))
                 ranked.append((gx + gy, int(g), keep))
@@ -105,12 +120,12 @@ class SublinearSqrt(Sublinear):
 
     def plan(self, ctx) -> Decisions:
         cands = droppable(ctx.schedule)
-        split = split_points(ctx.schedule)
-        k = max(1, round(math.sqrt(len(cands))))
+        split, groups = split_points(ctx.schedule), units(ctx.schedule, cands)
+        k = max(1, round(math.sqrt(len(groups))))
         keep, since = set(), 0
-        for t in cands:
+        for u in groups:
             since += 1
-            if since >= k and t.id in split:
-                keep.add(t.id)
+            if since >= k and u[0].id in split:
+                keep.update(t.id for t in u)
                 since = 0
         return self.decisions(ctx, cands, keep)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import copy
 
-from ..recompute import RecomputeReport, rebind, recompute_step, renumber
+from ..recompute import RecomputeReport, rebind, renumber, rerun_step
 from ..schedule import Step
 from .base import KEEP, PLANNED_NO_EVICT, RECOMPUTE, Decisions, Planner
 from .rewrite import droppable, producers, recomputable
@@ -76,19 +76,27 @@ class SublinearRecursive(Planner):
 
 
 def nested_rewrite(schedule, cands: list, k: int):
-    """The schedule with nested "R" steps -> (steps, kept ids, report, info)."""
-    act, reg, route = schedule.act, schedule.registry, schedule.graph.route
+    """The schedule with nested "R" steps -> (steps, kept ids, report, info).
+
+    A chunked schedule (memory/chunking.py) has the same units and tree, per chunk: a kept
+    boundary is kept in every chunk, and chunk c is recomputed from chunk c's boundaries."""
+    reg, route = schedule.registry, schedule.graph.route
     prod = producers(schedule)
+    at = {id(l): i for i, l in enumerate(route)}
+    rpos = {tid: at[id(st.layer)] for tid, (st, _) in prod.items()}     # route position
+    col = {tid: st.chunk.index if st.chunk else 0 for tid, (st, _) in prod.items()}
     cand_ids = {t.id for t in cands}
     split = split_points(schedule) & cand_ids
-    bounds = sorted((t for t in cands if t.id in split), key=lambda t: prod[t.id][1])
     # unit j (1-based) covers route positions (ends[j-1], ends[j]]; unit M is the tail
-    ends = [-1] + [prod[t.id][1] for t in bounds] + [len(route) - 1]
+    bound_pos = sorted({rpos[t] for t in split})
+    ends = [-1] + bound_pos + [len(route) - 1]
     n_units = len(ends) - 1
-    bound = {j + 1: t for j, t in enumerate(bounds)}        # s_j: end tensor of unit j
+    unit_at = {p: j + 1 for j, p in enumerate(bound_pos)}
+    # s_j in chunk c: end tensor of unit j
+    bound = {(unit_at[rpos[t.id]], col[t.id]): t for t in cands if t.id in split}
 
     top = split_groups(1, n_units, k + 1)
-    keep = {bound[d].id for _, d in top[:-1]}
+    keep = {bound[d, c].id for _, d in top[:-1] for c in range(schedule.chunks)}
     drop = cand_ids - keep
     current: dict[int, object] = {}     # dropped id -> its live recomputed version
     new_steps: list[Step] = []
@@ -99,8 +107,8 @@ def nested_rewrite(schedule, cands: list, k: int):
     def unit_of(pos: int) -> int:
         return bisect.bisect_left(ends, pos)
 
-    def available(j: int) -> bool:
-        return j == 0 or bound[j].id in keep or bound[j].id in current
+    def available(j: int, c: int) -> bool:
+        return j == 0 or bound[j, c].id in keep or bound[j, c].id in current
 
     def pick(a, local: dict):
         """This pass's version, else the live one, else the forward tensor itself."""
@@ -113,49 +121,47 @@ def nested_rewrite(schedule, cands: list, k: int):
         versions of ``store`` go to ``current``, the rest are transient."""
         lo, hi = ends[j0 - 1], ends[j1]
         need, stack = {}, [i for i in store if i not in current]
-        while stack:                    # the layers these tensors need, within the range
+        while stack:                    # the forward steps these tensors need, in the range
             tid = stack.pop()
             if tid in need:
                 continue
-            layer, pos = prod[tid]
+            fwd, pos = prod[tid]
             need[tid] = pos
-            for sym in layer.inputs:
-                a = act[id(sym)]
+            for a in fwd.ins:
                 if a.id in current or a.id not in prod:
                     continue
-                al, ap = prod[a.id]
-                if lo < ap <= hi and recomputable(al):
+                if lo < rpos[a.id] <= hi and recomputable(prod[a.id][0].layer):
                     stack.append(a.id)
                 else:   # before the range: the unit's start, which must be held
                     assert a.id not in drop or a.id in current, \
                         f"{a.name}: a dropped start with no live version"
         local: dict[int, object] = {}
         for tid in sorted(need, key=need.get):
-            layer = prod[tid][0]
-            ins = [pick(act[id(s)], local) for s in layer.inputs]
-            u = act[id(layer.outputs[0])]
+            fwd = prod[tid][0]
+            ins = [pick(a, local) for a in fwd.ins]
+            u = fwd.outs[0]
             counter[0] += 1
             v = reg.add(f"{u.name}@n{counter[0]}", u.kind, u.shape, u.dtype)
-            new_steps.append(recompute_step(schedule, layer, ins, v))
+            new_steps.append(rerun_step(fwd, ins, v))
             local[tid] = v
             extra[0] += 1
             if tid in store:
                 current[tid] = v
 
-    def ensure(i: int) -> None:
-        """Make every dropped tensor of unit i live, recomputing down the tree."""
+    def ensure(i: int, c: int) -> None:
+        """Make every dropped tensor of unit i (in chunk c) live, recomputing down the tree."""
         a, b, level = 1, n_units, 0
         groups = top
         while a < b:
-            c, d = next(g for g in groups if g[0] <= i <= g[1])
-            if c > a and not available(c - 1):
-                j = max(x for x in range(a - 1, c - 1) if available(x))
-                run(j + 1, c - 1, {bound[e].id for _, e in groups if j < e <= c - 1})
-            a, b, level = c, d, level + 1
+            g0, g1 = next(g for g in groups if g[0] <= i <= g[1])
+            if g0 > a and not available(g0 - 1, c):
+                j = max(x for x in range(a - 1, g0 - 1) if available(x, c))
+                run(j + 1, g0 - 1, {bound[e, c].id for _, e in groups if j < e <= g0 - 1})
+            a, b, level = g0, g1, level + 1
             groups = split_groups(a, b, k + 1)
         depth[0] = max(depth[0], level)
         lo, hi = ends[i - 1], ends[i]
-        run(i, i, {t for t in drop if lo < prod[t][1] <= hi})
+        run(i, i, {t for t in drop if lo < rpos[t] <= hi and col[t] == c})
 
     for s in schedule.steps:
         s = copy.copy(s)
@@ -165,7 +171,7 @@ def nested_rewrite(schedule, cands: list, k: int):
                 if t is None or t.id not in drop:
                     continue
                 if t.id not in current:
-                    ensure(unit_of(prod[t.id][1]))
+                    ensure(unit_of(rpos[t.id]), col[t.id])
                 binding[t.id] = current[t.id]
             if binding:
                 rebind(s, binding)

@@ -21,8 +21,8 @@ class VdnnAll(Planner):
     def chosen(self, ctx, cands) -> list:
         if not self.conv_only:
             return cands
-        conv_inputs = {ctx.schedule.act[id(sym)].id for layer in ctx.schedule.graph.route
-                       if layer.kind == "conv" for sym in layer.inputs}
+        conv_inputs = {t.id for layer in ctx.schedule.graph.route if layer.kind == "conv"
+                       for sym in layer.inputs for t in ctx.schedule.values(sym)}
         return [t for t in cands if t.id in conv_inputs]
 
     def plan(self, ctx) -> Decisions:
@@ -30,7 +30,7 @@ class VdnnAll(Planner):
         cands = droppable(ctx.schedule)
         # the data batch is a conv input too (vDNN offloads it): add it back
         prod = producers(ctx.schedule)
-        data = [ctx.schedule.act[id(t)] for t in ctx.schedule.graph.inputs]
+        data = [t for sym in ctx.schedule.graph.inputs for t in ctx.schedule.values(sym)]
         cands = [t for t in data if t.id in prod] + cands
         swap = self.chosen(ctx, cands)
         offload_after, prefetch_after = swap_schedule(steps, swap, ctx, ahead=1)

@@ -53,8 +53,9 @@ def test_dropping_a_relu_output_recomputes_its_bn_instead_of_holding_it():
     assert r_steps[1].ins[0] is r_steps[0].outs[0]
     assert report.extra_forward_steps == 2
     # and the chain's layers and the held tensor it starts from, as costs see them
-    layers, frontier = chains(s, [relu_out])[relu_out.id]
-    assert layers == [bn, relu_out_layer(s, relu_out)]
+    reruns, frontier = chains(s, [relu_out])[relu_out.id]
+    assert [st.layer for st in reruns] == [bn, relu_out_layer(s, relu_out)]
+    assert all(st.phase == "F" for st in reruns)
     assert frontier == (s.act[id(bn.inputs[0])].id,)
 
 
