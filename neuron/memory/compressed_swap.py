@@ -15,9 +15,13 @@ codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
   over the link). A planned offload (``defer``) keeps the staging block until the next step
   has run (``release_draining``), as a plain planned offload keeps its whole block, so the
   copy overlaps that step and holds 1/rate of a plain one's bytes; an eviction frees it at
-  once and later compute waits for the copy. The staging block comes from free space only;
-  where there is none, the tensor goes to the host uncompressed (``pool.uncompressed``, its
-  codec back when it returns or is freed);
+  once and later compute waits for the copy. The staging block comes from free space only.
+  An eviction happens when the arena is full, so free space often holds only part of one:
+  then it encodes the tensor slice by slice through the largest staging block free space
+  holds, each slice after the last one's copy (``Codec.pieces`` puts the bytes where a whole
+  encode would), in at most ``MAX_SLICES``. Where that is not enough (or for a planned
+  offload, whose copy must overlap the next step), the tensor goes to the host uncompressed
+  (``pool.uncompressed``, its codec back when it returns or is freed);
 - bring-back: copy into a staging block -> decode into the tensor's block. A prefetch
   (``stage_compressed``) brings the compressed bytes only, into a staging block from free
   space (none: not made); the tensor stays on the host, its host buffer kept, until its first
@@ -55,42 +59,72 @@ def _staging(pool, n: int, t, step) -> tuple[int, object]:
     return off, view
 
 
+#: an eviction whose staging block free space cannot hold encodes in at most this many slices
+#: through a smaller one (each slice waits for the last one's copy: more slices, more latency)
+MAX_SLICES = 4
+
+
+def _slice_elements(pool, codec, num: int) -> int:
+    """Elements per slice for an eviction through the largest staging block free space holds;
+    0 where that takes more than MAX_SLICES slices."""
+    c = pool.heap.largest_free // codec.nbytes(codec.unit) * codec.unit
+    return c if c and -(-num // c) <= MAX_SLICES else 0
+
+
 def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     """As Pool.offload, storing codec.encode(tensor) on the host."""
     if pool.inflight:
         pool._settle(t)
     if pool.collectives:
         pool._settle_collective(t.id)
-    n = codec.nbytes(int(np.prod(t.shape)))
+    num = int(np.prod(t.shape))
+    n = codec.nbytes(num)
     # the staging block from free space only: evicting others to compress this one could
-    # cascade. Where there is none, t goes to the host as it is (bring-back knows).
+    # cascade. An eviction (compute waits for its copy anyway) may encode slice by slice
+    # through a smaller one; where there is none, t goes to the host as it is.
     saved, pool.evict_enabled = pool.evict_enabled, False
     try:
-        st_off, staging = _staging(pool, n, t, None)
+        c, (st_off, staging) = num, _staging(pool, n, t, None)
     except MemoryBudgetError as e:
         if not e.staging:
             raise
-        pool.uncompressed[t.id] = pool.codecs.pop(t.id)
-        return pool.offload(t, defer)
+        c = 0 if defer else _slice_elements(pool, codec, num)
+        if c:
+            st_off, staging = _staging(pool, codec.nbytes(c), t, None)
     finally:
         pool.evict_enabled = saved
+    if not c:
+        pool.uncompressed[t.id] = pool.codecs.pop(t.id)
+        return pool.offload(t, defer)
     buf = pool.host_pool.get(n)
     off = pool.offset.pop(t.id)
     dev = pool.device
     encoded = copied = None
-    if dev.computes:
-        encoded = dev.encode(codec, dev.view(off, t.shape, t.dtype), staging)
-        if pool.async_copies:
-            copied = dev.offload(staging, buf[:n], after=encoded)
-        else:
-            dev.copy_to_host(staging, buf, n)
+    copies = []
+    flat = dev.view(off, t.shape, t.dtype).reshape(-1) if dev.computes else None
+    for lo in range(0, num, c):
+        hi = min(num, lo + c)
+        m = codec.nbytes(hi - lo)
+        if dev.computes:
+            # a slice waits for the copies of the last one out of the staging block (the
+            # copy stream runs them in order: the last one's event covers them)
+            encoded = dev.encode(codec, flat[lo:hi], staging[:m], after=copied)
+            for a, b, k in [(0, 0, n)] if c == num else codec.pieces(lo, hi, num):
+                if pool.async_copies:
+                    copied = dev.offload(staging[a:a + k], buf[b:b + k], after=encoded)
+                    copies.append(copied)
+                else:
+                    dev.copy_to_host(staging[a:a + k], buf[b:b + k], k)
+        if pool.log is not None:
+            pool.log.append(("encode", t.id, (hi - lo) * t.dtype.itemsize + m))
+            pool.log.append(("offload_async" if defer else "offload", t.id, m))
     if defer:   # t's block is free once encoded; the staging block is kept for the copy
         if encoded is not None:
             dev.compute_wait(encoded)
         pool.draining.append((t, st_off, copied, True))
     else:
-        if copied is not None:          # later kernels may overwrite either block
-            dev.compute_wait(copied)
+        for ev in copies:               # later kernels may overwrite either block
+            dev.compute_wait(ev)
         pool.free_bytes(st_off)
     pool._account_tensor(t, -1)
     pool._h.free(off)
@@ -100,9 +134,6 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     pool.host[t.id] = (t, buf)
     pool.offload_bytes += n
     pool.offload_count += 1
-    if pool.log is not None:
-        pool.log.append(("encode", t.id, t.nbytes + n))
-        pool.log.append(("offload_async" if defer else "offload", t.id, n))
 
 
 def stage_compressed(pool, t, codec) -> bool:
