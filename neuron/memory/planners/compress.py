@@ -13,10 +13,11 @@ block of its compressed size in the arena (memory/compressed_swap.py), which nev
 than a plain copy would where the plan put it: the tensor's own block is free once encoded,
 so a planned compressed offload holds 1/rate of the bytes a plain one holds while its copy
 runs, and a prefetched one holds only its staging block until its first reader decodes it
-(a plain one holds its whole block). The one extra moment is the encode, which needs its
-staging block beside the tensor: an eviction with less free space encodes in slices, and only
-where free space holds less than a quarter of it (or a planned offload finds no room) does
-the tensor go to the host as it is, so an offload never fails for want of it.
+(a plain one holds its whole block). The extra moments are the encode and the decode, each
+with its staging block beside the tensor's: an eviction with less free space encodes in
+slices, and only where free space holds less than a quarter of it (or a planned offload finds
+no room) does the tensor go to the host as it is; a reader whose block cannot be had beside a
+staged copy drops the copy and misses. So neither fails where a plain copy would not.
 """
 from __future__ import annotations
 
