@@ -17,7 +17,7 @@ runs, and a prefetched one holds only its staging block until its first reader d
 with its staging block beside the tensor's: an eviction with less free space encodes in
 slices, and only where free space holds less than a quarter of it (or a planned offload finds
 no room) does the tensor go to the host as it is; a reader whose block cannot be had beside a
-staged copy drops the copy and misses. So neither fails where a plain copy would not.
+staged copy drops the copy and misses. Neither fails for want of a staging block.
 """
 from __future__ import annotations
 
