@@ -451,11 +451,12 @@ class CudaDevice(Device):
         return done
 
     # ---- the FreeLunch codec on its own stream (memory/compressed_swap.py) ------------------
-    def encode(self, codec, src, dst):
+    def encode(self, codec, src, dst, after=None):
         """Encode ``src`` into ``dst`` (the staging block) on the codec stream, after the
-        compute queued so far (the producer); returns its event. ``src`` may be reused once
-        it is done, and the copy to the host waits for it (``offload(after=)``)."""
-        return self._on_codec_stream(codec.encode_into, src, dst, None)
+        compute queued so far (the producer) and ``after`` (the copy out of ``dst`` of the
+        last slice encoded into it); returns its event. ``src`` may be reused once it is
+        done, and the copy to the host waits for it (``offload(after=)``)."""
+        return self._on_codec_stream(codec.encode_into, src, dst, after)
 
     def decode(self, codec, src, dst, after=None):
         """Decode ``src`` (the staging block) into ``dst`` on the codec stream, after the

@@ -57,7 +57,7 @@ class Device:
 
     # the FreeLunch codec (memory/compressed_swap.py): here at once, on the compute thread;
     # CudaDevice runs it on a codec stream of its own and returns the event that ends it
-    def encode(self, codec, src, dst):
+    def encode(self, codec, src, dst, after=None):
         codec.encode_into(src, dst)
 
     def decode(self, codec, src, dst, after=None):

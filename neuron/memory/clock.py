@@ -18,7 +18,9 @@ dependencies the executor really creates (CudaDevice + Pool):
 - ("encode" | "decode", tensor id, bytes touched) (COMPRESS, memory/compressed_swap.py): the
   codec on its own stream, its passes over memory at the device's bandwidth; an offload
   copies after its encode and compute waits for the encode (the tensor's block is reused at
-  once), a decode runs after its copy back and the reader waits for it.
+  once), a decode runs after its copy back and the compute queued when it is issued (a
+  prefetched one's at its first reader), and the reader waits for it; ``("drop", tensor id,
+  0)``: a prefetched compressed copy evicted before its reader, compute waits for its copy.
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
 
@@ -190,6 +192,11 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             if r is not None and r > compute:
                 exposed += r - compute
                 compute = r
+        elif kind == "drop":            # a staged compressed copy evicted: its block is reused
+            r = ready.pop(ev[1], None)  # once the copy into it is done
+            if r is not None and r > compute:
+                exposed += r - compute
+                compute = r
         elif kind == "compact":
             dt = cost.move_time(ev[2])
             compute = max(compute, host)
@@ -203,7 +210,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             if not overlap:             # the CPU device: on the compute thread
                 compute += dt
                 continue
-            after = ready.get(ev[1], compute) if kind == "decode" else compute
+            # a decode: after its copy in and the compute queued so far (its block's last tenant)
+            after = max(ready.get(ev[1], 0.0), compute) if kind == "decode" else compute
             start = max(codec, after)
             codec = start + dt
             if tl is not None:

@@ -37,8 +37,16 @@ def _gpu():
 class Codec:
     name = ""
     rate = 1
+    unit = 1            # elements encoded together (a slice to encode starts on a multiple)
 
     def nbytes(self, num_elements: int) -> int:
+        raise NotImplementedError
+
+    def pieces(self, lo: int, hi: int, total: int) -> list[tuple[int, int, int]]:
+        """Where the encoding of elements [lo, hi) of ``total`` (``encode_into`` of that
+        slice, lo a multiple of ``unit``) lies in the encoding of all of them: (offset in the
+        slice's encoding, offset in the whole's, bytes) per contiguous piece. Bitwise the same
+        bytes, so a tensor may be encoded slice by slice (memory/compressed_swap.py)."""
         raise NotImplementedError
 
     def encode(self, x):
@@ -67,6 +75,9 @@ class Bf16(Codec):
     def nbytes(self, num_elements: int) -> int:
         return 2 * num_elements
 
+    def pieces(self, lo, hi, total):
+        return [(0, 2 * lo, 2 * (hi - lo))]
+
     def encode_into(self, x, out) -> None:
         if not isinstance(x, np.ndarray):
             return _gpu().bf16_encode(x, out)
@@ -85,11 +96,16 @@ class Bf16(Codec):
 
 
 class Bfp8(Codec):
-    name, rate = "bfp8", 4
+    name, rate, unit = "bfp8", 4, BLOCK
 
     def nbytes(self, num_elements: int) -> int:
         blocks = -(-num_elements // BLOCK)
         return blocks + blocks * BLOCK
+
+    def pieces(self, lo, hi, total):
+        # the exponents of all blocks, then their values: two pieces
+        first, blocks, every = lo // BLOCK, -(-(hi - lo) // BLOCK), -(-total // BLOCK)
+        return [(0, first, blocks), (blocks, every + first * BLOCK, blocks * BLOCK)]
 
     def _blocks(self, x):
         xp = _xp(x)

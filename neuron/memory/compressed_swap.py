@@ -15,13 +15,25 @@ codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
   over the link). A planned offload (``defer``) keeps the staging block until the next step
   has run (``release_draining``), as a plain planned offload keeps its whole block, so the
   copy overlaps that step and holds 1/rate of a plain one's bytes; an eviction frees it at
-  once and later compute waits for the copy. The staging block comes from free space only;
-  where there is none, the tensor goes to the host uncompressed (``pool.uncompressed``, its
-  codec back when it returns or is freed);
-- bring-back: copy into the staging block -> decode into the tensor's block. A prefetch keeps
-  the staging block until the tensor's first reader (its kernel waits for the decode); a miss
-  frees it at once and compute waits for the decode. A prefetch with no room for the staging
-  block is not made; a miss with none decodes on the host and copies the whole tensor.
+  once and later compute waits for the copy. The staging block comes from free space only.
+  An eviction happens when the arena is full, so free space often holds only part of one:
+  then it encodes the tensor slice by slice through the largest staging block free space
+  holds, each slice after the last one's copy (``Codec.pieces`` puts the bytes where a whole
+  encode would), in at most ``MAX_SLICES``. Where that is not enough (or for a planned
+  offload, whose copy must overlap the next step), the tensor goes to the host uncompressed
+  (``pool.uncompressed``, its codec back when it returns or is freed);
+- bring-back: copy into a staging block -> decode into the tensor's block. A prefetch
+  (``stage_compressed``) brings the compressed bytes only, into a staging block from free
+  space (none: not made); the tensor stays on the host, its host buffer kept, until its first
+  reader (``decode_staged``) takes its block and decodes into it (the reader's kernel waits
+  for the decode, a pass over memory) and the staging block goes. So a prefetched tensor holds
+  1/rate of a plain prefetched one's bytes while it waits for its reader, and an eviction
+  meanwhile (``drop_staged``) frees the staging block and copies nothing. (Decoding at once
+  held the whole block and the staging block until the reader: more than a plain prefetch,
+  which at 0.2 of resnet_cifar 20's peak made compressed superneurons move more bytes than
+  plain.) A miss takes its block and a staging block, compute waits for the decode and the
+  staging block goes at once; with no room for one it decodes on the host and copies the
+  whole tensor.
 
 These lifetimes are the same on every device, so the simulated peak is the run's. The event
 log gets ("encode" | "decode", tensor id, bytes the codec touches) beside the copy, and the
@@ -47,42 +59,72 @@ def _staging(pool, n: int, t, step) -> tuple[int, object]:
     return off, view
 
 
+#: an eviction whose staging block free space cannot hold encodes in at most this many slices
+#: through a smaller one (each slice waits for the last one's copy: more slices, more latency)
+MAX_SLICES = 4
+
+
+def _slice_elements(pool, codec, num: int) -> int:
+    """Elements per slice for an eviction through the largest staging block free space holds;
+    0 where that takes more than MAX_SLICES slices."""
+    c = pool.heap.largest_free // codec.nbytes(codec.unit) * codec.unit
+    return c if c and -(-num // c) <= MAX_SLICES else 0
+
+
 def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     """As Pool.offload, storing codec.encode(tensor) on the host."""
-    if pool.inflight or pool.staged:
+    if pool.inflight:
         pool._settle(t)
     if pool.collectives:
         pool._settle_collective(t.id)
-    n = codec.nbytes(int(np.prod(t.shape)))
+    num = int(np.prod(t.shape))
+    n = codec.nbytes(num)
     # the staging block from free space only: evicting others to compress this one could
-    # cascade. Where there is none, t goes to the host as it is (bring-back knows).
+    # cascade. An eviction (compute waits for its copy anyway) may encode slice by slice
+    # through a smaller one; where there is none, t goes to the host as it is.
     saved, pool.evict_enabled = pool.evict_enabled, False
     try:
-        st_off, staging = _staging(pool, n, t, None)
+        c, (st_off, staging) = num, _staging(pool, n, t, None)
     except MemoryBudgetError as e:
         if not e.staging:
             raise
-        pool.uncompressed[t.id] = pool.codecs.pop(t.id)
-        return pool.offload(t, defer)
+        c = 0 if defer else _slice_elements(pool, codec, num)
+        if c:
+            st_off, staging = _staging(pool, codec.nbytes(c), t, None)
     finally:
         pool.evict_enabled = saved
+    if not c:
+        pool.uncompressed[t.id] = pool.codecs.pop(t.id)
+        return pool.offload(t, defer)
     buf = pool.host_pool.get(n)
     off = pool.offset.pop(t.id)
     dev = pool.device
     encoded = copied = None
-    if dev.computes:
-        encoded = dev.encode(codec, dev.view(off, t.shape, t.dtype), staging)
-        if pool.async_copies:
-            copied = dev.offload(staging, buf[:n], after=encoded)
-        else:
-            dev.copy_to_host(staging, buf, n)
+    copies = []
+    flat = dev.view(off, t.shape, t.dtype).reshape(-1) if dev.computes else None
+    for lo in range(0, num, c):
+        hi = min(num, lo + c)
+        m = codec.nbytes(hi - lo)
+        if dev.computes:
+            # a slice waits for the copies of the last one out of the staging block (the
+            # copy stream runs them in order: the last one's event covers them)
+            encoded = dev.encode(codec, flat[lo:hi], staging[:m], after=copied)
+            for a, b, k in [(0, 0, n)] if c == num else codec.pieces(lo, hi, num):
+                if pool.async_copies:
+                    copied = dev.offload(staging[a:a + k], buf[b:b + k], after=encoded)
+                    copies.append(copied)
+                else:
+                    dev.copy_to_host(staging[a:a + k], buf[b:b + k], k)
+        if pool.log is not None:
+            pool.log.append(("encode", t.id, (hi - lo) * t.dtype.itemsize + m))
+            pool.log.append(("offload_async" if defer else "offload", t.id, m))
     if defer:   # t's block is free once encoded; the staging block is kept for the copy
         if encoded is not None:
             dev.compute_wait(encoded)
         pool.draining.append((t, st_off, copied, True))
     else:
-        if copied is not None:          # later kernels may overwrite either block
-            dev.compute_wait(copied)
+        for ev in copies:               # later kernels may overwrite either block
+            dev.compute_wait(ev)
         pool.free_bytes(st_off)
     pool._account_tensor(t, -1)
     pool._h.free(off)
@@ -92,17 +134,96 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     pool.host[t.id] = (t, buf)
     pool.offload_bytes += n
     pool.offload_count += 1
+
+
+def stage_compressed(pool, t, codec) -> bool:
+    """A prefetch of a compressed tensor (Pool.prefetch): its compressed bytes into a staging
+    block from free space; False where there is no room. The tensor stays on the host, its
+    buffer kept, until its first reader decodes it (``decode_staged``): until then the arena
+    holds 1/rate of it, and evicting it (``drop_staged``) frees the staging block and copies
+    nothing."""
+    n = codec.nbytes(int(np.prod(t.shape)))
+    if not pool._h.can_alloc(n):
+        return False
+    _, buf = pool.host[t.id]
+    st_off, staging = _staging(pool, n, t, None)
+    copied = None
+    dev = pool.device
+    if dev.computes:
+        if pool.async_copies:       # after the compute queued so far (the block's last tenant)
+            copied = dev.prefetch(buf[:n], staging, compute_waits=False)
+        else:
+            dev.copy_to_device(buf, staging, n)
+    pool.reading.pop(t.id, None)    # an earlier copy from buf: this one is behind it (FIFO)
+    pool.staged[t.id] = (st_off, copied)
+    pool.lru[t.id] = t              # evictable, as a prefetched tensor is
+    pool.prefetch_bytes += n
+    pool.prefetch_count += 1
     if pool.log is not None:
-        pool.log.append(("encode", t.id, t.nbytes + n))
-        pool.log.append(("offload_async" if defer else "offload", t.id, n))
+        pool.log.append(("prefetch", t.id, n))
+    return True
 
 
-def bring_back_compressed(pool, t, step, ahead: bool, codec) -> None:
-    """As Pool._bring_back, decoding the host bytes into the tensor's new arena block."""
+def decode_staged(pool, t, step, codec) -> None:
+    """The first reader of a staged tensor: its block, then the decode from the staging block
+    (the reader's kernel waits for it), then the staging block goes. Where the block cannot
+    be had even by evicting, the staging block goes first and it is an ordinary miss, so this
+    never fails where a plain prefetched tensor (its whole block already held) would not."""
+    st_off, copied = pool.staged[t.id]
+    pool.lru.pop(t.id, None)
+    try:
+        off = pool._take(t.nbytes or 1, t, step)
+    except MemoryBudgetError:
+        drop_staged(pool, t)
+        return bring_back_compressed(pool, t, step, codec)
+    del pool.staged[t.id]
+    n = codec.nbytes(int(np.prod(t.shape)))
+    _, buf = pool.host.pop(t.id)
+    pool.offset[t.id] = off
+    pool.live[t.id] = t
+    pool.lru[t.id] = t
+    pool._account_tensor(t, 1)
+    dev = pool.device
+    if dev.computes:
+        staging = dev.view(st_off, (n,), np.uint8)
+        view = dev.view(off, t.shape, t.dtype)
+        if pool.async_copies:
+            # after the copy into the staging block and the compute queued so far (the new
+            # block's last tenant); the reader and the staging block's next tenant wait for it
+            dev.compute_wait(dev.decode(codec, staging, view, after=copied))
+            pool.deferred.append((copied, buf))         # reused once its copy is done
+        else:
+            dev.decode(codec, staging, view)
+            pool.host_pool.put(buf)
+    else:
+        pool.host_pool.put(buf)
+    pool.free_bytes(st_off)
+    if pool.log is not None:
+        pool.log.append(("decode", t.id, t.nbytes + n))
+
+
+def drop_staged(pool, t) -> None:
+    """Evict (or free) a staged tensor: the host still holds its bytes, so only the staging
+    block goes, after the copy into it (its next tenant may overwrite it)."""
+    st_off, copied = pool.staged.pop(t.id)
+    if copied is not None:
+        pool.device.compute_wait(copied)
+        pool.reading[t.id] = copied     # the copy may still read the host buffer
+    pool.free_bytes(st_off)
+    pool.lru.pop(t.id, None)
+    if pool.log is not None:
+        pool.log.append(("drop", t.id, 0))
+
+
+def bring_back_compressed(pool, t, step, codec) -> None:
+    """A miss (Pool._bring_back): the tensor's block, the compressed bytes copied into a
+    staging block and decoded into it; compute waits for the decode and the staging block goes
+    at once. With no room for a staging block: decoded on the host, the whole tensor copied."""
     _, buf = pool.host[t.id]
     n = codec.nbytes(int(np.prod(t.shape)))
     off = pool._take(t.nbytes or 1, t, step)
     del pool.host[t.id]
+    pool.reading.pop(t.id, None)        # the copies below are behind it on the copy stream
     pool.offset[t.id] = off
     pool.live[t.id] = t
     pool.lru[t.id] = t
@@ -110,36 +231,27 @@ def bring_back_compressed(pool, t, step, ahead: bool, codec) -> None:
     try:
         st_off, staging = _staging(pool, n, t, step)
     except MemoryBudgetError as e:
-        if not ahead and e.staging:     # a miss must not fail where a plain one would not
+        if e.staging:                   # a miss must not fail where a plain one would not
             return _decode_on_host(pool, t, off, buf, n, codec)
-        pool.free(t)                    # a prefetch: as it was, and the caller gives up
-        pool.host[t.id] = (t, buf)
         raise
     dev = pool.device
     if dev.computes:
         view = dev.view(off, t.shape, t.dtype)
         if pool.async_copies:
             copied = dev.prefetch(buf[:n], staging, compute_waits=False)
-            decoded = dev.decode(codec, staging, view, after=copied)
+            dev.compute_wait(dev.decode(codec, staging, view, after=copied))
             pool.deferred.append((copied, buf))         # reused once its copy is done
-            if ahead:                                   # the reader's kernel waits
-                pool.inflight[t.id] = decoded
-            else:
-                dev.compute_wait(decoded)
         else:
             dev.copy_to_device(buf, staging, n)
             dev.decode(codec, staging, view)
             pool.host_pool.put(buf)
     else:
         pool.host_pool.put(buf)
-    if ahead:                           # kept until the tensor's first reader
-        pool.staged[t.id] = st_off
-    else:
-        pool.free_bytes(st_off)
+    pool.free_bytes(st_off)
     pool.prefetch_bytes += n
     pool.prefetch_count += 1
     if pool.log is not None:
-        pool.log.append(("prefetch" if ahead else "fetch", t.id, n))
+        pool.log.append(("fetch", t.id, n))
         pool.log.append(("decode", t.id, t.nbytes + n))
 
 

@@ -31,7 +31,8 @@ class Residency(enum.Enum):
     use; its recomputed version is a tensor of its own."""
     ABSENT = "absent"                   # not made yet, freed, or dropped for recompute
     DEVICE = "device"
-    PREFETCHING = "prefetching"         # in the arena, its copy from the host still in flight
+    PREFETCHING = "prefetching"         # in the arena, its copy from the host still in flight;
+                                        # or its compressed bytes staged for the first reader
     HOST = "host"                       # offloaded (its copy to the host may be in flight)
 
 
@@ -89,9 +90,13 @@ class Pool:
         self.log: list | None = None
         # COMPRESS (memory/compressed_swap.py): tensor id -> codec, for what goes to the host
         self.codecs: dict = {}
-        # prefetched compressed tensors: tensor id -> offset of the staging block that holds
-        # the compressed bytes until the tensor's first reader
-        self.staged: dict[int, int] = {}
+        # prefetched compressed tensors, still on the host: tensor id -> (offset of the
+        # staging block that holds the compressed bytes until the first reader decodes them,
+        # the event of the copy into it)
+        self.staged: dict[int, tuple] = {}
+        # host buffers of tensors on the host that a copy may still read (a staged tensor
+        # evicted before its copy was known done): tensor id -> that copy's event
+        self.reading: dict[int, object] = {}
         # compressed ones offloaded as they are, for want of room for the staging block:
         # tensor id -> its codec, back in ``codecs`` once it leaves the host
         self.uncompressed: dict = {}
@@ -145,7 +150,7 @@ class Pool:
             new = h.try_alloc(t.nbytes or 1)
             if new != off:
                 if self.inflight:
-                    self._settle(t, unstage=False)
+                    self._settle(t)
                 if self.collectives:
                     self._settle_collective(tid)
                 dev.move(off, new, t.nbytes)
@@ -218,7 +223,7 @@ class Pool:
 
     def free(self, t: TensorInfo) -> None:
         """Drop a tensor wherever it is."""
-        if self.inflight or self.staged:
+        if self.inflight:
             self._settle(t)
         if t.id in self.collectives:
             self._settle_collective(t.id)
@@ -230,7 +235,15 @@ class Pool:
             del self.live[t.id]
             self.lru.pop(t.id, None)
         elif t.id in self.host:
-            self.host_pool.put(self.host.pop(t.id)[1])
+            if self.staged and t.id in self.staged:
+                from .compressed_swap import drop_staged
+                drop_staged(self, t)
+            buf = self.host.pop(t.id)[1]
+            ev = self.reading.pop(t.id, None) if self.reading else None
+            if ev is None:
+                self.host_pool.put(buf)
+            else:                       # reused once the copy from it is done
+                self.deferred.append((ev, buf))
             if self.uncompressed and t.id in self.uncompressed:
                 self.codecs[t.id] = self.uncompressed.pop(t.id)
         self.locked.discard(t.id)
@@ -264,7 +277,9 @@ class Pool:
         tid = t.storage.id
         if tid in self.offset:
             return Residency.PREFETCHING if tid in self.inflight else Residency.DEVICE
-        return Residency.HOST if tid in self.host else Residency.ABSENT
+        if tid in self.host:
+            return Residency.PREFETCHING if tid in self.staged else Residency.HOST
+        return Residency.ABSENT
 
     def resident(self, t: TensorInfo) -> bool:
         return t.storage.id in self.offset
@@ -286,8 +301,6 @@ class Pool:
                 self.hits += 1
                 if inflight and t.id in inflight:   # prefetched: the kernel waits on the GPU
                     self.device.compute_wait(inflight.pop(t.id))
-                if self.staged and t.id in self.staged:     # decoded: its staging is done
-                    self.free_bytes(self.staged.pop(t.id))
             else:
                 self.ensure(t, step)
         if self.deferred:
@@ -315,16 +328,11 @@ class Pool:
             self.device.wait(ev)
             hp.put(buf)
 
-    def _settle(self, t: TensorInfo, unstage: bool = True) -> None:
-        """Before a prefetched block is freed or moved: order compute after its copy (or
-        decode). Unless it only moves, a compressed one's staging block goes too, on every
-        device alike (what the plan did)."""
+    def _settle(self, t: TensorInfo) -> None:
+        """Before a prefetched block is freed or moved: order compute after its copy."""
         ev = self.inflight.pop(t.id, None)
         if ev is not None:
             self.device.compute_wait(ev)
-        off = self.staged.pop(t.id, None) if unstage else None
-        if off is not None:
-            self.free_bytes(off)
 
     def pin_collective(self, tensors, wait=None) -> None:
         """A collective (a gradient bucket's all-reduce) works on these tensors in place until
@@ -379,7 +387,7 @@ class Pool:
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru
         for t in tensors:
-            if self.inflight or self.staged:
+            if self.inflight:
                 self._settle(t)
             if t.id in self.collectives:
                 self._settle_collective(t.id)
@@ -402,14 +410,19 @@ class Pool:
         if t.id not in self.host:
             raise RuntimeError(f"step {getattr(step, 'name', '?')}: {t.name} is needed but was "
                                "never produced or already freed (a schedule bug)")
-        self.misses += 1
+        if self.staged and t.id in self.staged:     # prefetched compressed: decoded now
+            self.hits += 1
+        else:
+            self.misses += 1
         self._bring_back(t, step)
 
     def _bring_back(self, t: TensorInfo, step, ahead: bool = False) -> None:
         plain = t.id in self.uncompressed           # on the host as it is
-        if t.id in self.codecs and not plain:
-            from .compressed_swap import bring_back_compressed
-            return bring_back_compressed(self, t, step, ahead, self.codecs[t.id])
+        if t.id in self.codecs and not plain:       # a miss or a staged one's first reader
+            from .compressed_swap import bring_back_compressed, decode_staged
+            if t.id in self.staged:
+                return decode_staged(self, t, step, self.codecs[t.id])
+            return bring_back_compressed(self, t, step, self.codecs[t.id])
         _, buf = self.host[t.id]
         n = t.nbytes or 1
         off = self._take(n, t, step)
@@ -436,16 +449,20 @@ class Pool:
             self.codecs[t.id] = self.uncompressed.pop(t.id)
 
     def prefetch(self, t: TensorInfo) -> bool:
-        """Bring t back ahead of use if that needs no eviction."""
-        if t.id not in self.host or not self._h.can_alloc(t.nbytes or 1):
+        """Bring t back ahead of use if that needs no eviction (a compressed one: its
+        compressed bytes only, decoded at its first reader, memory/compressed_swap.py)."""
+        if t.id not in self.host:
+            return False
+        if self.staged and t.id in self.staged:
+            return True                 # on its way already
+        if t.id in self.codecs:
+            from .compressed_swap import stage_compressed
+            return stage_compressed(self, t, self.codecs[t.id])
+        if not self._h.can_alloc(t.nbytes or 1):
             return False
         saved, self.evict_enabled = self.evict_enabled, False
         try:
             self._bring_back(t, None, ahead=True)
-        except MemoryBudgetError as e:  # a compressed one's staging block did not fit too
-            if getattr(e, "staging", False):
-                return False
-            raise
         finally:
             self.evict_enabled = saved
         return True
@@ -456,7 +473,7 @@ class Pool:
         if t.id in self.codecs:         # through a staging block, on the codec stream
             from .compressed_swap import offload_compressed
             return offload_compressed(self, t, self.codecs[t.id], defer)
-        if self.inflight or self.staged:
+        if self.inflight:
             self._settle(t)
         if self.collectives:
             self._settle_collective(t.id)
@@ -517,9 +534,13 @@ class Pool:
         locked = self.locked
         for tid, t in self.lru.items():     # oldest first; pinned tensors are never in it
             if tid not in locked:
-                self.evictions += 1
-                self.evicted_bytes += t.nbytes
-                self.offload(t)
+                if self.staged and tid in self.staged:     # its bytes are on the host still
+                    from .compressed_swap import drop_staged
+                    drop_staged(self, t)
+                else:
+                    self.evictions += 1
+                    self.evicted_bytes += t.nbytes
+                    self.offload(t)
                 return True
         return False
 

@@ -81,3 +81,44 @@ def test_compressed_training_on_the_gpu_matches_the_cpu_and_the_plan(cp, rate):
             if hasattr(ex.device, "close"):
                 ex.device.close()
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-2)
+
+
+@pytest.mark.parametrize("codec", [Bf16(), Bfp8()], ids=["bf16", "bfp8"])
+def test_sliced_evictions_and_staged_prefetches_on_the_codec_and_copy_streams(cp, codec,
+                                                                              codec_samples):
+    """memory/compressed_swap.py on the GPU (as tests/memory/test_compressed_swap.py on the
+    late-copy model): an eviction with 3 KiB free encodes t0 in slices, the host holding the
+    bytes of a whole encode; its prefetch stages the compressed bytes, an eviction drops them,
+    and the reader's miss decodes the same values as the CPU codec."""
+    from neuron.memory.pool import Pool
+    from neuron.memory.tensors import Kind, TensorRegistry
+    KiB = 1024
+    reg = TensorRegistry()
+    t0, t1, t2 = (reg.add(f"t{i}", Kind.ACTIVATION, (4 * KiB,), np.float32) for i in range(3))
+    x = codec_samples(4 * KiB)
+    want = np.empty_like(x)
+    codec.decode(codec.encode(x), want)
+    dev = CudaDevice(35 * KiB, scratch_bytes=0)
+    try:
+        p = Pool(dev, block=KiB, evict=True)
+        p.codecs = {t0.id: codec}
+        p.alloc(t0).set(x)
+        p.alloc(t1)
+        p.lock([t1.id, t2.id])
+        p.alloc(t2)                                 # t0 out in slices through 3 KiB
+        n = codec.nbytes(x.size)
+        assert not p.uncompressed and p.offload_bytes == n
+        dev.synchronize()
+        np.testing.assert_array_equal(p.host[t0.id][1][:n], codec.encode(x))
+        p.unlock([t1.id, t2.id])
+        p.free(t2)
+        assert p.prefetch(t0) and t0.id in p.staged
+        p.lock([t1.id])
+        p.alloc(t2)                                 # drops t0's staged copy
+        assert not p.staged and p.offload_bytes == n
+        p.free(t1)
+        p.lock([t0.id])
+        p.ensure_all([t0])
+        np.testing.assert_array_equal(cp.asnumpy(p.view(t0)), want)
+    finally:
+        dev.close()

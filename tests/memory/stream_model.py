@@ -113,9 +113,11 @@ class StreamModelDevice(CpuDevice):
         self.wait(self._h2d(buf, view, int(nbytes)))
 
     # ---- the codec stream ------------------------------------------------------------------
-    def encode(self, codec, src, dst):
+    def encode(self, codec, src, dst, after=None):
+        if after is not None:               # the codec stream waits for a copy out of dst
+            after.waited = True
         codec.encode_into(src, dst)
-        return self._op("codec")
+        return self._op("codec", [after])
 
     def decode(self, codec, src, dst, after=None):
         if after is not None:               # the codec stream waits for the copy that fills src

@@ -90,6 +90,28 @@ def test_a_compressed_offload_waits_for_its_encode_and_copies_after_it():
     assert r.exposed_copy_s == pytest.approx(0.5)       # the encode's wait
 
 
+def test_a_staged_decode_waits_for_compute_and_a_dropped_one_for_its_copy():
+    """A prefetched compressed tensor is decoded when its reader is issued (after the compute
+    queued, its block's last tenant) and the reader waits for the decode; one evicted before
+    its reader ("drop") moves nothing, compute only waits for the copy into its staging block."""
+    steps, _ = _steps(4)
+    mib = 2**20
+    cost = FixedCost(True)
+    cost.spec = cost.spec.__class__("test", 1, mib, 1, 0, 0, True)
+    # the copy in (0.5 s) ends at 1.5, during step 1; the decode (0.5 s) is issued after step 1
+    # and runs 2-2.5, not from 1.5; step 2 waits for it
+    ev = [("step", 0, 0), ("prefetch", 2, mib // 2), ("step", 1, 0), ("decode", 2, mib // 2),
+          ("step", 2, 0)]
+    r = makespan(ev, steps, 1, cost)
+    assert r.makespan_s == pytest.approx(3.5) and r.codec_s == pytest.approx(0.5)
+    # copied in from 1 to 3 (beside step 1), dropped after step 1: compute waits until 3
+    ev = [("step", 0, 0), ("prefetch", 3, 2 * mib), ("step", 1, 0), ("drop", 3, 0),
+          ("step", 2, 0)]
+    r = makespan(ev, steps, 1, cost)
+    assert r.makespan_s == pytest.approx(4.0) and r.bytes_moved == 2 * mib
+    assert r.exposed_copy_s == pytest.approx(1.0)
+
+
 def test_unlimited_liveness_time_is_the_sum_of_steps_and_budgets_cost_time():
     g = build_model("resnet_cifar", depth=20)
     cost = CostModel.analytic("h100")

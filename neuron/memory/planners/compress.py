@@ -9,10 +9,15 @@ tensors the planner swaps are reported as COMPRESS. Lossy, so never on by defaul
 
 The wrapped planner plans with full-size copies; the simulated time then counts compressed
 bytes and the codec passes. A compressed copy moves fewer bytes but passes through a staging
-block of its compressed size in the arena (memory/compressed_swap.py); where free space has no
-room for one, the tensor goes to the host as it is, so an offload never fails for want of it.
-The tensor's own block is free once encoded, so a planned compressed offload holds 1/rate of
-the bytes a plain one holds while its copy runs.
+block of its compressed size in the arena (memory/compressed_swap.py), and while it waits it
+holds less than a plain copy does: the tensor's own block is free once encoded,
+so a planned compressed offload holds 1/rate of the bytes a plain one holds while its copy
+runs, and a prefetched one holds only its staging block until its first reader decodes it
+(a plain one holds its whole block). Only the encode and the decode need more, their
+staging block beside the tensor's: an eviction with less free space encodes in
+slices, and only where free space holds less than a quarter of it (or a planned offload finds
+no room) does the tensor go to the host as it is; a reader whose block cannot be had beside a
+staged copy drops the copy and misses. Neither fails for want of a staging block.
 """
 from __future__ import annotations
 
