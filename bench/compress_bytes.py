@@ -27,20 +27,11 @@ TIGHT = [0.2, 0.3]                  # fractions of resnet_cifar 20's liveness pe
 TIGHT_PLANNERS = ["superneurons", "vdnn", "capuchin"]
 
 
-def uncompressed(events, compress) -> int:
-    """Compressed tensors sent to the host as they are: an offload no encode came before."""
-    out, last = 0, None
-    for ev in events:
-        if ev[0] in ("offload", "offload_async") and ev[1] in compress and last != ev[1]:
-            out += 1
-        last = ev[1] if ev[0] == "encode" else None
-    return out
-
-
 def tight(cost) -> tuple[list, list]:
     """The tight-budget table: rows and markdown lines."""
     from neuron.executor import Executor
     from neuron.memory.clock import makespan
+    from neuron.memory.compressed_swap import sent_uncompressed
     from neuron.models import build_model
     g = build_model("resnet_cifar", depth=20, in_shape=(3, 32, 32))
     peak = Executor(g, 32, device="virtual", policy="liveness").simulate(
@@ -60,7 +51,7 @@ def tight(cost) -> tuple[list, list]:
                               "| | | |")
                     continue
                 rep = makespan(r["events"], ex.steps, 32, cost)
-                fell = uncompressed(r["events"], ex.decisions.compress)
+                fell = sent_uncompressed(r["events"], ex.decisions.compress)
                 rows.append({"model": "resnet_cifar20", "batch": 32, "budget_bytes": budget,
                              "budget_fraction_of_liveness_peak": frac, "planner": planner,
                              "compress": rate, "offload_bytes": r["offload_bytes"],

@@ -272,3 +272,14 @@ def _decode_on_host(pool, t, off, buf, n, codec) -> None:
     pool.prefetch_count += 1
     if pool.log is not None:
         pool.log.append(("fetch", t.id, t.nbytes))
+
+
+def sent_uncompressed(events, compress) -> int:
+    """From a simulation's event log (pool.log): the compressed tensors that went to the host
+    as they are (an offload that no encode came just before), for want of staging room."""
+    out, last = 0, None
+    for ev in events:
+        if ev[0] in ("offload", "offload_async") and ev[1] in compress and last != ev[1]:
+            out += 1
+        last = ev[1] if ev[0] == "encode" else None
+    return out
