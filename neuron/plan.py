@@ -15,7 +15,6 @@ from .errors import MemoryBudgetError
 from .executor import Executor, no_gc
 from .graph import Graph
 from .memory.chunking import CHUNK_COUNTS
-from .memory.tensors import Kind
 
 #: bisection stops when the bracket is within this fraction (and one block) of the answer
 MIN_BUDGET_TOLERANCE = 0.01

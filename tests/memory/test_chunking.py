@@ -92,7 +92,7 @@ def test_chunking_lowers_the_largest_step_and_evaluates():
     (la, ca), (lb, cb) = a.evaluate(x, y), b.evaluate(x, y)
     assert b.last_logits.shape == (BATCH, 10)
     np.testing.assert_allclose(b.last_logits, a.last_logits, rtol=1e-5, atol=1e-5)
-    assert abs(la - lb) <= 1e-5 * abs(la)
+    assert abs(la - lb) <= 1e-5 * abs(la) and ca == cb
 
 
 def test_planner_chooses_the_chunk_count_and_cli_shows_it(capsys):
