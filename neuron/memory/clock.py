@@ -187,13 +187,10 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
                 n = _grad_bytes(step)
                 if n:
                     grads.append((compute, n))
-        elif kind == "drain":           # a deferred offload's block is reused: wait for it
-            r = pending.pop(ev[1], None)
-            if r is not None and r > compute:
-                exposed += r - compute
-                compute = r
-        elif kind == "drop":            # a staged compressed copy evicted: its block is reused
-            r = ready.pop(ev[1], None)  # once the copy into it is done
+        elif kind in ("drain", "drop"):
+            # a block reused once its copy is done: out of it (drain: a deferred offload's) or
+            # into it (drop: a staged compressed copy evicted before its reader)
+            r = (pending if kind == "drain" else ready).pop(ev[1], None)
             if r is not None and r > compute:
                 exposed += r - compute
                 compute = r
