@@ -175,6 +175,10 @@ class Executor:
         if self.planner is not None:
             from .memory.planners import PlanContext, get_planner
             planner = get_planner(self.planner)
+            if self._plan_budget is not None and not self.offload_params:
+                # the setup's error now, not after a search that cannot succeed
+                self._alloc_persistent(Pool(VirtualDevice(self._plan_budget), block=self.block,
+                                            strategy=self.strategy))
             ctx = PlanContext(self, self._plan_budget, self.cost)
             d = planner.plan(ctx)
             self._apply_decisions(d, ctx.frees(d.steps, d.policy.free_dead))
@@ -251,16 +255,18 @@ class Executor:
                 **v.pool.counters()}
 
     # ---- state ------------------------------------------------------------------------
-    def _alloc_persistent(self):
-        """One block per layer (parameters + optimizer state), initialized in route order."""
+    def _alloc_persistent(self, pool=None):
+        """One block per layer (parameters + optimizer state), initialized in route order
+        (``pool``: only placed there, to check that they fit)."""
         rng = np.random.default_rng(self.seed)
-        compute = self.device.computes
+        compute = pool is None and self.device.computes
+        pool = pool or self.pool
         for block in self.persistent:
             if self.offload_params:
-                self.pool.place_on_host(block)
+                pool.place_on_host(block)
             else:
                 try:
-                    self.pool.alloc(block, pin=True)
+                    pool.alloc(block, pin=True)
                 except MemoryBudgetError as e:
                     raise MemoryBudgetError(
                         f"parameters and optimizer state do not fit: {e}", tensor=block.name,

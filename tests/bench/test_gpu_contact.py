@@ -167,6 +167,10 @@ def test_pressure_stage_contract(tmp_path):
     # (on a GPU a difference shows the schedule it really ran, e.g. unplanned evictions)
     assert nb["pool_per_iter"] == nb["planned_pool_per_iter"]
     assert {"evictions", "evicted_bytes", "compactions"} <= set(nb["pool_per_iter"])
+    # the planners run beside the policy by default, each following its own plan
+    assert set(d["planners"]) == {"superneurons", "capuchin"}
+    for r in d["planners"].values():
+        assert r["fits"] and r["pool_per_iter"] == r["planned_pool_per_iter"], r
 
 
 def test_hidden_fraction():

@@ -102,6 +102,20 @@ def test_budget_below_the_planners_minimum_names_step_tensor_and_bytes(planner):
         make(graph, batch, device="cpu", planner=planner, budget=lb - 4096)
 
 
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_parameters_that_cannot_fit_fail_before_the_search(planner, monkeypatch):
+    """The setup's error, naming the parameter block, before any planner runs (checkmate spent
+    22 s solving ResNet-50's MILP before finding that its parameters alone exceed 100 MiB)."""
+    from neuron.memory.planners import base
+    graph, batch = model("resnet20")
+    resident = sum(b.nbytes for b in
+                   Executor(graph, batch, device="virtual", policy="liveness").persistent)
+    monkeypatch.setattr(base.PlanContext, "__init__", lambda *a, **k: pytest.fail("searched"))
+    with pytest.raises(MemoryBudgetError, match=r"parameters and optimizer state do not fit: "
+                       r"setup: cannot allocate params:\S+ \(param"):
+        Executor(graph, batch, device="virtual", planner=planner, budget=resident // 2)
+
+
 def test_vdnn_prefetches_one_layer_ahead_and_time_based_prefetch_looks_further():
     graph, batch = model("resnet20")
     cost = CostModel.analytic("h100")
