@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_time_args(pl)
     add_profile_command(sub)
     for cmd in (pl, dp, wd, t):
-        add_planner_arg(cmd)
+        add_planner_arg(cmd, default_under_budget=cmd in (pl, t))
     mem = sub.add_parser("memory", help="where an iteration's bytes go: peak by kind, the "
                          "tensors and steps that make it, fragmentation, bytes moved",
                          description="Record one planned iteration (the simulation `neuron plan` "
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(mem, "superneurons")
     mem.add_argument("--top", type=_positive("--top"), default=10,
                      help="how many tensors and steps to list (default 10)")
-    add_planner_arg(mem)
+    add_planner_arg(mem, default_under_budget=True)
 
     m = sub.add_parser("models", help="list the model names")
     _json_arg(m)
@@ -270,7 +270,12 @@ def main(argv=None, exiting: bool = False) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     from .cli_errors import run_command
-    return run_command(args.command, COMMANDS[args.command], args, exiting=exiting)
+    from .cli_planning import resolve_planner
+
+    def command(args):
+        resolve_planner(args, args.command)     # a usage error is reported like the others
+        return COMMANDS[args.command](args)
+    return run_command(args.command, command, args, exiting=exiting)
 
 
 def _build(args, in_shape=None, num_classes=None):
@@ -559,13 +564,15 @@ def cmd_train(args) -> int:
             return 0
         print(comm_line)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
-               policy=ex.policy.name, dataset=args.dataset, chunks=ex.chunks)
+               policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
+               chunks=ex.chunks)
     res.update(ex.pool.counters())
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
             f"{res['images_per_sec']:.1f} img/s on {ex.device.name}, pool peak "
             f"{fmt_bytes(res['peak_bytes'])} (planned {fmt_bytes(res['planned_peak_bytes'] or 0)})"
             f", moved {fmt_bytes(res['offload_bytes'])} to host and "
             f"{fmt_bytes(res['prefetch_bytes'])} back" +
+            (f" (planner {args.planner})" if args.planner else "") +
             (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else ""))
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"

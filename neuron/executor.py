@@ -24,6 +24,7 @@ from .memory.policy import Policy, get_policy
 from .memory.pool import Pool
 from .memory.recompute import plan_recompute
 from .memory.chunking import build_chunked_schedule, logits_chunks
+from .memory.costmodel import planning_cost
 from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
@@ -111,6 +112,8 @@ class Executor:
         self.block, self.strategy = block, strategy
         # a planner (memory/planners) decides for this budget; it replaces the policy's plan
         self.planner, self.cost, self._compact_arg = planner, cost, compact
+        if planner is not None and cost is None:    # plan with the costs of the device it runs on
+            self.cost = planning_cost(device, dtype)
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
         self.chunks = int(chunks)

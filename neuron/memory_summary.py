@@ -18,6 +18,7 @@ def memory_summary(graph, batch: int, *, budget: int | None = None, top: int = 1
     p = plan(graph, batch, budget=budget, model=model, trace=False, **kw)
     arena = budget if budget is not None else p["min_budget_bytes"]
     out = {"model": p["model"], "batch": batch, "policy": p["policy"],
+           "planner": p.get("planner"),
            "offload_params": p["offload_params"], "arena_bytes": arena,
            "arena_is_minimum": budget is None, "unbounded_peak_bytes": p["unbounded_peak_bytes"],
            "min_budget_bytes": p["min_budget_bytes"], "lower_bound_bytes": p["lower_bound_bytes"],
@@ -80,7 +81,8 @@ def format_summary(r: dict) -> str:
     op = " + offload-params" if r["offload_params"] else ""
     arena = fmt_bytes(r["arena_bytes"]) + (" (the minimum budget)" if r["arena_is_minimum"]
                                            else "")
-    lines = [f"neuron memory: {r['model']} batch {r['batch']}, policy {r['policy']}{op}, "
+    how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
+    lines = [f"neuron memory: {r['model']} batch {r['batch']}, {how}{op}, "
              f"arena {arena}", "=" * 78]
     if not r["fits"]:
         lines.append(f"does NOT fit: {r['error']}; the minimum budget is "

@@ -188,8 +188,15 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
         chunks, ex = (_choose(graph, batch, budget, **kw, **more) if budget is not None
                       else None) or (1, None)
     if ex is None:
-        ex = Executor(graph, batch, device="virtual", chunks=chunks,
-                      budget=budget if planner else None, **kw, **more)
+        try:
+            ex = Executor(graph, batch, device="virtual", chunks=chunks,
+                          budget=budget if planner else None, **kw, **more)
+        except MemoryBudgetError:
+            if not planner or budget is None:
+                raise
+            # the parameters alone exceed the budget: report that as the policy's plans do
+            # (does not fit, and the minimum), from the planner's plan for no budget
+            ex = Executor(graph, batch, device="virtual", chunks=chunks, **kw, **more)
     unbounded = ex.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]

@@ -51,3 +51,48 @@ def test_plan_time_reports_the_codec_stream_with_compress(capsys):
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("codec")]
     assert len(line) == 1 and "ms on its own stream" in line[0]
     assert float(line[0].split()[1]) > 0
+
+
+def _planner_of(command, *args):
+    from neuron.cli import build_parser
+    from neuron.cli_planning import resolve_planner
+    a = build_parser().parse_args([command, "resnet_cifar", "--depth", "8", *args])
+    resolve_planner(a, command)
+    return a.planner
+
+
+def test_a_budgeted_superneurons_run_gets_the_superneurons_planner_by_default():
+    budget = ("--budget", "2MiB")
+    for command in ("plan", "memory", "train"):
+        policy = ("--policy", "superneurons") if command == "train" else ()
+        assert _planner_of(command, *budget, *policy) == "superneurons", command
+        assert _planner_of(command, *policy) is None, command            # no budget
+        assert _planner_of(command, *budget, *policy, "--planner", "none") is None
+        assert _planner_of(command, *budget, *policy, "--planner", "capuchin") == "capuchin"
+        assert _planner_of(command, *budget, "--policy", "liveness") is None
+    # train's own default policy is liveness: no planner unless asked
+    assert _planner_of("train", *budget) is None
+    # deepest and widest plan at every probe: they keep the policy
+    assert _planner_of("widest", *budget) is None
+
+
+def test_default_planner_in_plan_and_none_with_compress_is_a_usage_error(capsys):
+    args = ["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--budget", "2MiB",
+            "--no-min-budget", "--json"]
+    assert main(args) == 0
+    r = _last_json(capsys)
+    assert r["planner"] == "superneurons" and r["fits"]
+    assert main(args + ["--planner", "none"]) == 0
+    assert "planner" not in _last_json(capsys)
+    assert main(args + ["--planner", "none", "--compress", "2"]) == 2
+    assert "--compress plans with a planner" in capsys.readouterr().err
+
+
+def test_a_planner_whose_parameters_exceed_the_budget_reports_like_the_policy(capsys):
+    """Not an exception: does not fit, and the minimum budget, as the policy's plan says."""
+    for planner in ("none", "superneurons", "capuchin"):
+        assert main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--budget",
+                     "64KiB", "--planner", planner, "--json"]) == 1
+        r = _last_json(capsys)
+        assert not r["fits"] and "parameters and optimizer state do not fit" in r["error"]
+        assert r["min_budget_bytes"] > 64 * 1024, planner

@@ -111,6 +111,33 @@ def device_spec(name: str) -> DeviceSpec:
                          f"{', '.join(DEVICES)}") from None
 
 
+def gpu_kind() -> str:
+    """The cost-model device of the GPU here (by its name)."""
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode().upper()
+    for kind in ("H200", "H100"):
+        if kind in name:
+            return kind.lower()
+    raise ProfileError(f"no cost-model entry for GPU {name!r}; known: h100, h200")
+
+
+def planning_cost(device, dtype=np.float32) -> "CostModel":
+    """The cost model a planner uses, when given none, for a run on ``device`` (a kind or a
+    Device): a known GPU's stated peaks, else the H100's. Not the CPU's measured ones, though
+    the CPU device runs there: a plan decides which tensors a lossy codec compresses
+    (``--compress``), so it must not vary with a micro-benchmark's timing from run to run."""
+    kind = getattr(device, "name", device)
+    if kind == "auto":
+        from ..devices import cuda_available
+        kind = "cuda" if cuda_available() else "cpu"
+    if kind == "cuda":
+        try:
+            return CostModel.analytic(gpu_kind(), dtype=dtype)
+        except ProfileError:
+            pass
+    return CostModel.analytic("h100", dtype=dtype)
+
+
 #: the profile's JSON format. 2: the keys carry every layer's whole geometry (padding,
 #: dilation, groups, the LRN window); format 1's keys omitted them, so two layers with the
 #: same shapes but different padding shared one entry

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..executor import Executor
-from .costmodel import PROFILE_FORMAT, ProfileError, cpu_spec, device_spec, layer_key
+from .costmodel import PROFILE_FORMAT, ProfileError, cpu_spec, device_spec, gpu_kind, layer_key
 
 
 #: the stopwatches: wall time, or the process's CPU time, which other users of shared cores do
@@ -109,7 +109,7 @@ class Profiler:
 
     def __init__(self, graph, batch: int, *, device: str = "cpu", dtype=np.float32,
                  clock: str = "wall", model: str | None = None):
-        self.kind = "cpu" if device == "cpu" else _gpu_kind()
+        self.kind = "cpu" if device == "cpu" else gpu_kind()
         self.clock = clock if device == "cpu" else "wall"
         self.graph, self.batch, self.dtype, self.model = graph, batch, np.dtype(dtype), model
         self.ex = _TimedExecutor(graph, batch, device=device, policy="liveness", dtype=dtype,
@@ -182,13 +182,3 @@ def profile_model(graph, batch: int, *, device: str = "cpu", repeat: int = 3,
     for _ in range(repeat):
         p.round()
     return p.result()
-
-
-def _gpu_kind() -> str:
-    """The cost-model device of the GPU here (unverified: no GPU in this session)."""
-    import cupy
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode().upper()
-    for kind in ("H200", "H100"):
-        if kind in name:
-            return kind.lower()
-    raise ProfileError(f"no cost-model entry for GPU {name!r}; known: h100, h200")

@@ -167,10 +167,16 @@ def test_pressure_stage_contract(tmp_path):
     # (on a GPU a difference shows the schedule it really ran, e.g. unplanned evictions)
     assert nb["pool_per_iter"] == nb["planned_pool_per_iter"]
     assert {"evictions", "evicted_bytes", "compactions"} <= set(nb["pool_per_iter"])
-    # the planners run beside the policy by default, each following its own plan
+    # the planners run beside the policy by default, each following its own plan; the
+    # superneurons planner fits wherever the policy does (its plan is one of the candidates),
+    # another planner may not at the policy's own minimum budget (a row that says why)
     assert set(d["planners"]) == {"superneurons", "capuchin"}
+    assert d["planners"]["superneurons"]["fits"]
     for r in d["planners"].values():
-        assert r["fits"] and r["pool_per_iter"] == r["planned_pool_per_iter"], r
+        if r["fits"]:
+            assert r["pool_per_iter"] == r["planned_pool_per_iter"], r
+        else:
+            assert r["error"].startswith("MemoryBudgetError: step "), r
 
 
 def test_hidden_fraction():
