@@ -8,8 +8,7 @@ import json
 
 
 #: the commands whose budgeted runs of the superneurons policy get its planner by default
-#: (deepest and widest plan at every probe of their search: they keep the policy, whose fit the
-#: planner's equals, its own plan being one of the planner's candidates)
+#: (deepest and widest plan at every probe of their search: they keep the policy)
 PLANNED_BY_DEFAULT = ("plan", "train", "memory")
 
 
