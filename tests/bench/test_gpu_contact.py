@@ -167,9 +167,9 @@ def test_pressure_stage_contract(tmp_path):
     # (on a GPU a difference shows the schedule it really ran, e.g. unplanned evictions)
     assert nb["pool_per_iter"] == nb["planned_pool_per_iter"]
     assert {"evictions", "evicted_bytes", "compactions"} <= set(nb["pool_per_iter"])
-    # the planners run beside the policy by default, each following its own plan; the
-    # superneurons planner fits wherever the policy does (its plan is one of the candidates),
-    # another planner may not at the policy's own minimum budget (a row that says why)
+    # the planners run beside the policy by default, each following its own plan; at the
+    # policy's own minimum budget the superneurons planner fits (the policy's plan is one of its
+    # candidates), another planner may not (a row that says why)
     assert set(d["planners"]) == {"superneurons", "capuchin"}
     assert d["planners"]["superneurons"]["fits"]
     for r in d["planners"].values():
