@@ -7,8 +7,15 @@ fallback (memory/compressed_swap.py), at a fixed rate, so its
 compressed size is known at plan time: bf16 (2x) or 8-bit block floating point (3.88x). The
 tensors the planner swaps are reported as COMPRESS. Lossy, so never on by default.
 
-The wrapped planner plans with full-size copies; the simulated time then counts compressed
-bytes and the codec passes. A compressed copy moves fewer bytes but passes through a staging
+The wrapped planner plans with the compressed copies: the plan context carries the codec
+(``PlanContext.codec``), so every candidate it simulates (``ctx.simulate``/``ctx.evaluate``)
+has the same compression as the decisions returned (``ctx.compress_map``), and the per-tensor
+costs it weighs (planners/costs.py, swap.py: ``ctx.copy_cost``) count the compressed bytes
+plus an encode and a decode, each a pass over the tensor and its compressed bytes that compute
+waits for. So capuchin swaps where a compressed copy beats a recompute, superneurons keeps the
+candidate fastest with compression, and a prefetch starts as late as its compressed copy
+allows. (It planned with full-size copies before: at rate 4 capuchin recomputed tensors whose
+compressed swap was cheaper.) A compressed copy moves fewer bytes but passes through a staging
 block of its compressed size in the arena (memory/compressed_swap.py), and while it waits it
 holds less than a plain copy does: the tensor's own block is free once encoded,
 so a planned compressed offload holds 1/rate of the bytes a plain one holds while its copy
@@ -21,12 +28,7 @@ staged copy drops the copy and misses. Neither fails for want of a staging block
 """
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
-
 from ..codecs import get_codec
-from ..tensors import Kind
 from .base import COMPRESS, SWAP, Decisions, Planner
 
 
@@ -37,14 +39,13 @@ class Compressed(Planner):
         self.description = f"{inner.description}; feature maps to the host at {self.rate}x"
 
     def plan(self, ctx) -> Decisions:
-        # a new Decisions: the inner planner's simulation (full-size copies) is of its own
-        # object, and the executor must not reuse it for the compressed one
-        d = dataclasses.replace(self.inner.plan(ctx))
+        ctx.codec = get_codec(self.rate)
+        d = self.inner.plan(ctx)
+        # the compression every simulation of d had (ctx.simulate): the executor reuses the
+        # planner's simulation of it
+        d.compress = ctx.compress_map(d.steps)
         d.info = dict(d.info)
-        f32 = {t.id: t for s in d.steps for t in s.reads + s.writes
-               if t.kind == Kind.ACTIVATION and np.dtype(t.dtype) == np.float32}
-        d.compress = {i: self.rate for i in f32}
-        names = {t.name for t in f32.values()}
+        names = {t.name for s in d.steps for t in s.reads + s.writes if t.id in d.compress}
         d.tensors = {k: COMPRESS if v == SWAP and k in names else v for k, v in d.tensors.items()}
         d.info["compress_rate"] = self.rate
         d.info["codec"] = get_codec(self.rate).name

@@ -4,7 +4,8 @@ A swapped tensor is offloaded right after its last forward use (eager, during fo
 plan, not a shortage, decides). Its prefetch starts after the latest step from which the
 compute still ahead of its first backward use covers the copy, so that the copy ends before
 the step that reads it, however many steps back that is; vDNN instead starts it a fixed
-number of steps ahead.
+number of steps ahead. A compressed copy (planners/compress.py) brings only its compressed
+bytes before its reader decodes them, so its prefetch starts later (``PlanContext.copy_cost``).
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, 
     last_fwd, first_bwd = ctx.uses(steps)
     offload_after: dict[int, list] = {}
     prefetch_after: dict[int, list] = {}
-    cost = ctx.cost
     cum = ctx.cum_time(steps) if ahead is None else None    # bisected per tensor
     for t in tensors:
         f, j = last_fwd.get(t.id), first_bwd.get(t.id)
@@ -47,7 +47,7 @@ def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, 
         if ahead is not None:
             p = max(f + 1, j - 1 - ahead)
         else:
-            p = prefetch_step(cum, f, j, cost.copy_time(t.nbytes))
+            p = prefetch_step(cum, f, j, ctx.copy_cost(t)[0])
         prefetch_after.setdefault(p, []).append(t)
     for lst in prefetch_after.values():         # earliest use first
         lst.sort(key=lambda t: first_bwd[t.id])
