@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .rewrite import chains
-from .swap import prefetch_step
+from .swap import lead_s, prefetch_step
 
 
 @dataclass(frozen=True)
@@ -59,5 +59,5 @@ def _tensor_costs(ctx, cands) -> list[TensorCost]:
             exposed = swap + 2 * codec
         out.append(TensorCost(t, f, j, free, swap, exposed,
                               sum(ctx.step_time(s) for s in reruns), ins,
-                              prefetch_step(cum, f, j, one)))
+                              prefetch_step(cum, f, j, lead_s(ctx, t))))
     return out
