@@ -132,11 +132,12 @@ class PlanContext:
         return self._memo("compress", steps, lambda: {
             t.id: rate for s in steps for t in s.reads + s.writes if feature_map(t)})
 
-    def copy_cost(self, t) -> tuple[float, float]:
+    def copy_cost(self, t, compressed: bool = True) -> tuple[float, float]:
         """Seconds of one copy of ``t`` between device and host, and of one codec pass over it
         (0.0: it goes as it is). Compressed, a copy moves ``codec.nbytes`` and each way one
-        pass touches the tensor and its compressed bytes (the clock's encode and decode)."""
-        if self.codec is None or not feature_map(t):
+        pass touches the tensor and its compressed bytes (the clock's encode and decode).
+        ``compressed=False``: as if there were no codec."""
+        if not compressed or self.codec is None or not feature_map(t):
             return self.cost.copy_time(t.nbytes), 0.0
         m = self.codec.nbytes(t.nbytes // t.dtype.itemsize)
         return self.cost.copy_time(m), self.cost.codec_time(t.nbytes + m)

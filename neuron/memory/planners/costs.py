@@ -24,17 +24,19 @@ class TensorCost:
     prefetch_after: int     # a swap's copy back starts after this step (swap.prefetch_step)
 
 
-def tensor_costs(ctx, cands) -> list[TensorCost]:
+def tensor_costs(ctx, cands, compressed: bool = True) -> list[TensorCost]:
     """Each candidate's costs (those with a forward and a backward use), once per plan context
-    and candidate set: superneurons' two cost orders and the DQN planner's features share it."""
-    memo = ctx._memo(("tensor_costs", ctx.codec), ctx.schedule.steps, dict)
+    and candidate set: superneurons' two cost orders and the DQN planner's features share it.
+    ``compressed=False``: with full-size copies even under compression (capuchin)."""
+    codec = ctx.codec if compressed else None
+    memo = ctx._memo(("tensor_costs", codec), ctx.schedule.steps, dict)
     key = tuple(t.id for t in cands)
     if key not in memo:
-        memo[key] = _tensor_costs(ctx, cands)
+        memo[key] = _tensor_costs(ctx, cands, compressed)
     return list(memo[key])
 
 
-def _tensor_costs(ctx, cands) -> list[TensorCost]:
+def _tensor_costs(ctx, cands, compressed) -> list[TensorCost]:
     steps = ctx.schedule.steps
     last_fwd, first_bwd = ctx.uses(steps)
     cum = ctx.cum_time(steps)
@@ -45,7 +47,7 @@ def _tensor_costs(ctx, cands) -> list[TensorCost]:
         if f is None or j is None:
             continue
         free = cum[j] - cum[f + 1]
-        one, codec = ctx.copy_cost(t)
+        one, codec = ctx.copy_cost(t, compressed)
         swap = 2 * one
         reruns, ins = chain[t.id]
         # a planned offload overlaps the next step (its block is kept until then), the copy
