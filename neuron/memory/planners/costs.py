@@ -27,7 +27,8 @@ class TensorCost:
 def tensor_costs(ctx, cands, compressed: bool = True) -> list[TensorCost]:
     """Each candidate's costs (those with a forward and a backward use), once per plan context
     and candidate set: superneurons' two cost orders and the DQN planner's features share it.
-    ``compressed=False``: with full-size copies even under compression (capuchin)."""
+    ``compressed=False``: with full-size copies even under compression (capuchin and the
+    MILP weigh both)."""
     codec = ctx.codec if compressed else None
     memo = ctx._memo(("tensor_costs", codec), ctx.schedule.steps, dict)
     key = tuple(t.id for t in cands)
