@@ -77,8 +77,8 @@ def full_size_plan(ex, budget, planner, rate):
     every feature map compressed."""
     ctx = PlanContext(ex, budget, COST)
     d = get_planner(planner).plan(ctx)
-    ctx.codec = get_codec(rate)
-    d.compress = ctx.compress_map(d.steps)
+    d.compress = {t.id: rate for s in d.steps for t in s.reads + s.writes
+                  if t.kind == Kind.ACTIVATION and t.dtype == np.float32}
     return d, ctx.evaluate(d)
 
 
