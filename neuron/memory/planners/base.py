@@ -15,8 +15,8 @@ fitness function.
 Under FreeLunch compression (planners/compress.py) the context carries the codec
 (``PlanContext.codec``): every candidate is simulated with the compressed copies its
 decisions will have (``compress_map``), and ``copy_cost`` gives the per-tensor copy and codec
-seconds the cost-based planners weigh (costs.py, swap.py), so a planner decides with the
-copies the run will make.
+seconds the cost-based planners weigh (costs.py), so a planner decides with the copies the
+run will make.
 """
 from __future__ import annotations
 
