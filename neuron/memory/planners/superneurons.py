@@ -310,7 +310,8 @@ def time_bound(ctx, steps) -> tuple[float, bool]:
     leaves them by X bytes, those X bytes were copied out before step k and must be copied back
     after it on the one copy stream, so time >= max(compute before k, X / bw) +
     max(compute from k on, X / bw), where under compression bw counts the tensor bytes a
-    compressed copy carries (``PlanContext.copy_fraction``: sound, as some go uncompressed)."""
+    compressed copy carries (``PlanContext.copy_fraction``, the fewest: a tensor that is not
+    a feature map, or goes uncompressed for want of a staging block, moves more)."""
     cum = ctx.cum_time(steps)
     total = cum[-1]
     ex = ctx._ex
