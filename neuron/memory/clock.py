@@ -202,7 +202,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             compute += dt
             compaction += dt
         elif kind in ("encode", "decode"):
-            dt = ev[2] / spec.mem_bandwidth + spec.launch_latency
+            dt = cost.codec_time(ev[2])
             codec_busy += dt
             if not overlap:             # the CPU device: on the compute thread
                 compute += dt

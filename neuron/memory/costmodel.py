@@ -291,6 +291,11 @@ class CostModel:
     def copy_time(self, nbytes: int) -> float:
         return self.copy_latency + nbytes / self.copy_bandwidth
 
+    def codec_time(self, nbytes: int) -> float:
+        """A FreeLunch encode or decode (memory/compressed_swap.py) touching ``nbytes`` (the
+        tensor and its compressed bytes): one pass over device memory on the codec stream."""
+        return nbytes / self.spec.mem_bandwidth + self.spec.launch_latency
+
     def move_time(self, nbytes: int) -> float:
         """Compaction: device-to-device, read and write."""
         return 2.0 * nbytes / self.spec.mem_bandwidth

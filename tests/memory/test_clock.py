@@ -29,6 +29,8 @@ class FixedCost:
     def move_time(self, nbytes):
         return 0.5
 
+    codec_time = CostModel.codec_time       # a pass over memory at spec.mem_bandwidth
+
 
 def _steps(n, sync_at=None):
     """n forward steps, each reading its own tensor; step ``sync_at`` reads back to the host."""

@@ -11,6 +11,12 @@ To add a planner: subclass ``Planner`` in a file of this package and register it
 ``__init__.py``. ``PlanContext`` gives the schedule, the budget, the cost model and a
 simulator of candidate decisions (peak and time), which search-based planners use as their
 fitness function.
+
+Under FreeLunch compression (planners/compress.py) the context carries the codec
+(``PlanContext.codec``): every candidate is simulated with the compressed copies its
+decisions will have (``compress_map``), and ``copy_cost`` gives the per-tensor copy and codec
+seconds the cost-based planners weigh (costs.py), so a planner decides with the copies the
+run will make.
 """
 from __future__ import annotations
 
@@ -18,11 +24,14 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..clock import makespan
 from ..costmodel import CostModel
 from ..liveness import frees_for
 from ..policy import Policy
 from ..schedule import Step
+from ..tensors import Kind
 
 KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
 COMPRESS = "compress"        # swapped, compressed at a fixed rate (planners/compress.py)
@@ -53,6 +62,12 @@ class Decisions:
         return out
 
 
+def feature_map(t) -> bool:
+    """What FreeLunch compresses: a float32 activation (recomputed ones included; never a
+    gradient, a parameter or the data batch)."""
+    return t.kind == Kind.ACTIVATION and np.dtype(t.dtype) == np.float32
+
+
 class PlanContext:
     """What a planner sees: the schedule, the budget (bytes or None), the cost model, and a
     simulator of candidate decisions on this executor's virtual twin."""
@@ -71,6 +86,9 @@ class PlanContext:
         self._sims: list[tuple] = []
         self._pinned: list[tuple] = []
         self.simulated_steps = 0        # steps simulated so far (every candidate's whole run)
+        # FreeLunch (planners/compress.py): the codec every feature map goes to the host with,
+        # set before planning; None: copies are full size
+        self.codec = None
 
     def step_time(self, step) -> float:
         return self.cost.step_time(step, self.batch) + self.cost.step_overhead
@@ -105,6 +123,34 @@ class PlanContext:
             return cum
         return self._memo("cum", steps, make)
 
+    def compress_map(self, steps) -> dict:
+        """Decisions.compress for these steps under the context's codec: every feature map
+        they touch (empty without a codec)."""
+        if self.codec is None:
+            return {}
+        rate = self.codec.rate
+        return self._memo("compress", steps, lambda: {
+            t.id: rate for s in steps for t in s.reads + s.writes if feature_map(t)})
+
+    def copy_cost(self, t, compressed: bool = True) -> tuple[float, float]:
+        """Seconds of one copy of ``t`` between device and host, and of one codec pass over it
+        (0.0: it goes as it is). Compressed, a copy moves ``codec.nbytes`` and each way one
+        pass touches the tensor and its compressed bytes (the clock's encode and decode).
+        ``compressed=False``: as if there were no codec."""
+        if not compressed or self.codec is None or not feature_map(t):
+            return self.cost.copy_time(t.nbytes), 0.0
+        m = self.codec.nbytes(t.nbytes // t.dtype.itemsize)
+        return self.cost.copy_time(m), self.cost.codec_time(t.nbytes + m)
+
+    @property
+    def copy_fraction(self) -> float:
+        """The fewest bytes a copy moves per byte of tensor: 1, or the codec's ratio (a
+        lower bound for bounds on copy time: not every tensor is a feature map)."""
+        if self.codec is None:
+            return 1.0
+        n = 1 << 20
+        return self.codec.nbytes(n) / (4 * n)
+
     def simulate(self, d: Decisions, arena="budget", events: bool = False,
                  trace: bool = False) -> dict:
         """One iteration of these decisions in an arena (default: the budget; None:
@@ -113,7 +159,10 @@ class PlanContext:
         self.simulated_steps += len(d.steps)       # a planner's measured effort
         v = copy.copy(self._ex)
         v.planner = None
-        v._apply_decisions(d, self.frees(d.steps, d.policy.free_dead))
+        # with the compression its decisions will have (planners/compress.py)
+        run = d if d.compress or self.codec is None else \
+            dataclasses.replace(d, compress=self.compress_map(d.steps))
+        v._apply_decisions(run, self.frees(d.steps, d.policy.free_dead))
         r = v.simulate(arena, trace=trace, events=events)
         if events:
             self._sims = [x for x in self._sims[-3:] if x[0] is not d] + [(d, arena, r)]

@@ -330,12 +330,14 @@ def time_bound(ctx, steps) -> tuple[float, bool]:
     compute, and at each step k where the live non-persistent tensors exceed what the budget
     leaves them by X bytes, those X bytes were copied out before step k and must be copied back
     after it on the one copy stream, so time >= max(compute before k, X / bw) +
-    max(compute from k on, X / bw)."""
+    max(compute from k on, X / bw), where under compression bw counts the tensor bytes a
+    compressed copy carries (``PlanContext.copy_fraction``, the fewest: a tensor that is not
+    a feature map, or goes uncompressed for want of a staging block, moves more)."""
     cum = ctx.cum_time(steps)
     total = cum[-1]
     ex = ctx._ex
     avail = ctx.budget - (0 if ex.offload_params else sum(t.nbytes for t in ex.persistent))
-    bw = ctx.cost.copy_bandwidth
+    bw = ctx.cost.copy_bandwidth / ctx.copy_fraction    # tensor bytes per second copied
     frees = ctx.frees(steps, True)
     seen: set = set()
     live, bound, fits = 0, total, True
@@ -375,7 +377,7 @@ def plan_evictions(ctx, d: Decisions, kept, best_s: float = float("inf"),
                     if e[0] == "offload" and e[1] in by_id}.values())
     if not evicted:
         return d, before
-    copies = 2 * sum(ctx.cost.copy_time(t.nbytes) for t in evicted)
+    copies = 2 * sum(ctx.copy_cost(t)[0] for t in evicted)
     if copies >= min(before, best_s) or not planned_ok:
         d.info["evictions"] = {"tensors": len(evicted), "lru_time_s": before,
                                "planned_time_s": None, "planned_bound_s": copies,

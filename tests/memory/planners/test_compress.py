@@ -84,9 +84,10 @@ def test_off_by_default_and_cli(graph):
         "vdnn:compress=2"
 
 
-def test_the_executor_does_not_reuse_the_inner_planners_uncompressed_simulation(graph):
-    """The wrapper compresses the inner planner's decisions: the executor's simulation of them
-    is a fresh one (compressed bytes), not the inner planner's of full-size copies."""
+def test_the_executor_simulates_a_compressed_plan_with_its_compression(graph):
+    """The simulation the executor uses for a compressed plan (the planner's own, whose every
+    candidate was simulated compressed: test_compressed_planning.py) is a fresh one's, of
+    compressed bytes."""
     live = Executor(graph, 4, device="virtual", policy="liveness")
     peak = live.simulate(None, trace=False)["peak_bytes"]
     resident = sum(t.nbytes for t in live.persistent)
