@@ -112,7 +112,7 @@ class Executor:
         self.block, self.strategy = block, strategy
         # a planner (memory/planners) decides for this budget; it replaces the policy's plan
         self.planner, self.cost, self._compact_arg = planner, cost, compact
-        if planner is not None and cost is None:    # plan with the costs of the device it runs on
+        if planner is not None and cost is None:    # its GPU's costs, else the H100's
             self.cost = planning_cost(device, dtype)
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
