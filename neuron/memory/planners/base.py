@@ -142,6 +142,14 @@ class PlanContext:
         m = self.codec.nbytes(t.nbytes // t.dtype.itemsize)
         return self.cost.copy_time(m), self.cost.codec_time(t.nbytes + m)
 
+    def copy_pricings(self) -> list[tuple[bool, str | None]]:
+        """(compressed, log label) per way a cost-based planner prices its copies: as they
+        are without a codec; under one both compressed and full-size (capuchin.py and
+        checkmate.py search each and keep the faster plan)."""
+        if self.codec is None:
+            return [(True, None)]
+        return [(True, "compressed"), (False, "full-size")]
+
     @property
     def copy_fraction(self) -> float:
         """The fewest bytes a copy moves per byte of tensor: 1, or the codec's ratio (a

@@ -40,13 +40,12 @@ class Capuchin(Planner):
         peak = ctx.simulate(build(ctx, cands, {}), None)["peak_bytes"]
         target = max(0, peak - ctx.budget)
         best, tried, seen = (None, float("inf")), [], []
-        for compressed in (True, False) if ctx.codec is not None else (True,):
+        for compressed, label in ctx.copy_pricings():
             choice_of, order = rank(tensor_costs(ctx, cands, compressed))
             ranked = [(c.tensor.id, choice_of[c.tensor.id]) for c in order]
             if ranked in seen:          # the same choices in the same order: the same search
                 continue
             seen.append(ranked)
-            label = None if ctx.codec is None else "compressed" if compressed else "full-size"
             best = search(ctx, cands, choice_of, order, target, best, tried, label)
         best[0].info["search"] = tried
         return best[0]

@@ -99,13 +99,12 @@ class Checkmate(Planner):
         objectives = []
         # under compression the program is solved with the compressed copies' costs and with
         # full-size ones (see the module's docstring), the fastest plan kept
-        for compressed in (True, False) if ctx.codec is not None else (True,):
+        for compressed, label in ctx.copy_pricings():
             model = Model(ctx, tensor_costs(ctx, cands, compressed))
             if any(np.array_equal(model.c_obj, o) for o in objectives):
                 continue                        # the same program
             objectives.append(model.c_obj)
             info["variables"] = 2 * model.n
-            label = None if ctx.codec is None else "compressed" if compressed else "full-size"
             alone = None
             for margin in MARGINS:
                 # stop once a plan fits alone, or the cap is infeasible (tighter ones are too)
