@@ -150,6 +150,17 @@ class PlanContext:
             return [(True, None)]
         return [(True, "compressed"), (False, "full-size")]
 
+    def evict_s_per_byte(self, compressed: bool = True, nbytes: int = 1 << 30) -> float:
+        """Seconds per byte the tensor cache pays to evict a feature map of ``nbytes`` and
+        bring it back (out and back, with the codec's passes when compressed): the linear
+        price of evicted bytes in the MILP and the DQN's features. The evictions of a
+        compressed run go through the codec like planned offloads (memory/compressed_swap.py),
+        so pricing them full size overstates what the cache costs there."""
+        if not compressed or self.codec is None:
+            return 2 * self.cost.copy_time(nbytes) / nbytes
+        m = self.codec.nbytes(nbytes // 4)
+        return 2 * (self.cost.copy_time(m) + self.cost.codec_time(nbytes + m)) / nbytes
+
     @property
     def copy_fraction(self) -> float:
         """The fewest bytes a copy moves per byte of tensor: 1, or the codec's ratio (a

@@ -100,7 +100,7 @@ class Checkmate(Planner):
         # under compression the program is solved with the compressed copies' costs and with
         # full-size ones (see the module's docstring), the fastest plan kept
         for compressed, label in ctx.copy_pricings():
-            model = Model(ctx, tensor_costs(ctx, cands, compressed))
+            model = Model(ctx, tensor_costs(ctx, cands, compressed), compressed)
             if any(np.array_equal(model.c_obj, o) for o in objectives):
                 continue                        # the same program
             objectives.append(model.c_obj)
@@ -126,7 +126,7 @@ class Checkmate(Planner):
 class Model:
     """The MILP's data for one plan: tensors, per-step liveness bytes, chain structure."""
 
-    def __init__(self, ctx, costs):
+    def __init__(self, ctx, costs, compressed: bool = True):
         steps, ex = ctx.schedule.steps, ctx._ex
         self.costs, self.n, self.nsteps = costs, len(costs), len(steps)
         self.mem = liveness_bytes(steps, ex.persistent, lambda s: s.workspace_bytes, ex.block)
@@ -147,7 +147,7 @@ class Model:
         self.by_bwd = sorted(range(self.n), key=lambda i: costs[i].first_bwd)
         self.c_obj = np.array([c.recompute_s for c in costs] +
                               [c.exposed_s + 1e-3 * c.swap_s for c in costs])
-        self.evict_s_per_mib = 2 * ctx.cost.copy_time(MiB)
+        self.evict_s_per_mib = ctx.evict_s_per_byte(compressed, MiB) * MiB    # priced as the swaps
 
     def choice(self, x) -> dict:
         x, n = np.round(x).astype(int), self.n

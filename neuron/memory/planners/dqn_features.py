@@ -123,7 +123,7 @@ class TraceGraph:
                              self.drop_cost.tolist()))     # plain numbers: the loop's speed
         # an excess no later candidate can cover is left to the tensor cache: its bytes go
         # out and back, exposed (per byte, over the iteration time)
-        self.evict_per_byte = 2 * ctx.cost.copy_time(2 ** 30) / 2 ** 30 / self.base_s
+        self.evict_per_byte = ctx.evict_s_per_byte() / self.base_s
         self.adj = self._adjacency()
         # Â^k for k = 0..T: the embedding is linear in x, so an afterstate (one row of x
         # changed) is the current embedding plus that row's change times column i of Â^k

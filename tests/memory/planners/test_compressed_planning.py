@@ -59,6 +59,31 @@ def test_copy_cost_counts_the_compressed_bytes_and_the_codec_passes():
     assert time_bound(ctx, ex.schedule.steps)[0] <= bound     # fewer bytes to copy: sound
 
 
+def test_the_tensor_caches_evictions_are_priced_as_compressed_copies():
+    """The MILP's evicted-bytes variable and the DQN's features price an eviction as the
+    compressed run makes it (memory/compressed_swap.py: the cache's evictions go through the
+    codec): fewer bytes copied plus the codec's passes; full size under full-size pricing."""
+    from neuron.memory.planners.checkmate import MiB, Model
+    from neuron.memory.planners.dqn_features import TraceGraph
+    _, ex, budget = setup(8, 0.3)
+    ctx = PlanContext(ex, budget, COST)
+    plain = ctx.evict_s_per_byte()
+    assert plain == 2 * COST.copy_time(1 << 30) / (1 << 30)
+    cands = droppable(ex.schedule)
+    full_model = Model(ctx, tensor_costs(ctx, cands))
+    full_evict = TraceGraph(ctx).evict_per_byte
+    ctx.codec = codec = get_codec(4)
+    m = codec.nbytes(1 << 28)
+    assert ctx.evict_s_per_byte() == \
+        2 * (COST.copy_time(m) + COST.codec_time((1 << 30) + m)) / (1 << 30) < plain
+    assert ctx.evict_s_per_byte(compressed=False) == plain
+    assert Model(ctx, tensor_costs(ctx, cands, False), False).evict_s_per_mib == \
+        full_model.evict_s_per_mib == 2 * COST.copy_time(MiB)
+    assert Model(ctx, tensor_costs(ctx, cands), True).evict_s_per_mib < \
+        full_model.evict_s_per_mib
+    assert TraceGraph(ctx).evict_per_byte < full_evict
+
+
 def test_the_executor_reuses_the_planners_compressed_simulation():
     """Every candidate was simulated with the compression its decisions have, so the
     executor takes the planner's simulation of its answer, and it is a fresh one's."""
