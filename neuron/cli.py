@@ -45,11 +45,11 @@ def _json_arg(p):
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
-def _policy_arg(p, default: str):
+def _policy_arg(p, default: str | None, default_help: str | None = None):
     p.add_argument("--policy", choices=list(POLICIES), default=default,
                    help="memory policy: baseline (nothing freed early), liveness (free after "
                    "last use), offload (+ LRU offload to host), recompute (+ recomputation), "
-                   "superneurons (all three)")
+                   f"superneurons (all three) (default: {default_help or default})")
 
 
 def _device_arg(p):
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_integer("--seed", 0), default=0,
                    help="seed of the initialization and the data order")
     _device_arg(t)
-    _policy_arg(t, "liveness")
+    _policy_arg(t, None, "liveness; superneurons, planned, under --budget")
     t.add_argument("--budget", default=None,
                    help="arena size, e.g. 12GiB, 512MiB, 3GB (default: the planned peak)")
     t.add_argument("--offload-params", action="store_true",
@@ -542,9 +542,16 @@ def cmd_train(args) -> int:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
                     trace=False, planner=planner_spec(args), chunks=chunks)["min_budget_bytes"]
+        hint = ""
+        if args.policy != "superneurons" and not args.planner:   # the one that can evict
+            least = plan(graph, args.batch, policy="superneurons", trace=False,
+                         offload_params=args.offload_params, chunks=chunks)["min_budget_bytes"]
+            if least < need:
+                hint = (f"; policy superneurons (the default under --budget) completes one in "
+                        f"{fmt_bytes(least)}")
         raise MemoryBudgetError(f"{e}; the smallest budget in which policy {args.policy} "
                                 f"completes an iteration is {need} bytes ({fmt_bytes(need)})"
-                                ) from None
+                                + hint) from None
     meta = {"model": args.model, "depth": args.depth, "dataset": args.dataset}
     with stop_all_ranks_on_error(comm, "train"):
         dp = None

@@ -37,12 +37,20 @@ def add_planner_arg(p, default_under_budget: bool = False) -> None:
 
 
 def resolve_planner(args, command: str) -> None:
-    """Fill in --planner's default (PLANNED_BY_DEFAULT): under a budget the superneurons
-    planner chooses, by simulated time, among the policy's own plan and its cost-based
-    variants. The policy alone thrashes where memory is tight: ResNet-50 batch 32 at 0.3x the
-    liveness peak simulates 81.0 ms against the planner's 28.7 (H100 analytic), and at batch
-    284 in 12 GiB its LRU moved 7 GB each way per iteration on the H100 (+68% over no
-    budget)."""
+    """Fill in train's --policy default and --planner's (PLANNED_BY_DEFAULT): under a budget
+    the superneurons planner chooses, by simulated time, among the policy's own plan and its
+    cost-based variants. The policy alone thrashes where memory is tight: ResNet-50 batch 32
+    at 0.3x the liveness peak simulates 81.0 ms against the planner's 28.7 (H100 analytic),
+    and at batch 284 in 12 GiB its LRU moved 7 GB each way per iteration on the H100 (+68%
+    over no budget).
+
+    train's policy is liveness without a budget (nothing moved or recomputed: the fastest
+    where memory is no object) and superneurons under one, so that training in a budget works
+    without knowing the policies: liveness alone cannot evict, and `train resnet_cifar --depth
+    20 --budget 20MiB` failed needing 51 MiB where the planner fits 8.1 MiB. Where liveness
+    fits, the planner keeps its plan (its "liveness" variant: the same steps and results)."""
+    if command == "train" and getattr(args, "policy", "") is None:
+        args.policy = "superneurons" if getattr(args, "budget", None) else "liveness"
     if not hasattr(args, "planner"):
         return
     if args.planner == "none":

@@ -175,7 +175,7 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
             text = fmt._get_help_string(action)
             assert "default" in text, (name, action.option_strings, text)
     train = sub.choices["train"].format_help()
-    assert "superneurons" in train and "(default: liveness)" in train
+    assert "superneurons" in train and "(default: liveness; superneurons, planned," in train
 
 
 def test_train_summary_shows_bytes_moved(capsys):

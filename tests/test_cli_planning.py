@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from neuron.cli import main
 
 
@@ -64,16 +66,44 @@ def _planner_of(command, *args):
 def test_a_budgeted_superneurons_run_gets_the_superneurons_planner_by_default():
     budget = ("--budget", "2MiB")
     for command in ("plan", "memory", "train"):
-        policy = ("--policy", "superneurons") if command == "train" else ()
-        assert _planner_of(command, *budget, *policy) == "superneurons", command
-        assert _planner_of(command, *policy) is None, command            # no budget
-        assert _planner_of(command, *budget, *policy, "--planner", "none") is None
-        assert _planner_of(command, *budget, *policy, "--planner", "capuchin") == "capuchin"
+        assert _planner_of(command, *budget) == "superneurons", command
+        assert _planner_of(command) is None, command            # no budget
+        assert _planner_of(command, *budget, "--planner", "none") is None
+        assert _planner_of(command, *budget, "--planner", "capuchin") == "capuchin"
         assert _planner_of(command, *budget, "--policy", "liveness") is None
-    # train's own default policy is liveness: no planner unless asked
-    assert _planner_of("train", *budget) is None
     # deepest and widest plan at every probe: they keep the policy
     assert _planner_of("widest", *budget) is None
+
+
+def _policy_of(command, *args):
+    from neuron.cli import build_parser
+    from neuron.cli_planning import resolve_planner
+    a = build_parser().parse_args([command, "resnet_cifar", "--depth", "8", *args])
+    resolve_planner(a, command)
+    return a.policy
+
+
+def test_train_policy_is_liveness_without_a_budget_and_superneurons_under_one():
+    assert _policy_of("train") == "liveness"
+    assert _policy_of("train", "--budget", "2MiB") == "superneurons"
+    assert _policy_of("train", "--budget", "2MiB", "--policy", "liveness") == "liveness"
+    assert _policy_of("train", "--policy", "recompute") == "recompute"
+    assert _policy_of("plan") == "superneurons"
+
+
+def test_train_in_a_budget_liveness_cannot_fit_trains_by_default(capsys):
+    """`train --budget` below liveness's minimum: the default plans and trains; an explicit
+    --policy liveness fails naming both minimums."""
+    args = ["train", "resnet_cifar", "--depth", "8", "--batch", "8", "--budget", "3MiB",
+            "--iters", "2", "--device", "cpu", "--no-progress", "--json"]
+    assert main(args) == 0
+    r = _last_json(capsys)
+    assert r["planner"] == "superneurons" and r["peak_bytes"] <= 3 << 20
+    assert r["iterations"] == 2 and np.isfinite(r["final_loss"])
+    assert main(args + ["--policy", "liveness"]) == 2        # a budget too small: usage
+    err = capsys.readouterr().err
+    assert "the smallest budget in which policy liveness completes" in err
+    assert "policy superneurons (the default under --budget) completes one in" in err
 
 
 def test_default_planner_in_plan_and_none_with_compress_is_a_usage_error(capsys):
