@@ -272,7 +272,8 @@ def test_cli_train_with_too_small_budget_states_the_minimum(capsys):
                 trace=False)["min_budget_bytes"]
     for budget in ("100KiB", str(need - 1)):
         rc = main(["train", "resnet_cifar", "--depth", "8", "--batch", "4", "--iters", "1",
-                   "--device", "cpu", "--budget", budget, "--no-progress"])
+                   "--device", "cpu", "--budget", budget, "--no-progress",
+                   "--policy", "liveness"])         # under --budget train's default plans
         err = capsys.readouterr().err
         assert rc == 2
         assert f"completes an iteration is {need} bytes" in err, err
