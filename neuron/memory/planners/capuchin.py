@@ -23,7 +23,9 @@ evicted twice as often, and the plan was 48% slower.
 """
 from __future__ import annotations
 
-from .base import RECOMPUTE, SWAP, Decisions, Planner
+import dataclasses
+
+from .base import PLANNED, RECOMPUTE, SWAP, Decisions, Planner
 from .choice import build
 from .costs import tensor_costs
 from .rewrite import droppable
@@ -47,8 +49,33 @@ class Capuchin(Planner):
                 continue
             seen.append(ranked)
             best = search(ctx, cands, choice_of, order, target, best, tried, label)
+        if best[1] == float("inf"):
+            best = fallback(ctx, cands, best, tried)
         best[0].info["search"] = tried
         return best[0]
+
+
+#: the pool's order as the superneurons policy runs it: evict first, compact only when nothing
+#: is left to evict (PLANNED compacts first)
+EVICT_FIRST = dataclasses.replace(PLANNED, name="planned-evict-first", compact_first=False)
+
+
+def fallback(ctx, cands, best, tried):
+    """No count fit (the planned moves can fragment a tight arena: a planned offload holds its
+    block until the next step has run): nothing planned, the tensor cache alone, as the
+    superneurons policy runs, in the pool's compaction-first order and in the policy's own;
+    the fastest that fits, else ``best`` with ``info["none_fit"]``."""
+    for policy in (PLANNED, EVICT_FIRST):
+        d = dataclasses.replace(build(ctx, cands, {}), policy=policy)
+        r = ctx.evaluate(d)
+        tried.append({"tensors": 0, "policy": policy.name, "fits": r["fits"],
+                      "time_s": r["time_s"]})
+        if r["time_s"] < best[1]:
+            best = d, r["time_s"]
+            ctx.pin(d)
+    if best[1] == float("inf"):
+        best[0].info["none_fit"] = True
+    return best
 
 
 def rank(costs) -> tuple[dict, list]:
@@ -84,6 +111,7 @@ def search(ctx, cands, choice_of, order, target, best, tried, label):
                       "fits": r["fits"], "time_s": r["time_s"]})
         if label:
             tried[-1]["costs"] = label
+        # a plan that does not fit has time inf: it is kept only while nothing fits
         if r["time_s"] < best[1] or best[0] is None:
             best = d, r["time_s"]
             ctx.pin(d)
