@@ -120,7 +120,10 @@ def test_planning_with_compressed_copies_is_no_slower_and_swaps_where_they_pay(
     (more swaps) and is faster in the simulator; it is never slower.
     (resnet_cifar 20 32x32 at 0.25 and rate 4: superneurons 2.11 -> 1.74 ms; capuchin at 0.2
     and rate 4 was 1.8% slower, and at 16x16 and 0.3 48% slower, with the compressed costs
-    alone, before it searched the full-size choice too.)"""
+    alone, before it searched the full-size choice too. Since capuchin's count search tries
+    fewer recomputes than the excess, its compressed plan at 0.15 and rate 4 recomputes fewer
+    tensors and leaves more to the cache's compressed copies instead of swapping more: 4.51
+    ms against the full-size choice's 4.73, where before the search they were 5.13 and 5.57.)"""
     _, ex, budget = setup(size, fraction)
     old, r_old = full_size_plan(ex, budget, planner, rate)
     ctx = PlanContext(ex, budget, COST)
@@ -130,7 +133,10 @@ def test_planning_with_compressed_copies_is_no_slower_and_swaps_where_they_pay(
     assert r_new["time_s"] <= r_old["time_s"] * (1 + 1e-12)
     if faster:
         assert r_new["time_s"] < 0.97 * r_old["time_s"]
-        assert new.counts()["compress"] > old.counts()["swap"]       # swapped more
+        if planner == "capuchin":                   # a different choice (see above)
+            assert new.tensors != old.tensors
+        else:
+            assert new.counts()["compress"] > old.counts()["swap"]   # swapped more
 
 
 @pytest.mark.parametrize("spec,fraction,size", [("superneurons:compress=4", 0.25, 16),
@@ -140,7 +146,8 @@ def test_a_compressed_plan_runs_for_real_as_simulated(spec, fraction, size):
     g, _, budget = setup(size, fraction)
     ex = Executor(g, 32, device="cpu", planner=spec, budget=budget, cost=COST, seed=1,
                   optimizer=nn.SGD(lr=0.05, momentum=0.9))
-    assert ex.decisions.counts()["compress"] > 0
+    # compressed copies (capuchin's: its cache's evictions, none planned since its count search)
+    assert ex.decisions.compress
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 3, size, size)).astype(np.float32)
     loss = ex.train_step(x, rng.integers(0, 10, 32))
