@@ -76,6 +76,7 @@ from ..clock import makespan
 from ..policy import get_policy
 from ..recompute import plan_recompute
 from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
+from .capuchin import rank
 from .choice import build
 from .costs import tensor_costs
 from .rewrite import droppable
@@ -137,30 +138,42 @@ class SuperNeurons(Planner):
         return (max(n, 1).bit_length() + 1 + 2 * grid * 3) * 2 * steps
 
     def recompute_by_cost(self, ctx, cands, best_s: float = float("inf"),
-                          run_limit: int | None = None):
+                          run_limit: int | None = None, swaps: bool = False):
         """Cost-aware recompute by time: the tensors backward reads, cheapest to recompute per
         byte first (the cost model's forward seconds of the recompute chain), with
         ``run_limit`` skipping any that would make a run of dropped tensors hold more than that
         (``run_bounded``), as many as memory requires, the tensor cache for the rest. Returns the fastest decisions found, their
-        simulated time (inf: none fits) and a log entry.
+        simulated time (inf: none fits) and a log entry. ``swaps``: each tensor takes its
+        cheaper way out, a swap (its exposed copy seconds) or a recompute, priced per byte
+        (capuchin's ``rank``), the search the same.
 
         How many: k_fit, the fewest whose live tensors fit the budget without eviction
         (bisection on ``time_bound``'s fit: a rewrite each, no simulation), or all when none
         does; then the fastest k in [0, k_fit] on a grid of GRID points, refined around the
         best on a finer one, each simulated with the cache (``plan_evictions``) unless its
         ``time_bound`` cannot beat the best so far."""
-        order = sorted(tensor_costs(ctx, cands),
-                       key=lambda c: (c.recompute_s / max(c.tensor.nbytes, 1), -c.tensor.nbytes))
+        costs = tensor_costs(ctx, cands)
+        if swaps:
+            choice_of, order = rank(costs)
+        else:
+            choice_of = {}
+            order = sorted(costs, key=lambda c: (c.recompute_s / max(c.tensor.nbytes, 1),
+                                                 -c.tensor.nbytes))
         if run_limit is not None:
-            order = run_bounded(order, run_limit)
+            dropped = {id(c) for c in run_bounded(
+                [c for c in order if choice_of.get(c.tensor.id, RECOMPUTE) == RECOMPUTE],
+                run_limit)}
+            order = [c for c in order if id(c) in dropped or choice_of.get(c.tensor.id) == SWAP]
         made: dict = {}
 
         def make(k):
             if k not in made:
-                d = build(ctx, cands, {c.tensor.id: RECOMPUTE for c in order[:k]})
+                d = build(ctx, cands, {c.tensor.id: choice_of.get(c.tensor.id, RECOMPUTE)
+                                       for c in order[:k]})
                 kept = [t for t in cands if d.tensors[t.name] == KEEP]
                 # a kept tensor the cache evicts comes back by time, as in the paper variant
-                d.prefetch_after = swap_schedule(d.steps, kept, ctx)[1]
+                d.prefetch_after = swap_schedule(
+                    d.steps, [t for t in cands if d.tensors[t.name] != RECOMPUTE], ctx)[1]
                 made[k] = (d, kept, *time_bound(ctx, d.steps))
             return made[k]
 
@@ -207,7 +220,11 @@ class SuperNeurons(Planner):
                  "probes": len(times), "simulated": len(tried), "fits": t_best < float("inf"),
                  "time_s": t_best}
         if best is not None:
-            entry.update(recomputed=k_best, policy=best.policy.name)
+            entry.update(recomputed=sum(1 for c in order[:k_best]
+                                        if choice_of.get(c.tensor.id, RECOMPUTE) == RECOMPUTE),
+                         policy=best.policy.name)
+            if swaps:
+                entry["swapped"] = k_best - entry["recomputed"]
         return best, t_best, entry
 
     def plan(self, ctx) -> Decisions:
@@ -266,20 +283,34 @@ class SuperNeurons(Planner):
         # what a search will simulate: at first the most it could, then what the last one did
         cost_steps = self.cost_effort(len(cands), len(steps), self.grid(ctx))
         l_peak = max(s.resident_bytes() for s in steps)
-        # by price alone, then with runs held to l_peak (the paper's segment rule) where the
-        # effort allows: neither is faster everywhere (ResNet-50 at 0.3x the liveness peak:
-        # 38.3 ms by price alone, 28.7 with runs held; DenseNet-121 at 0.5x: 23.2 and 24.8)
-        for name, limit in (("cost-greedy", None), ("cost", l_peak)):
+
+        def search(name, limit, swaps=False):
+            nonlocal best, best_s, cost_steps
             if spent() + cost_steps > cap:
                 log[name] = {"skipped": f"planning effort: {spent():,} steps simulated, about "
                                         f"{cost_steps:,} more, {effort}"}
-                continue
+                return
             before = spent()
-            d, t, entry = self.recompute_by_cost(ctx, cands, best_s, run_limit=limit)
+            d, t, entry = self.recompute_by_cost(ctx, cands, best_s, limit, swaps)
             cost_steps = entry["simulated_steps"] = spent() - before
             log[name] = entry
             if t < best_s:
                 best, best_s = (name, d), t
+
+        # by price alone, then with runs held to l_peak (the paper's segment rule) where the
+        # effort allows: neither is faster everywhere (ResNet-50 at 0.3x the liveness peak:
+        # 38.3 ms by price alone, 28.7 with runs held; DenseNet-121 at 0.5x: 23.2 and 24.8)
+        limits = {"cost-greedy": None, "cost": l_peak}
+        for name, limit in limits.items():
+            search(name, limit)
+        # then each tensor's cheaper way out, swap or recompute, in the form (runs held or
+        # not) that was faster above
+        if not any(c == SWAP for c in rank(tensor_costs(ctx, cands))[0].values()):
+            # its order would be the recompute order: the same search again
+            log["cost-swap"] = {"skipped": "no tensor's swap is cheaper than its recompute"}
+        else:
+            times = {n: log[n].get("time_s", float("inf")) for n in limits}
+            search("cost-swap", limits[min(times, key=times.get)], swaps=True)
         if best is None:                    # nothing fits: the paper's plan and its error
             best = ("paper", paper)
         name, d = best
