@@ -305,8 +305,10 @@ class SuperNeurons(Planner):
             search(name, limit)
         # then each tensor's cheaper way out, swap or recompute, in the form (runs held or
         # not) that was faster above
-        if not any(c == SWAP for c in rank(tensor_costs(ctx, cands))[0].values()):
-            # its order would be the recompute order: the same search again
+        # (where no swap is cheaper, its order is the recompute order: the same search again;
+        # priced only within the effort, pricing 10^4 layers' tensors takes a second)
+        if spent() + cost_steps <= cap and \
+                not any(c == SWAP for c in rank(tensor_costs(ctx, cands))[0].values()):
             log["cost-swap"] = {"skipped": "no tensor's swap is cheaper than its recompute"}
         else:
             times = {n: log[n].get("time_s", float("inf")) for n in limits}
