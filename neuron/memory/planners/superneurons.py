@@ -13,7 +13,7 @@ its copy is out: on the H100, ResNet-50 at twice PyTorch's batch in 12 GiB hid n
 copies). The planned variant is kept only where the simulated clock finds it faster.
 
 Budget-aware (the paper's order: liveness first, then the tensor cache's offloads, then
-cost-aware recompute, each only as memory requires). Under a budget five variants are
+cost-aware recompute, each only as memory requires). Under a budget six variants are
 candidates:
 
 - ``liveness``: liveness alone (no eviction; compaction where the free bytes are scattered),
@@ -39,6 +39,21 @@ candidates:
   the liveness peak they bring superneurons from +20% and +45% over the MILP optimum to -1%
   and -2%, and on ResNet-50 at 0.3x from +165% over unlimited memory to +53%
   (bench/results/planners.md).
+- ``cost-swap``: the same search over an order where each tensor takes its cheaper way out,
+  a planned swap (offloaded during forward, prefetched by time; priced by the copy seconds
+  compute waits for, ``costs.TensorCost.exposed_s``) or a recompute, cheapest per byte first
+  (capuchin's ``rank``), with runs held to l_peak or not as the faster of the two above was.
+  The cache's planned evictions are swaps too, but of whatever the LRU picked; this chooses
+  the swaps that hide and lets them replace recomputes. Prices are per tensor alone, and the
+  copy stream is one queue: several swaps that each hide can together overrun it, which is
+  why every count is simulated, not priced. Skipped where no tensor's swap is cheaper than
+  its recompute (its order would be ``cost-greedy``'s or ``cost``'s). On the H100's analytic
+  costs a planned offload hides only under the step after it, so at whole-layer steps few
+  swaps pay: ResNet-50 batch 32 at 0.5x the liveness peak 20.79 -> 20.73 ms, at 4 chunks in
+  2000 MiB 28.59 -> 28.40 (6 swaps; capuchin's plan), resnet_cifar 8 at 16x16, batch 8, 0.3x
+  2.3% faster (3 swaps); ResNet-50 at 0.3x and the minimum, DenseNet-121 and vgg16 at
+  1.0/0.5/0.3x are unchanged (the search finds no faster count), for up to 1.7x the
+  planning time (DenseNet-121 1175 MiB: 1.5 -> 2.5 s).
 
 Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
 paper variant, as before. A candidate is skipped, unsimulated, when a lower bound on its time
@@ -57,8 +72,9 @@ simulated, so at 10^4 layers the planner keeps to the paper variant's LRU form, 
 simulation, and plans in seconds (the issue-12 target is 10 s; the planned evictions would take
 1.4% off its simulated time there, for 2 s more of planning:
 ``superneurons:max_sim_steps=250000``). The first cost search runs only where the most it could
-simulate (``cost_effort``) fits in what is left, the second where what the first really
-simulated does (on DenseNet-121 about 15,000 steps against an estimate of 97,600).
+simulate (``cost_effort``) fits in what is left, the second and ``cost-swap`` where what the
+one before really simulated does (on DenseNet-121 about 15,000 steps against an estimate of
+97,600).
 
 On a chunked schedule the cap counts steps of the unchunked iteration (it is ``max_sim_steps``
 times the chunk count): every simulation is about that many times longer (ResNet-50: 429 steps,
