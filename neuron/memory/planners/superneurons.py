@@ -52,8 +52,8 @@ candidates:
   swaps pay: ResNet-50 batch 32 at 0.5x the liveness peak 20.79 -> 20.73 ms, at 4 chunks in
   2000 MiB 28.59 -> 28.40 (6 swaps; capuchin's plan), resnet_cifar 8 at 16x16, batch 8, 0.3x
   2.3% faster (3 swaps); ResNet-50 at 0.3x and the minimum, DenseNet-121 and vgg16 at
-  1.0/0.5/0.3x are unchanged (the search finds no faster count), for up to 1.7x the
-  planning time (DenseNet-121 1175 MiB: 1.5 -> 2.5 s).
+  1.0/0.5/0.3x are unchanged (the search finds no faster count), for 1.2-2.2x the planning
+  CPU time on a loaded 2-core machine (DenseNet-121 1175 MiB: 1.5 -> 2.6 s).
 
 Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
 paper variant, as before. A candidate is skipped, unsimulated, when a lower bound on its time
