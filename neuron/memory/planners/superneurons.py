@@ -13,7 +13,7 @@ its copy is out: on the H100, ResNet-50 at twice PyTorch's batch in 12 GiB hid n
 copies). The planned variant is kept only where the simulated clock finds it faster.
 
 Budget-aware (the paper's order: liveness first, then the tensor cache's offloads, then
-cost-aware recompute, each only as memory requires). Under a budget five variants are
+cost-aware recompute, each only as memory requires). Under a budget six variants are
 candidates:
 
 - ``liveness``: liveness alone (no eviction; compaction where the free bytes are scattered),
@@ -39,6 +39,21 @@ candidates:
   the liveness peak they bring superneurons from +20% and +45% over the MILP optimum to -1%
   and -2%, and on ResNet-50 at 0.3x from +165% over unlimited memory to +53%
   (bench/results/planners.md).
+- ``cost-swap``: the same search over an order where each tensor takes its cheaper way out,
+  a planned swap (offloaded during forward, prefetched by time; priced by the copy seconds
+  compute waits for, ``costs.TensorCost.exposed_s``) or a recompute, cheapest per byte first
+  (capuchin's ``rank``), with runs held to l_peak or not as the faster of the two above was.
+  The cache's planned evictions are swaps too, but of whatever the LRU picked; this chooses
+  the swaps that hide and lets them replace recomputes. Prices are per tensor alone, and the
+  copy stream is one queue: several swaps that each hide can together overrun it, which is
+  why every count is simulated, not priced. Skipped where no tensor's swap is cheaper than
+  its recompute (its order would be ``cost-greedy``'s or ``cost``'s). On the H100's analytic
+  costs a planned offload hides only under the step after it, so at whole-layer steps few
+  swaps pay: ResNet-50 batch 32 at 0.5x the liveness peak 20.79 -> 20.73 ms, at 4 chunks in
+  2000 MiB 28.59 -> 28.40 (6 swaps; capuchin's plan), resnet_cifar 8 at 16x16, batch 8, 0.3x
+  2.3% faster (3 swaps); ResNet-50 at 0.3x and the minimum, DenseNet-121 and vgg16 at
+  1.0/0.5/0.3x are unchanged (the search finds no faster count), for 1.2-2.2x the planning
+  CPU time on a loaded 2-core machine (DenseNet-121 1175 MiB: 1.5 -> 2.6 s).
 
 Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
 paper variant, as before. A candidate is skipped, unsimulated, when a lower bound on its time
@@ -57,8 +72,9 @@ simulated, so at 10^4 layers the planner keeps to the paper variant's LRU form, 
 simulation, and plans in seconds (the issue-12 target is 10 s; the planned evictions would take
 1.4% off its simulated time there, for 2 s more of planning:
 ``superneurons:max_sim_steps=250000``). The first cost search runs only where the most it could
-simulate (``cost_effort``) fits in what is left, the second where what the first really
-simulated does (on DenseNet-121 about 15,000 steps against an estimate of 97,600).
+simulate (``cost_effort``) fits in what is left, the second and ``cost-swap`` where what the
+one before really simulated does (on DenseNet-121 about 15,000 steps against an estimate of
+97,600).
 
 On a chunked schedule the cap counts steps of the unchunked iteration (it is ``max_sim_steps``
 times the chunk count): every simulation is about that many times longer (ResNet-50: 429 steps,
@@ -76,6 +92,7 @@ from ..clock import makespan
 from ..policy import get_policy
 from ..recompute import plan_recompute
 from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
+from .capuchin import rank
 from .choice import build
 from .costs import tensor_costs
 from .rewrite import droppable
@@ -137,30 +154,42 @@ class SuperNeurons(Planner):
         return (max(n, 1).bit_length() + 1 + 2 * grid * 3) * 2 * steps
 
     def recompute_by_cost(self, ctx, cands, best_s: float = float("inf"),
-                          run_limit: int | None = None):
+                          run_limit: int | None = None, swaps: bool = False):
         """Cost-aware recompute by time: the tensors backward reads, cheapest to recompute per
         byte first (the cost model's forward seconds of the recompute chain), with
         ``run_limit`` skipping any that would make a run of dropped tensors hold more than that
         (``run_bounded``), as many as memory requires, the tensor cache for the rest. Returns the fastest decisions found, their
-        simulated time (inf: none fits) and a log entry.
+        simulated time (inf: none fits) and a log entry. ``swaps``: each tensor takes its
+        cheaper way out, a swap (its exposed copy seconds) or a recompute, priced per byte
+        (capuchin's ``rank``), the search the same.
 
         How many: k_fit, the fewest whose live tensors fit the budget without eviction
         (bisection on ``time_bound``'s fit: a rewrite each, no simulation), or all when none
         does; then the fastest k in [0, k_fit] on a grid of GRID points, refined around the
         best on a finer one, each simulated with the cache (``plan_evictions``) unless its
         ``time_bound`` cannot beat the best so far."""
-        order = sorted(tensor_costs(ctx, cands),
-                       key=lambda c: (c.recompute_s / max(c.tensor.nbytes, 1), -c.tensor.nbytes))
+        costs = tensor_costs(ctx, cands)
+        if swaps:
+            choice_of, order = rank(costs)
+        else:
+            choice_of = {}
+            order = sorted(costs, key=lambda c: (c.recompute_s / max(c.tensor.nbytes, 1),
+                                                 -c.tensor.nbytes))
         if run_limit is not None:
-            order = run_bounded(order, run_limit)
+            dropped = {id(c) for c in run_bounded(
+                [c for c in order if choice_of.get(c.tensor.id, RECOMPUTE) == RECOMPUTE],
+                run_limit)}
+            order = [c for c in order if id(c) in dropped or choice_of.get(c.tensor.id) == SWAP]
         made: dict = {}
 
         def make(k):
             if k not in made:
-                d = build(ctx, cands, {c.tensor.id: RECOMPUTE for c in order[:k]})
+                d = build(ctx, cands, {c.tensor.id: choice_of.get(c.tensor.id, RECOMPUTE)
+                                       for c in order[:k]})
                 kept = [t for t in cands if d.tensors[t.name] == KEEP]
                 # a kept tensor the cache evicts comes back by time, as in the paper variant
-                d.prefetch_after = swap_schedule(d.steps, kept, ctx)[1]
+                d.prefetch_after = swap_schedule(
+                    d.steps, [t for t in cands if d.tensors[t.name] != RECOMPUTE], ctx)[1]
                 made[k] = (d, kept, *time_bound(ctx, d.steps))
             return made[k]
 
@@ -207,7 +236,11 @@ class SuperNeurons(Planner):
                  "probes": len(times), "simulated": len(tried), "fits": t_best < float("inf"),
                  "time_s": t_best}
         if best is not None:
-            entry.update(recomputed=k_best, policy=best.policy.name)
+            entry.update(recomputed=sum(1 for c in order[:k_best]
+                                        if choice_of.get(c.tensor.id, RECOMPUTE) == RECOMPUTE),
+                         policy=best.policy.name)
+            if swaps:
+                entry["swapped"] = k_best - entry["recomputed"]
         return best, t_best, entry
 
     def plan(self, ctx) -> Decisions:
@@ -266,20 +299,36 @@ class SuperNeurons(Planner):
         # what a search will simulate: at first the most it could, then what the last one did
         cost_steps = self.cost_effort(len(cands), len(steps), self.grid(ctx))
         l_peak = max(s.resident_bytes() for s in steps)
-        # by price alone, then with runs held to l_peak (the paper's segment rule) where the
-        # effort allows: neither is faster everywhere (ResNet-50 at 0.3x the liveness peak:
-        # 38.3 ms by price alone, 28.7 with runs held; DenseNet-121 at 0.5x: 23.2 and 24.8)
-        for name, limit in (("cost-greedy", None), ("cost", l_peak)):
+
+        def search(name, limit, swaps=False):
+            nonlocal best, best_s, cost_steps
             if spent() + cost_steps > cap:
                 log[name] = {"skipped": f"planning effort: {spent():,} steps simulated, about "
                                         f"{cost_steps:,} more, {effort}"}
-                continue
+                return
             before = spent()
-            d, t, entry = self.recompute_by_cost(ctx, cands, best_s, run_limit=limit)
+            d, t, entry = self.recompute_by_cost(ctx, cands, best_s, limit, swaps)
             cost_steps = entry["simulated_steps"] = spent() - before
             log[name] = entry
             if t < best_s:
                 best, best_s = (name, d), t
+
+        # by price alone, then with runs held to l_peak (the paper's segment rule) where the
+        # effort allows: neither is faster everywhere (ResNet-50 at 0.3x the liveness peak:
+        # 38.3 ms by price alone, 28.7 with runs held; DenseNet-121 at 0.5x: 23.2 and 24.8)
+        limits = {"cost-greedy": None, "cost": l_peak}
+        for name, limit in limits.items():
+            search(name, limit)
+        # then each tensor's cheaper way out, swap or recompute, in the form (runs held or
+        # not) that was faster above
+        # (where no swap is cheaper, its order is the recompute order: the same search again;
+        # priced only within the effort, pricing 10^4 layers' tensors takes a second)
+        if spent() + cost_steps <= cap and \
+                not any(c == SWAP for c in rank(tensor_costs(ctx, cands))[0].values()):
+            log["cost-swap"] = {"skipped": "no tensor's swap is cheaper than its recompute"}
+        else:
+            times = {n: log[n].get("time_s", float("inf")) for n in limits}
+            search("cost-swap", limits[min(times, key=times.get)], swaps=True)
         if best is None:                    # nothing fits: the paper's plan and its error
             best = ("paper", paper)
         name, d = best

@@ -1,0 +1,70 @@
+"""superneurons' cost-swap search: each tensor backward reads takes its cheaper way out (a swap
+priced by its exposed copy seconds, or a recompute), cheapest per byte first, searched like
+the recompute-only orders; its plan trains bit-identically to liveness."""
+from __future__ import annotations
+
+from neuron.executor import Executor
+from neuron.memory.costmodel import CostModel
+from neuron.memory.planners import PlanContext
+from neuron.memory.planners.superneurons import SuperNeurons
+from neuron.models import build_model
+
+from planner_training import make, train
+
+
+def small_resnet():
+    """resnet_cifar 8 at 16x16, batch 8, at 0.3 of the liveness peak over the resident state:
+    small enough to train on the CPU, and there a few early tensors' copies hide under the
+    long gap to their backward use while recomputing them costs a convolution."""
+    graph, batch = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)), 8
+    live = Executor(graph, batch, device="virtual", policy="liveness")
+    peak = live.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in live.persistent)
+    return graph, batch, int(resident + 0.3 * (peak - resident))
+
+
+def test_cost_swap_swaps_and_beats_every_recompute_only_candidate():
+    graph, batch, budget = small_resnet()
+    ctx = PlanContext(Executor(graph, batch, device="virtual", policy="liveness"), budget,
+                      CostModel.analytic("h100"))
+    d = SuperNeurons().plan(ctx)
+    log = d.info["candidates"]
+    assert d.info["variant"] == "cost-swap"
+    assert log["cost-swap"]["swapped"] > 0 and d.counts()["swap"] > 0
+    others = min(e.get("time_s", float("inf")) for n, e in log.items() if n != "cost-swap")
+    assert log["cost-swap"]["time_s"] < others        # strictly: the swaps pay
+    assert ctx.evaluate(d)["time_s"] == log["cost-swap"]["time_s"]
+
+
+def test_cost_swap_is_skipped_where_no_swap_is_cheaper_than_its_recompute():
+    graph, batch, budget = small_resnet()
+    slow = CostModel.analytic("h100")
+    slow.copy_bandwidth = 1e6           # every copy dearer than any recompute
+    ctx = PlanContext(Executor(graph, batch, device="virtual", policy="liveness"), budget, slow)
+    d = SuperNeurons().plan(ctx)
+    assert d.info["candidates"]["cost-swap"] == {
+        "skipped": "no tensor's swap is cheaper than its recompute"}
+
+
+def test_cost_swap_respects_the_effort_cap():
+    """With the effort for one candidate only, no cost search runs, cost-swap included."""
+    graph, batch, budget = small_resnet()
+    ctx = PlanContext(Executor(graph, batch, device="virtual", policy="liveness"), budget,
+                      CostModel.analytic("h100"))
+    d = SuperNeurons(max_sim_steps=1).plan(ctx)
+    for name in ("cost-greedy", "cost", "cost-swap"):
+        assert d.info["candidates"][name]["skipped"].startswith("planning effort")
+
+
+def test_the_cost_swap_plan_trains_bit_identically_to_liveness():
+    graph, batch, budget = small_resnet()
+    ref_losses, ref_state = train(make(graph, batch, device="cpu", policy="liveness"), graph,
+                                  batch)
+    run = make(graph, batch, device="cpu", planner="superneurons", budget=budget,
+               cost=CostModel.analytic("h100"))
+    assert run.decisions.info["variant"] == "cost-swap" and run.decisions.counts()["swap"] > 0
+    losses, state = train(run, graph, batch)
+    assert losses == ref_losses
+    differ = [k for k in ref_state if ref_state[k].tobytes() != state[k].tobytes()]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+    assert run.pool.high_water <= budget
