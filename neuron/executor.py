@@ -433,6 +433,7 @@ class Executor:
             self._offload_after = _offload_points(steps)
         eager_act_offload = planned and bool(self._offload_after)
         defer_offloads = self.decisions is not None
+        release_after = self.decisions.release_after if defer_offloads else {}
         ahead = self._prefetch_after if planned else None
         pending: list = []
         trace = [] if self.record_trace else None
@@ -491,13 +492,15 @@ class Executor:
                         if t.persistent and pool.resident(t):
                             pool.offload(t)
                 if eager_act_offload:
-                    # a planner's offloads keep their block for one more step (their copy
-                    # overlaps it); the no-tensor-cache policy frees at once, as it always did
+                    # a planner's offloads keep their block until the step the plan's clock
+                    # says their copy is done by (at least one more step: the copy overlaps
+                    # it); the no-tensor-cache policy frees at once, as it always did
                     if pool.draining:
-                        pool.release_draining()
+                        pool.release_draining(i)
                     for t in self._offload_after.get(i, ()):
                         if t.id in pool.offset:
-                            pool.offload(t, defer=defer_offloads)
+                            pool.offload(t, defer=defer_offloads,
+                                         until=release_after.get(t.id, i + 1))
                 if trace is not None:
                     trace.append((step.index, step.layer.name, step.phase, pool.used_bytes,
                                   len(pool.live), ws_bytes, pool.step_peak))

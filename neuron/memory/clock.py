@@ -12,8 +12,10 @@ dependencies the executor really creates (CudaDevice + Pool):
 - a step's kernel waits for the prefetches of the tensors it reads;
 - a miss (fetch) and an offload make compute wait for the copy (the pool frees an offloaded
   block at once, so the next kernel, which may overwrite it, waits for the copy);
-- a planned offload (``offload_async``) keeps its block until the next step has run
-  (``drain``): the copy overlaps that step, and only then does compute wait for it;
+- a planned offload (``offload_async``) keeps its block until the step the plan releases it
+  after (``drain``; Decisions.release_after, by swap.copy_walk: the first step ending after
+  its copy, else the next one; earlier where the arena is short): the copy overlaps the
+  steps up to it, and only then does compute wait for what is left of it;
 - compaction moves bytes on the compute stream;
 - ("encode" | "decode", tensor id, bytes touched) (COMPRESS, memory/compressed_swap.py): the
   codec on its own stream, its passes over memory at the device's bandwidth; an offload

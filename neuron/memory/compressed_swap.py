@@ -12,15 +12,15 @@ codec runs on its own stream (CudaDevice.encode/decode), ordered with events:
 
 - offload: encode after the producer -> copy to the host after the encode. The tensor's
   block is free at once (later compute waits for the encode, a pass over memory, not a copy
-  over the link). A planned offload (``defer``) keeps the staging block until the next step
-  has run (``release_draining``), as a plain planned offload keeps its whole block, so the
-  copy overlaps that step and holds 1/rate of a plain one's bytes; an eviction frees it at
+  over the link). A planned offload (``defer``) keeps the staging block until its release
+  step (``release_draining``), as a plain planned offload keeps its whole block, so the
+  copy overlaps compute and holds 1/rate of a plain one's bytes; an eviction frees it at
   once and later compute waits for the copy. The staging block comes from free space only.
   An eviction happens when the arena is full, so free space often holds only part of one:
   then it encodes the tensor slice by slice through the largest staging block free space
   holds, each slice after the last one's copy (``Codec.pieces`` puts the bytes where a whole
   encode would), in at most ``MAX_SLICES``. Where that is not enough (or for a planned
-  offload, whose copy must overlap the next step), the tensor goes to the host uncompressed
+  offload, whose copy must overlap compute), the tensor goes to the host uncompressed
   (``pool.uncompressed``, its codec back when it returns or is freed);
 - bring-back: copy into a staging block -> decode into the tensor's block. A prefetch
   (``stage_compressed``) brings the compressed bytes only, into a staging block from free
@@ -71,7 +71,7 @@ def _slice_elements(pool, codec, num: int) -> int:
     return c if c and -(-num // c) <= MAX_SLICES else 0
 
 
-def offload_compressed(pool, t, codec, defer: bool = False) -> None:
+def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = None) -> None:
     """As Pool.offload, storing codec.encode(tensor) on the host."""
     if pool.inflight:
         pool._settle(t)
@@ -95,7 +95,7 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
         pool.evict_enabled = saved
     if not c:
         pool.uncompressed[t.id] = pool.codecs.pop(t.id)
-        return pool.offload(t, defer)
+        return pool.offload(t, defer, until)
     buf = pool.host_pool.get(n)
     off = pool.offset.pop(t.id)
     dev = pool.device
@@ -121,7 +121,7 @@ def offload_compressed(pool, t, codec, defer: bool = False) -> None:
     if defer:   # t's block is free once encoded; the staging block is kept for the copy
         if encoded is not None:
             dev.compute_wait(encoded)
-        pool.draining.append((t, st_off, copied, True))
+        pool.draining.append((t, st_off, copied, True, until))
     else:
         for ev in copies:               # later kernels may overwrite either block
             dev.compute_wait(ev)

@@ -82,9 +82,10 @@ class Pool:
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
             attach(self.heap)
-        # planned offloads whose arena block is kept until the next step has run, so that the
-        # copy overlaps that step instead of stalling it: (tensor, offset, event, whether the
-        # block is a compressed offload's staging block rather than the tensor's own)
+        # planned offloads whose arena block is kept until their copy is done (by the plan's
+        # clock: Decisions.release_after), so that the copy overlaps compute instead of
+        # stalling it: (tensor, offset, event, whether the block is a compressed offload's
+        # staging block rather than the tensor's own, the step after which it is released)
         self.draining: list = []
         # the simulated clock's input (memory/clock.py): copies and compactions as they happen
         self.log: list | None = None
@@ -123,7 +124,13 @@ class Pool:
         last resort: it walks every resident tensor."""
         h = self._h
         off = -1
-        if self.compact_first and self.compact_enabled and \
+        # a block kept for its offload's copy goes first: releasing it waits for a copy
+        # already under way, where evicting a tensor would start another (not for what
+        # may not evict: a prefetch or a staging block waits for the release instead)
+        while off < 0 and self.evict_enabled and self.draining:
+            self._release(self.draining.pop(0))
+            off = h.try_alloc(nbytes)
+        if off < 0 and self.compact_first and self.compact_enabled and \
                 h.free_bytes >= -(-nbytes // self._block) * self._block:
             self.compact()
             off = h.try_alloc(nbytes)
@@ -467,12 +474,13 @@ class Pool:
             self.evict_enabled = saved
         return True
 
-    def offload(self, t: TensorInfo, defer: bool = False) -> None:
+    def offload(self, t: TensorInfo, defer: bool = False, until: int | None = None) -> None:
         """Move a device tensor to a host buffer and free its arena block (``defer``: keep
-        the block until ``release_draining``, so the copy can overlap the next kernel)."""
+        the block until ``release_draining`` reaches step ``until``, so the copy can overlap
+        the kernels up to it)."""
         if t.id in self.codecs:         # through a staging block, on the codec stream
             from .compressed_swap import offload_compressed
-            return offload_compressed(self, t, self.codecs[t.id], defer)
+            return offload_compressed(self, t, self.codecs[t.id], defer, until)
         if self.inflight:
             self._settle(t)
         if self.collectives:
@@ -491,7 +499,7 @@ class Pool:
         else:
             self.device.copy_to_host(view, buf, t.nbytes)
         if defer:
-            self.draining.append((t, off, ev, False))
+            self.draining.append((t, off, ev, False, until))
         else:
             self._account_tensor(t, -1)
             self._h.free(off)
@@ -504,19 +512,28 @@ class Pool:
         if self.log is not None:
             self.log.append(("offload_async" if defer else "offload", t.id, t.nbytes))
 
-    def release_draining(self) -> None:
-        """Free the blocks of deferred offloads; later kernels wait for their copies."""
-        for t, off, ev, staging in self.draining:
-            if ev is not None:
-                self.device.compute_wait(ev)
-            if staging:                 # a compressed offload's (memory/compressed_swap.py)
-                self.free_bytes(off)
+    def release_draining(self, step: int | None = None) -> None:
+        """Free the blocks of deferred offloads due by ``step`` (None: all of them); later
+        kernels wait for their copies."""
+        keep = []
+        for entry in self.draining:
+            if step is not None and entry[4] is not None and entry[4] > step:
+                keep.append(entry)
             else:
-                self._account_tensor(t, -1)
-                self._h.free(off)
-            if self.log is not None:
-                self.log.append(("drain", t.id, 0))
-        self.draining.clear()
+                self._release(entry)
+        self.draining = keep
+
+    def _release(self, entry) -> None:
+        t, off, ev, staging, _ = entry
+        if ev is not None:
+            self.device.compute_wait(ev)
+        if staging:                 # a compressed offload's (memory/compressed_swap.py)
+            self.free_bytes(off)
+        else:
+            self._account_tensor(t, -1)
+            self._h.free(off)
+        if self.log is not None:
+            self.log.append(("drain", t.id, 0))
 
     def place_on_host(self, t: TensorInfo, value=None) -> None:
         """Create t directly on the host (parameters under --offload-params)."""

@@ -133,9 +133,9 @@ class RecordingPool(Pool):
         for t in tensors:           # the parent's fast path does not go through free()
             self.free(t)
 
-    def offload(self, t):
+    def offload(self, t, defer=False, until=None):
         off = self.offset[t.id]
-        super().offload(t)
+        super().offload(t, defer, until)
         self._log_tensor(OFFLOAD, t, off)
 
     def _bring_back(self, t, step, ahead=False):

@@ -462,3 +462,47 @@ def test_a_compressed_miss_without_room_to_stage_decodes_on_the_host(reg):
     assert np.all(np.abs(got - x) <= Bf16().bound(x)) and not np.array_equal(got, x)
     assert p.used_bytes == 32 * KiB and p.prefetch_bytes == 16 * KiB and not p.staged
     assert t0.id in p.codecs                        # compressed again next time
+
+
+# ---------------------------------------------------------------- planned offloads' held blocks
+@pytest.mark.parametrize("kind", list(DEVICES))
+def test_a_deferred_offload_keeps_its_block_until_its_release_step(reg, kind):
+    p = pool(kind, blocks=4)
+    a, b = act(reg, "a"), act(reg, "b")
+    p.alloc(a)
+    p.alloc(b)
+    p.log = []
+    p.offload(a, defer=True, until=5)
+    p.offload(b, defer=True)                    # no step: released at the next release
+    assert p.used_bytes == 2 * KiB and p.host.keys() == {a.id, b.id}
+    p.release_draining(4)
+    assert p.used_bytes == KiB and [e[0] for e in p.draining] == [a]
+    p.release_draining(5)
+    assert p.used_bytes == 0 and not p.draining
+    assert p.log[-2:] == [("drain", b.id, 0), ("drain", a.id, 0)]
+
+
+@pytest.mark.parametrize("kind", list(DEVICES))
+def test_a_held_block_is_released_before_anything_is_evicted(reg, kind):
+    """Short of room, the pool releases a block kept for its offload's copy (a wait for a copy
+    under way) before it evicts a tensor (a new copy out and back)."""
+    p = pool(kind, blocks=3)
+    a, b, c = act(reg, "a"), act(reg, "b"), act(reg, "c")
+    for t in (a, b, c):
+        p.alloc(t)
+    p.offload(a, defer=True, until=10)
+    p.alloc(act(reg, "d"))
+    assert p.offload_count == 1 and p.evictions == 0     # a's planned offload only
+    assert not p.draining and p.resident(b) and p.resident(c)
+
+
+def test_a_prefetch_does_not_release_a_held_block(reg):
+    p = pool("cpu", blocks=2)
+    a, b = act(reg, "a"), act(reg, "b")
+    p.alloc(a)
+    p.alloc(b)
+    p.offload(a, defer=True, until=10)
+    p.offload(b)
+    p.alloc(act(reg, "c"))                       # b's block
+    assert not p.prefetch(b)                     # no room without waiting for a's copy
+    assert len(p.draining) == 1

@@ -54,6 +54,9 @@ class Decisions:
     tensors: dict = field(default_factory=dict)          # tensor name -> KEEP | SWAP | RECOMPUTE
     info: dict = field(default_factory=dict)             # planner-specific (e.g. MILP gap)
     compress: dict = field(default_factory=dict)         # tensor id -> codec rate (2 or 4)
+    # tensor id -> the step position after which a planned offload's block is released
+    # (its copy done by then, swap.release_points); absent: the step after its offload
+    release_after: dict = field(default_factory=dict)
 
     def counts(self) -> dict:
         out = {KEEP: 0, SWAP: 0, RECOMPUTE: 0}

@@ -1,9 +1,9 @@
 """Capuchin (Peng et al. 2020)-style planning from measured costs.
 
-Per tensor that backward reads: the seconds a swap costs (compute waits for the copy out,
-since the pool reuses the block at once; the copy back hides in the free time between its last
-forward use and its first backward use, or is exposed for the rest) against the seconds its
-recompute costs (the producer's forward and the transient tensors on its way,
+Per tensor that backward reads: the seconds a swap costs (what compute waits for of its copy
+out, whose block is held until the copy is done by the clock, but not past the prefetch, and
+of its copy back, which hides in the free time before its first backward use or is exposed
+for the rest: swap.copy_walk) against the seconds its recompute costs (the producer's forward and the transient tensors on its way,
 rewrite.chains); the cheaper wins. Tensors are taken cheapest first (the seconds a choice costs
 per byte it frees). How many: simulation decides (``search``), from the fewest covering the
 bytes the liveness peak exceeds the budget by, over a grid of counts from none to all,
@@ -20,21 +20,27 @@ the grid (H100 analytic clock, batch 32): ResNet-50 in 490 MiB 150.9 -> 118.4 ms
 (+703% -> +485%; superneurons +520%), vgg16 in 2342 MiB 76.0 -> 65.6 ms; resnet_cifar 20 at
 32x32 against the MILP optimum at f = 0.7, 0.5, 0.3 of the budget range: +0.0, +0.2, +73.9%
 -> -1.2, -1.8, +7.8%. At 1.0x, 0.5x and 0.3x of ResNet-50's and DenseNet-121's liveness peaks
-the times are unchanged (ResNet-50 at 0.3x, 838 MiB: 45.2 ms, +140%, where superneurons
+the times were unchanged (ResNet-50 at 0.3x, 838 MiB: 45.2 ms, +140%, where superneurons
 takes +52% and the MILP +36%: this rule does not see which tensors are live at the peak, nor
 that a run of recomputes refills it). Planning takes up to 1.2 s (DenseNet-121 in 356 MiB).
 
-Where no count fits (a planned offload holds its block until the next step has run, so the
-planned moves can fragment an arena the cache alone fits: resnet_cifar 8 at 16x16, batch 4,
-with the CPU device's costs, in 844,800 B, 3 KB short at F3:relu), the tensor cache alone is
+Where no count fits (the planned moves' held blocks fragmented an arena the cache alone fit,
+resnet_cifar 8 at 16x16, batch 4, with the CPU device's costs, in 844,800 B, 3 KB short at
+F3:relu, until the pool released held blocks before evicting), the tensor cache alone is
 tried, in the pool's compaction-first order and the policy's evict-first one (``fallback``);
 only if neither fits does the fastest non-fitting plan come back, with ``info["none_fit"]``.
 
-Swaps on one copy stream: each swap is priced alone, as if the stream were idle, while all of
-them and the cache's evictions share it. A walk that books each chosen swap's copies on a FIFO
-stream and re-prices it with the stall it adds changed no choice on ResNet-50, DenseNet-121 or
-vgg16 (H100): the offload, exposed past the next step, already makes all but 2-10 swaps dearer
-than their recompute, so the stream never fills with planned swaps; it was left out.
+Swaps on one copy stream: priced alone, as if the stream were idle, swaps that hide under
+compute look cheap, while all of them and the cache's evictions share the stream. So the
+choice is searched three ways and the fastest kept: priced alone; ``queued`` (costs.py: each
+swap by the wait it adds behind the cheaper ones booked before it); and ``busy`` (each copy
+hides under one step only, the stream taken as full of evictions, as at the minimum budgets).
+When a planned offload's block was released after the next step whatever its copy, only 2-10
+swaps were ever cheaper than their recompute and a queue changed no choice; with the block
+held by the clock (H100 analytic, batch 32, before -> now): ResNet-50 at 0.5x 21.40 -> 20.80
+ms, at 0.3x 45.2 -> 36.3 ms (+140% -> +93%), DenseNet-121 at 0.3x +35.1% -> +20.7%; at the
+minimum budgets the busy pricing keeps the plans it made before (ResNet-50 +527%,
+DenseNet-121 +481%; priced alone or queued, +611% and +523%); planning about 1.5-2x longer.
 
 Under compression (planners/compress.py) every count is simulated with the compressed copies,
 and the choice is made twice, from the compressed swaps' costs (fewer bytes, an encode and a
@@ -53,7 +59,7 @@ import dataclasses
 
 from .base import PLANNED, RECOMPUTE, SWAP, Decisions, Planner
 from .choice import build
-from .costs import tensor_costs
+from .costs import queued, tensor_costs
 from .rewrite import droppable
 
 
@@ -69,12 +75,16 @@ class Capuchin(Planner):
         target = max(0, peak - ctx.budget)
         best, tried, seen = (None, float("inf")), [], []
         for compressed, label in ctx.copy_pricings():
-            choice_of, order = rank(tensor_costs(ctx, cands, compressed))
-            ranked = [(c.tensor.id, choice_of[c.tensor.id]) for c in order]
-            if ranked in seen:          # the same choices in the same order: the same search
-                continue
-            seen.append(ranked)
-            best = search(ctx, cands, choice_of, order, target, best, tried, label)
+            alone = tensor_costs(ctx, cands, compressed)
+            for costs, how in ((alone, "alone"), (queued(ctx, alone), "queued"),
+                               (tensor_costs(ctx, cands, compressed, busy=True), "busy")):
+                choice_of, order = rank(costs)
+                ranked = [(c.tensor.id, choice_of[c.tensor.id]) for c in order]
+                if ranked in seen:      # the same choices in the same order: the same search
+                    continue
+                seen.append(ranked)
+                best = search(ctx, cands, choice_of, order, target, best, tried,
+                              how if label is None else f"{label}, {how}")
         if best[1] == float("inf"):
             best = fallback(ctx, cands, best, tried)
         best[0].info["search"] = tried

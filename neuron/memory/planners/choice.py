@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions
 from .rewrite import recompute_rewrite
-from .swap import swap_schedule
+from .swap import release_points, swap_schedule
 
 
 def build(ctx, cands, choice: dict) -> Decisions:
@@ -17,4 +17,5 @@ def build(ctx, cands, choice: dict) -> Decisions:
     offload_after, prefetch_after = swap_schedule(steps, swap, ctx)
     return Decisions(steps, policy=PLANNED, offload_after=offload_after,
                      prefetch_after=prefetch_after, recompute_report=report,
+                     release_after=release_points(steps, offload_after, prefetch_after, ctx),
                      tensors={t.name: choice.get(t.id, KEEP) for t in cands})

@@ -4,10 +4,12 @@ a feature map's swap is of its compressed bytes, plus an encode and a decode tha
 waits for (``PlanContext.copy_cost``)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .rewrite import chains
-from .swap import lead_s, prefetch_step
+from .base import SWAP
+from .swap import copy_walk, lead_s, prefetch_step
 
 
 @dataclass(frozen=True)
@@ -22,22 +24,25 @@ class TensorCost:
                             # on the way (rewrite.chains)
     inputs: tuple           # ids of the held tensors that recompute reads
     prefetch_after: int     # a swap's copy back starts after this step (swap.prefetch_step)
+    held_after: int = 0     # a swap's block is released after this step (swap.copy_walk)
+    codec_s: float = 0.0    # one codec pass (compressed copies)
 
 
-def tensor_costs(ctx, cands, compressed: bool = True) -> list[TensorCost]:
+def tensor_costs(ctx, cands, compressed: bool = True, busy: bool = False) -> list[TensorCost]:
     """Each candidate's costs (those with a forward and a backward use), once per plan context
     and candidate set: superneurons' two cost orders and the DQN planner's features share it.
     ``compressed=False``: with full-size copies even under compression (capuchin and the
-    MILP weigh both)."""
+    MILP weigh both). ``busy``: each copy hides under one step only, the copy stream taken
+    as busy with others (capuchin's pessimistic pricing)."""
     codec = ctx.codec if compressed else None
-    memo = ctx._memo(("tensor_costs", codec), ctx.schedule.steps, dict)
+    memo = ctx._memo(("tensor_costs", codec, busy), ctx.schedule.steps, dict)
     key = tuple(t.id for t in cands)
     if key not in memo:
-        memo[key] = _tensor_costs(ctx, cands, compressed)
+        memo[key] = _tensor_costs(ctx, cands, compressed, busy)
     return list(memo[key])
 
 
-def _tensor_costs(ctx, cands, compressed) -> list[TensorCost]:
+def _tensor_costs(ctx, cands, compressed, busy) -> list[TensorCost]:
     steps = ctx.schedule.steps
     last_fwd, first_bwd = ctx.uses(steps)
     cum = ctx.cum_time(steps)
@@ -51,16 +56,53 @@ def _tensor_costs(ctx, cands, compressed) -> list[TensorCost]:
         one, codec = ctx.copy_cost(t, compressed)
         swap = 2 * one
         reruns, ins = chain[t.id]
-        # a planned offload overlaps the next step (its block is kept until then), the copy
-        # back the free time before the tensor's use (memory/clock.py); on a device without a
-        # copy stream both copies are exposed. Compute waits for a compressed one's encode
-        # (its block is reused once encoded) and decode (at its reader) either way.
-        if ctx.cost.spec.async_copies:
-            nxt = ctx.step_time(steps[f + 1]) if f + 1 < len(steps) else 0.0
-            exposed = max(0.0, one - nxt) + max(0.0, one - free) + 2 * codec
+        p = prefetch_step(cum, f, j, lead_s(ctx, t))
+        # alone on the copy stream (swap.copy_walk): a planned offload keeps its block until
+        # the first step ending after its copy, not past its prefetch; the copy back starts
+        # after that prefetch step and the copy out; compute waits for what is left of either.
+        # On a device without a copy stream both copies are exposed. Compute waits for a
+        # compressed one's encode (its block is reused once encoded) and decode (at its
+        # reader) either way.
+        if not ctx.cost.spec.async_copies:
+            held, exposed = f + 1, swap + 2 * codec
         else:
-            exposed = swap + 2 * codec
+            held, wait = copy_walk(cum, [(t.id, f, p, j, one, one, codec)])[t.id]
+            if busy:                    # each copy hides under the step after its start
+                out_s = ctx.step_time(steps[f + 1]) if f + 1 < len(steps) else 0.0
+                back_s = ctx.step_time(steps[p + 1]) if p + 1 < j else 0.0
+                wait = max(0.0, one - out_s) + max(0.0, one - back_s)
+            exposed = wait + 2 * codec
         out.append(TensorCost(t, f, j, free, swap, exposed,
-                              sum(ctx.step_time(s) for s in reruns), ins,
-                              prefetch_step(cum, f, j, lead_s(ctx, t))))
+                              sum(ctx.step_time(s) for s in reruns), ins, p, held, codec))
     return out
+
+
+#: ``queued`` books at most this many swaps (each booking walks those before it)
+MAX_QUEUED = 1500
+
+
+def queued(ctx, costs) -> list[TensorCost]:
+    """The costs with each swap priced on a shared copy stream instead of alone: taken in
+    the order ``rank`` gives them alone (cheapest per byte first), a tensor whose swap is
+    cheaper alone is priced by the wait it adds to the swaps booked before it (copy_walk of
+    them with and without it); if that still beats its recompute it is booked. Later copies
+    queue behind earlier ones, so swaps priced alone look cheaper the more are chosen. On a
+    device without a copy stream, or past MAX_QUEUED swaps, the costs as they are."""
+    if not ctx.cost.spec.async_copies:
+        return costs
+    from .capuchin import rank
+    cum = ctx.cum_time(ctx.schedule.steps)
+    choice_of, order = rank(costs)
+    booked, base, out = [], 0.0, {}
+    for c in order:
+        if choice_of[c.tensor.id] != SWAP or len(booked) >= MAX_QUEUED:
+            continue
+        one = c.swap_s / 2
+        trial = booked + [(c.tensor.id, c.last_fwd, c.prefetch_after, c.first_bwd, one, one,
+                           c.codec_s)]
+        total = sum(w for _, w in copy_walk(cum, trial).values())
+        exposed = total - base + 2 * c.codec_s
+        out[c.tensor.id] = dataclasses.replace(c, exposed_s=exposed)
+        if exposed <= c.recompute_s:
+            booked, base = trial, total
+    return [out.get(c.tensor.id, c) for c in costs]

@@ -8,9 +8,9 @@ step that reads it (a tensor still resident costs nothing there).
 
 Under a budget, the tensors the cache would evict are known before the run: the plan is
 simulated once, and each activation the LRU evicted becomes a planned offload right after its
-last forward use, whose copy overlaps the next step (an eviction on demand stalls compute until
-its copy is out: on the H100, ResNet-50 at twice PyTorch's batch in 12 GiB hid none of its
-copies). The planned variant is kept only where the simulated clock finds it faster.
+last forward use, whose copy overlaps the steps after it (an eviction on demand stalls compute
+until its copy is out: on the H100, ResNet-50 at twice PyTorch's batch in 12 GiB hid none of
+its copies). The planned variant is kept only where the simulated clock finds it faster.
 
 Budget-aware (the paper's order: liveness first, then the tensor cache's offloads, then
 cost-aware recompute, each only as memory requires). Under a budget six variants are
@@ -40,20 +40,21 @@ candidates:
   and -2%, and on ResNet-50 at 0.3x from +165% over unlimited memory to +53%
   (bench/results/planners.md).
 - ``cost-swap``: the same search over an order where each tensor takes its cheaper way out,
-  a planned swap (offloaded during forward, prefetched by time; priced by the copy seconds
-  compute waits for, ``costs.TensorCost.exposed_s``) or a recompute, cheapest per byte first
-  (capuchin's ``rank``), with runs held to l_peak or not as the faster of the two above was.
-  The cache's planned evictions are swaps too, but of whatever the LRU picked; this chooses
-  the swaps that hide and lets them replace recomputes. Prices are per tensor alone, and the
-  copy stream is one queue: several swaps that each hide can together overrun it, which is
-  why every count is simulated, not priced. Skipped where no tensor's swap is cheaper than
-  its recompute (its order would be ``cost-greedy``'s or ``cost``'s). On the H100's analytic
-  costs a planned offload hides only under the step after it, so at whole-layer steps few
-  swaps pay: ResNet-50 batch 32 at 0.5x the liveness peak 20.79 -> 20.73 ms, at 4 chunks in
-  2000 MiB 28.59 -> 28.40 (6 swaps; capuchin's plan), resnet_cifar 8 at 16x16, batch 8, 0.3x
-  2.3% faster (3 swaps); ResNet-50 at 0.3x and the minimum, DenseNet-121 and vgg16 at
-  1.0/0.5/0.3x are unchanged (the search finds no faster count), for 1.2-2.2x the planning
-  CPU time on a loaded 2-core machine (DenseNet-121 1175 MiB: 1.5 -> 2.6 s).
+  a planned swap (offloaded during forward, its block held until its copy is done, prefetched
+  by time; priced by the copy seconds compute waits for) or a recompute, cheapest per byte
+  first (capuchin's ``rank``), with runs held to l_peak or not as the faster of the two above
+  was. The cache's planned evictions are swaps too, but of whatever the LRU picked; this
+  chooses the swaps that hide and lets them replace recomputes. The copy stream is one queue,
+  so each swap is priced by the wait it adds behind the cheaper ones (``costs.queued``), and
+  every count is simulated, not priced. Skipped where no tensor's swap is cheaper than its
+  recompute (its order would be ``cost-greedy``'s or ``cost``'s). When a planned offload's
+  block was released after the next step whatever its copy, few swaps paid (ResNet-50 batch
+  32 at 0.5x the liveness peak 20.79 -> 20.73 ms). Held by the clock (swap.release_points)
+  and priced on the queue (H100 analytic, batch 32; before -> now, the holds included):
+  ResNet-50 at 0.3x 28.74 -> 23.55 ms (+52.5% -> +25.0% over unlimited memory), at its
+  minimum +560% -> +539%; DenseNet-121 at 0.3x +30.8% -> +21.3%, at its minimum +520% ->
+  +467%; ResNet-50 at 0.5x 20.73 -> 20.79 (the queue's pricing finds no swap that pays there
+  and the busy pricing that did is not searched: capuchin.py).
 
 Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
 paper variant, as before. A candidate is skipped, unsimulated, when a lower bound on its time
@@ -94,9 +95,9 @@ from ..recompute import plan_recompute
 from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
 from .capuchin import rank
 from .choice import build
-from .costs import tensor_costs
+from .costs import queued, tensor_costs
 from .rewrite import droppable
-from .swap import swap_schedule
+from .swap import release_points, swap_schedule
 
 GRID = 8        # recompute_by_cost's probes per grid (half that on a chunked schedule)
 
@@ -170,7 +171,7 @@ class SuperNeurons(Planner):
         ``time_bound`` cannot beat the best so far."""
         costs = tensor_costs(ctx, cands)
         if swaps:
-            choice_of, order = rank(costs)
+            choice_of, order = rank(queued(ctx, costs))
         else:
             choice_of = {}
             order = sorted(costs, key=lambda c: (c.recompute_s / max(c.tensor.nbytes, 1),
@@ -437,6 +438,7 @@ def plan_evictions(ctx, d: Decisions, kept, best_s: float = float("inf"),
     offload_after, _ = swap_schedule(d.steps, evicted, ctx)
     planned = dataclasses.replace(
         d, offload_after=offload_after, info=dict(d.info),
+        release_after=release_points(d.steps, offload_after, d.prefetch_after, ctx),
         tensors={**d.tensors, **{t.name: SWAP for t in evicted}})
     after = ctx.evaluate(planned)
     choice = planned if after["fits"] and after["time_s"] < before else d
