@@ -5,7 +5,9 @@ Variables per tensor that backward reads: r_i (recompute) and s_i (swap), binary
 <= 1. Memory, per step k: the liveness plan's bytes at k (every tensor from its producing step
 to its last use, plus what stays resident and the step's workspace), minus the bytes of every
 recomputed tensor whose gap (last forward use, first backward use) contains k and of every
-swapped one between its offload and the start of its prefetch (swap.prefetch_step), plus
+swapped one between the release of its block (its copy out done, alone on the copy stream:
+swap.copy_walk; priced busy, below: the step after its offload) and the start of its prefetch
+(swap.prefetch_step), plus
 - the version of a recomputed tensor made early: a recompute of j re-runs the dropped tensors
   it reads first and keeps them until their own use (rewrite.py), so e_ik >= r_i + (j made by
   step k) - 1 for every such j (continuous e_ik, exact whenever the choices are binary);
@@ -24,6 +26,14 @@ the model takes one more variable, the bytes the tensor cache must evict at the 
 charged as copies out and back, and its plan runs with the cache. The solver's time limit,
 status and optimality gap are reported in ``Decisions.info``.
 
+The copy stream is one queue, outside the model: a swap is priced alone (what compute waits
+for of its copies were the stream idle), and swaps that each hide can together overrun it. So
+the program is also solved with each copy priced as hiding under one step only (the stream
+taken as busy: costs.tensor_costs ``busy``) and the faster plan kept. Priced alone only, once
+a planned offload's block was held until its copy was done, the MILP chose swaps by the
+dozen and fell behind the heuristics (resnet_cifar 20 at 32x32, f = 0.3: 2.44 ms against
+superneurons' 1.40).
+
 Under compression (planners/compress.py) the program is solved twice, with the compressed
 swaps' costs (fewer bytes, an encode and a decode compute waits for) and with full-size ones,
 every plan simulated with compression and the fastest kept: the model leaves the tensor
@@ -39,7 +49,7 @@ import numpy as np
 
 from .base import Decisions, Planner, RECOMPUTE, SWAP
 from .choice import build
-from .costs import tensor_costs
+from .costs import queued, tensor_costs
 from .estimate import liveness_bytes
 from .rewrite import droppable
 
@@ -99,8 +109,13 @@ class Checkmate(Planner):
         objectives = []
         # under compression the program is solved with the compressed copies' costs and with
         # full-size ones (see the module's docstring), the fastest plan kept
-        for compressed, label in ctx.copy_pricings():
-            model = Model(ctx, tensor_costs(ctx, cands, compressed), compressed)
+        for (compressed, label), how in [(p, h) for p in ctx.copy_pricings()
+                                         for h in ("alone", "queued", "busy")]:
+            costs = tensor_costs(ctx, cands, compressed, how == "busy")
+            if how == "queued":
+                costs = queued(ctx, costs)
+            model = Model(ctx, costs, compressed, how == "busy")
+            label = ", ".join(x for x in (label, None if how == "alone" else how) if x) or None
             if any(np.array_equal(model.c_obj, o) for o in objectives):
                 continue                        # the same program
             objectives.append(model.c_obj)
@@ -111,9 +126,9 @@ class Checkmate(Planner):
                 alone = attempt_at(model, ctx.budget * margin, False, margin, label)
                 if alone in (True, None):
                     break
-            if not alone and (d is None or ctx.codec is not None):
-                # no plan fits alone: the cache's variable (under compression, for each
-                # program: either one's cache plan may be the faster)
+            if not alone:
+                # no plan fits alone: the cache's variable, for each program (either one's
+                # cache plan may be the faster)
                 attempt_at(model, ctx.budget, True, "cache", label)
         if d is None:
             d = build(ctx, cands, {})
@@ -126,8 +141,12 @@ class Checkmate(Planner):
 class Model:
     """The MILP's data for one plan: tensors, per-step liveness bytes, chain structure."""
 
-    def __init__(self, ctx, costs, compressed: bool = True):
+    def __init__(self, ctx, costs, compressed: bool = True, busy: bool = False):
         steps, ex = ctx.schedule.steps, ctx._ex
+        # a swap is off the device after the step its block is released after: by the clock,
+        # or, priced busy, the step after its offload (where the arena is short the pool
+        # releases a held block early, waiting for its copy: the wait busy pricing counts)
+        self.off_after = [c.last_fwd + 1 if busy else c.held_after for c in costs]
         self.costs, self.n, self.nsteps = costs, len(costs), len(steps)
         self.mem = liveness_bytes(steps, ex.persistent, lambda s: s.workspace_bytes, ex.block)
         self.idx = {c.tensor.id: i for i, c in enumerate(costs)}
@@ -185,7 +204,7 @@ class Model:
                     e.append((i, c.tensor.nbytes))
                     if (i, k) in early:
                         e.append((early[i, k], -c.tensor.nbytes))
-                if c.last_fwd + 1 < k <= c.prefetch_after:     # off the device
+                if self.off_after[i] < k <= c.prefetch_after:  # off the device
                     e.append((n + i, c.tensor.nbytes))
                 for b, a, z in self.held[i]:
                     if a < k < z:

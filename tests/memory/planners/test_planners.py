@@ -185,12 +185,14 @@ def test_checkmate_takes_the_cache_variable_where_no_plan_fits_alone():
     its plan runs with the cache."""
     ctx = _small_resnet_ctx(0.3)
     d = get_planner("checkmate").plan(ctx)
-    first, last = d.info["attempts"][0], d.info["attempts"][-1]
-    assert first["objective_s"] is None and first["status"] == 2      # infeasible
-    assert last["margin"] == "cache" and last["evicted_mib"] > 0
-    assert last["fits_with_cache"] and not last["fits"]
-    r = ctx.evaluate(d)
-    assert r["fits"] and r["time_s"] == last["time_s"]
+    attempts = d.info["attempts"]
+    assert attempts[0]["objective_s"] is None and attempts[0]["status"] == 2   # infeasible
+    cache = [a for a in attempts if a["margin"] == "cache"]
+    assert cache and all(a["evicted_mib"] > 0 for a in cache)
+    assert all(a["fits_with_cache"] and not a["fits"] for a in cache)
+    r = ctx.evaluate(d)                 # the fastest of the programs' plans
+    assert r["fits"] and r["time_s"] == min(a["time_s"] for a in attempts if "time_s" in a)
+    assert not any(a.get("fits") for a in attempts)     # so it is a cache plan
 
 
 def test_planner_context_evaluates_time_and_peak():
