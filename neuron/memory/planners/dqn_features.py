@@ -81,7 +81,7 @@ class TraceGraph:
     def __init__(self, ctx, cands=None):
         from .choice import build
         cands = droppable(ctx.schedule) if cands is None else cands
-        costs = {c.tensor.id: c for c in tensor_costs(ctx, cands)}
+        costs = {c.tensor.id: c for c in tensor_costs(ctx, cands, busy=True)}
         self.cands = [t for t in cands if t.id in costs]
         self.costs = [costs[t.id] for t in self.cands]
         n = self.n = len(self.cands)
