@@ -81,6 +81,9 @@ class TraceGraph:
     def __init__(self, ctx, cands=None):
         from .choice import build
         cands = droppable(ctx.schedule) if cands is None else cands
+        # swaps priced busy (each copy hiding under one step): priced alone, as if the copy
+        # stream were idle, the retrained agent was 57.7% and 163.8% slower than superneurons
+        # on ResNet-50 and DenseNet-121 at 0.3x their peaks, against 46.6% and 8.9%
         costs = {c.tensor.id: c for c in tensor_costs(ctx, cands, busy=True)}
         self.cands = [t for t in cands if t.id in costs]
         self.costs = [costs[t.id] for t in self.cands]
