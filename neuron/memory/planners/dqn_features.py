@@ -33,10 +33,11 @@ afterstates of keep and of drop look alike and keep wins by its cost.
 Afterstate g' = [mean of node states, the decided node's state, dynamic features], read from
 a per-step account of the excess: each step's peak with every candidate kept, minus the
 budget, less what the actions so far take away (a swap is absent from the step after the one
-its block is held to, alone on the copy stream, to its prefetch, exactly as simulated; a recompute from its last forward use to its first
-backward use, and a later recompute that re-runs it on the way holds it again from that one's
-use, since rewrite.py keeps a recomputed version until backward has used it: long chains of
-recomputes cost memory in backward). The features: the largest excess left after the action
+its block is held to, alone on the copy stream, to its prefetch, exactly as simulated; a
+recompute from its last forward use to its first backward use, and a later recompute that
+re-runs it on the way holds it again from that one's use, since rewrite.py keeps a
+recomputed version until backward has used it: long chains of recomputes cost memory in
+backward). The features: the largest excess left after the action
 over the largest before any (0 at a budget >= the peak), that over all candidate bytes, the
 fraction of candidates left after this one, the largest excess left over the bytes of the
 later candidates (capped at 2), whether any step is still over, and the completion cost: what
@@ -144,8 +145,9 @@ class TraceGraph:
     def _windows(self, ctx) -> None:
         """The steps over which each candidate is absent: a swap's from after the step its
         planned offload holds its block to (its copy done, alone on the copy stream:
-        TensorCost.held_after) up to its prefetch; a recompute's from its last forward use up to its first backward use, cut
-        short by a later recompute that re-runs it on the way (Episode.chain)."""
+        TensorCost.held_after) up to its prefetch; a recompute's from its last forward use up
+        to its first backward use, cut short by a later recompute that re-runs it on the way
+        (Episode.chain)."""
         c = self.costs
         self.lf = np.array([x.last_fwd for x in c], np.int64)
         self.fb = np.array([x.first_bwd for x in c], np.int64)

@@ -2,10 +2,10 @@
 
 A swapped tensor is offloaded right after its last forward use (eager, during forward: the
 plan, not a shortage, decides). Its arena block is kept until its copy out is done, by the
-plan's clock (``release_points``), so compute never waits for it there. Its prefetch starts after the latest step from which the
-compute still ahead of its first backward use covers the copy, so that the copy ends before
-the step that reads it, however many steps back that is; vDNN instead starts it a fixed
-number of steps ahead.
+plan's clock (``release_points``), so compute never waits for it there. Its prefetch starts
+after the latest step from which the compute still ahead of its first backward use covers
+the copy, so that the copy ends before the step that reads it, however many steps back that
+is; vDNN instead starts it a fixed number of steps ahead.
 
 Under compression (planners/compress.py) a prefetch still starts by the full-size copy's time,
 though it brings only the compressed bytes: while it waits it holds only its staging block
@@ -68,7 +68,6 @@ def swap_schedule(steps, tensors, ctx, ahead: int | None = None) -> tuple[dict, 
     return offload_after, prefetch_after
 
 
-
 def copy_walk(cum, swaps) -> dict:
     """The copy stream as a plan expects it: ``swaps`` lists (tensor id, f, p, j, copy out
     seconds, copy back seconds, codec seconds) per planned swap: offloaded after step f (its
@@ -114,6 +113,7 @@ def copy_walk(cum, swaps) -> dict:
             lag += wait + codec
             out[tid] = (out[tid][0], out[tid][1] + wait)
     return out
+
 
 def release_points(steps, offload_after: dict, prefetch_after: dict, ctx) -> dict:
     """tensor id -> the step after which a planned offload's block is released
