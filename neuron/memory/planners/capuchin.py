@@ -1,16 +1,17 @@
 """Capuchin (Peng et al. 2020)-style planning from measured costs.
 
 Per tensor that backward reads: the seconds a swap costs (what compute waits for of its copy
-out, whose block is held until the copy is done by the clock, but not past the prefetch, and
-of its copy back, which hides in the free time before its first backward use or is exposed
-for the rest: swap.copy_walk) against the seconds its recompute costs (the producer's forward
-and the transient tensors on its way, rewrite.chains); the cheaper wins. Tensors are taken
-cheapest first (the seconds a choice costs per byte it frees). How many: simulation decides
-(``search``), from the fewest covering the bytes the liveness peak exceeds the budget by,
-over a grid of counts from none to all, refined around the fastest, never above the fewest
-whose planned moves alone fit. Each count is simulated with the tensor cache behind it (what the planned moves leave over the budget is
-evicted, as Capuchin's passive mode does on demand) and the fastest that fits wins. Swaps are
-offloaded during forward and prefetched by time (swap.py); without a budget nothing is moved.
+out, whose block is held until the copy is done by the clock, but not past the prefetch, and of
+its copy back, which hides in the free time before its first backward use or is exposed for the
+rest: swap.copy_walk) against the seconds its recompute costs (the producer's forward and the
+transient tensors on its way, rewrite.chains); the cheaper wins. Tensors are taken cheapest
+first (the seconds a choice costs per byte it frees). How many: simulation decides
+(``search``), from the fewest covering the bytes the liveness peak exceeds the budget by, over
+a grid of counts from none to all, refined around the fastest, never above the fewest whose
+planned moves alone fit. Each count is simulated with the tensor cache behind it (what the
+planned moves leave over the budget is evicted, as Capuchin's passive mode does on demand) and
+the fastest that fits wins. Swaps are offloaded during forward and prefetched by time
+(swap.py); without a budget nothing is moved.
 
 The count used to start at the excess and only grow (x1.5), and taking more than the excess
 is often slower than taking fewer and leaving the rest to the cache: recomputed tensors are
