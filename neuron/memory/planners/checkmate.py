@@ -26,13 +26,25 @@ the model takes one more variable, the bytes the tensor cache must evict at the 
 charged as copies out and back, and its plan runs with the cache. The solver's time limit,
 status and optimality gap are reported in ``Decisions.info``.
 
-The copy stream is one queue, outside the model: a swap is priced alone (what compute waits
-for of its copies were the stream idle), and swaps that each hide can together overrun it. So
-the program is also solved with each copy priced as hiding under one step only (the stream
-taken as busy: costs.tensor_costs ``busy``) and the faster plan kept. Priced alone only, once
-a planned offload's block was held until its copy was done, the MILP chose swaps by the
-dozen and fell behind the heuristics (resnet_cifar 20 at 32x32, f = 0.3: 2.44 ms against
-superneurons' 1.40).
+The copy stream is one queue: a swap priced alone (what compute waits for of its copies were
+the stream idle) can, with others that each hide, overrun it. So the program is solved four
+ways and the fastest plan kept: priced alone; queued (each swap by the wait it adds behind
+the cheaper ones: costs.queued); busy (each copy hiding under one step only:
+costs.tensor_costs ``busy``); and with the stream in the model (checkmate_stream.py: each
+copy's seconds as flow over the steps of its window, the waits in the objective). Priced
+alone only, the MILP chose swaps by the dozen and fell behind the heuristics (resnet_cifar 20
+at 32x32, f = 0.3: 2.44 ms against superneurons' 1.40).
+
+A step whose kernels also run on no workspace (a convolution) is counted with none
+(estimate.needed_workspace): the executor gives it none when its preferred one does not fit
+in a free block. Counted with its preferred one, the model was conservative by up to a
+convolution's workspace per step, and on resnet_cifar 20 at 0.3x it had no plan that fit
+without the tensor cache; with none, its plan there fits on its own and is 1.137 ms against
+1.574 (superneurons: 1.398). The objective is in microseconds: HiGHS's absolute gap tolerance
+(1e-6) ended solves of a few microseconds' overhead at gaps of 5% as optimal.
+
+Outside the decision space: a recompute that reads a swapped input (the executor brings the
+input back for it, and superneurons' plans do it) is not allowed here (r_i + s_u <= 1).
 
 Under compression (planners/compress.py) the program is solved twice, with the compressed
 swaps' costs (fewer bytes, an encode and a decode compute waits for) and with full-size ones,
@@ -48,9 +60,10 @@ import time
 import numpy as np
 
 from .base import Decisions, Planner, RECOMPUTE, SWAP
+from .checkmate_stream import US, CopyStream
 from .choice import build
 from .costs import queued, tensor_costs
-from .estimate import liveness_bytes
+from .estimate import liveness_bytes, needed_workspace
 from .rewrite import droppable
 
 MAX_STEPS = 400             # the model grows with steps x tensors; meant for ~150-step graphs
@@ -109,12 +122,13 @@ class Checkmate(Planner):
         objectives = []
         # under compression the program is solved with the compressed copies' costs and with
         # full-size ones (see the module's docstring), the fastest plan kept
-        for (compressed, label), how in [(p, h) for p in ctx.copy_pricings()
-                                         for h in ("alone", "queued", "busy")]:
+        hows = ("alone", "queued", "busy") + (("stream",) if ctx.cost.spec.async_copies
+                                              else ())
+        for (compressed, label), how in [(p, h) for p in ctx.copy_pricings() for h in hows]:
             costs = tensor_costs(ctx, cands, compressed, how == "busy")
             if how == "queued":
                 costs = queued(ctx, costs)
-            model = Model(ctx, costs, compressed, how == "busy")
+            model = Model(ctx, costs, compressed, how == "busy", how == "stream")
             label = ", ".join(x for x in (label, None if how == "alone" else how) if x) or None
             if any(np.array_equal(model.c_obj, o) for o in objectives):
                 continue                        # the same program
@@ -141,14 +155,16 @@ class Checkmate(Planner):
 class Model:
     """The MILP's data for one plan: tensors, per-step liveness bytes, chain structure."""
 
-    def __init__(self, ctx, costs, compressed: bool = True, busy: bool = False):
+    def __init__(self, ctx, costs, compressed: bool = True, busy: bool = False,
+                 stream: bool = False):
         steps, ex = ctx.schedule.steps, ctx._ex
         # a swap is off the device after the step its block is released after: by the clock,
         # or, priced busy, the step after its offload (where the arena is short the pool
         # releases a held block early, waiting for its copy: the wait busy pricing counts)
         self.off_after = [c.last_fwd + 1 if busy else c.held_after for c in costs]
         self.costs, self.n, self.nsteps = costs, len(costs), len(steps)
-        self.mem = liveness_bytes(steps, ex.persistent, lambda s: s.workspace_bytes, ex.block)
+        self.stream = CopyStream(ctx, costs) if stream else None
+        self.mem = liveness_bytes(steps, ex.persistent, needed_workspace, ex.block)
         self.idx = {c.tensor.id: i for i, c in enumerate(costs)}
         last_use, nbytes = {}, {}
         for k, s in enumerate(steps):
@@ -164,8 +180,11 @@ class Model:
                 if u in self.idx:
                     self.children[self.idx[u]].append(j)
         self.by_bwd = sorted(range(self.n), key=lambda i: costs[i].first_bwd)
+        swap_s = self.stream.stall_s if stream else [c.exposed_s for c in costs]
         self.c_obj = np.array([c.recompute_s for c in costs] +
-                              [c.exposed_s + 1e-3 * c.swap_s for c in costs])
+                              [w + 1e-3 * c.swap_s for w, c in zip(swap_s, costs)])
+        if stream:
+            self.c_obj = np.concatenate([self.c_obj, self.stream.objective()])
         self.evict_s_per_mib = ctx.evict_s_per_byte(compressed, MiB) * MiB    # priced as the swaps
 
     def choice(self, x) -> dict:
@@ -173,13 +192,15 @@ class Model:
         return {c.tensor.id: RECOMPUTE if x[i] else SWAP
                 for i, c in enumerate(self.costs) if x[i] or x[n + i]}
 
-    def solve(self, cap: float, evict: bool, time_limit_s: float):
+    def solve(self, cap: float, evict: bool, time_limit_s: float, fixed: dict | None = None):
         """-> (solution or None, attempt record). ``evict``: one more variable, the MiB the
-        tensor cache evicts at the worst step (copied out and back)."""
+        tensor cache evicts at the worst step (copied out and back). ``fixed``: column ->
+        value, the choice given (tests price a given plan by the model)."""
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
         costs, n = self.costs, self.n
         rows = [k for k in range(self.nsteps) if self.mem[k] > cap]
+        base = len(self.c_obj)                  # r, s and the copy stream's columns first
         # early[i, k]: column of "i's recomputed version is already back at step k of its gap"
         early = {}
         for i in self.by_bwd:                   # children (made first in backward) first
@@ -187,8 +208,8 @@ class Model:
             for k in rows:
                 if c.last_fwd < k < c.first_bwd and any(
                         k >= costs[j].first_bwd or (j, k) in early for j in self.children[i]):
-                    early[i, k] = 2 * n + len(early)
-        ev_col = 2 * n + len(early)
+                    early[i, k] = base + len(early)
+        ev_col = base + len(early)
         nv = ev_col + (1 if evict else 0)
         ri, ci, val, lo, hi = [], [], [], [], []
 
@@ -221,20 +242,28 @@ class Model:
                 made = j if k >= costs[j].first_bwd else early.get((j, k))
                 if made is not None:
                     row([(col, 1), (i, -1), (made, -1)], -1)
+        if self.stream:
+            self.stream.constraints(row)
         A = coo_matrix((val, (ri, ci)), shape=(len(lo), nv)).tocsr()
-        obj = np.concatenate([self.c_obj, np.zeros(nv - 2 * n)])
+        obj = np.concatenate([self.c_obj, np.zeros(nv - base)])
         integrality = np.concatenate([np.ones(2 * n), np.zeros(nv - 2 * n)])
         upper = np.ones(nv)
+        upper[2 * n:base] = np.inf             # the copy stream's flows and waits
+        lower = np.zeros(nv)
+        for col, v in (fixed or {}).items():
+            lower[col] = upper[col] = v
         if evict:
             obj[ev_col], upper[ev_col] = self.evict_s_per_mib, np.inf
         t0 = time.perf_counter()
-        res = milp(obj, integrality=integrality, bounds=Bounds(0, upper),
+        # in microseconds: HiGHS's absolute gap tolerance (1e-6) against objectives in
+        # seconds (a few us of overhead on a small graph) ended solves at gaps of 5% as optimal
+        res = milp(obj * US, integrality=integrality, bounds=Bounds(lower, upper),
                    constraints=LinearConstraint(A, lo, hi),
                    options={"time_limit": time_limit_s, "mip_rel_gap": 1e-4})
         attempt = {"early_columns": len(early), "status": res.status, "message": res.message,
                    "solve_s": round(time.perf_counter() - t0, 3),
                    "gap": getattr(res, "mip_gap", None),
-                   "objective_s": None if res.x is None else float(res.fun)}
+                   "objective_s": None if res.x is None else float(res.fun) / US}
         if evict and res.x is not None:
             attempt["evicted_mib"] = round(float(res.x[ev_col]), 3)
         return res.x, attempt

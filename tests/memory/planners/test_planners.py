@@ -167,15 +167,21 @@ def _small_resnet_ctx(fraction):
 
 
 @pytest.mark.parametrize("fraction", [0.9, 0.7, 0.6])
-def test_checkmate_memory_model_holds_for_its_first_plan(fraction):
+def test_checkmate_memory_model_holds_for_its_plans(fraction):
     """The MILP counts what the rewrite really holds (a chain's early versions, a swap's
-    prefetch window, transient tensors re-run), so its plan at the full budget fits on its
-    own, without the tensor cache."""
+    prefetch window, transient tensors re-run), so each of its programs' plans fits on its
+    own, without the tensor cache, at the full budget or one tightening (x0.95: the pool's
+    fragmentation is outside the model)."""
     ctx = _small_resnet_ctx(fraction)
     d = get_planner("checkmate").plan(ctx)
-    first = d.info["attempts"][0]
-    assert first["margin"] == 1.0 and first["fits"], first
-    assert first["early_columns"] > 0
+    programs: dict = {}
+    for a in d.info["attempts"]:
+        programs.setdefault(a.get("costs"), []).append(a)
+    assert set(programs) == {None, "queued", "busy", "stream"}
+    for name, attempts in programs.items():
+        assert any(a["fits"] and a["margin"] >= 0.95 for a in attempts), (name, attempts)
+    if fraction < 0.9:
+        assert d.info["attempts"][0]["early_columns"] > 0
     assert ctx.evaluate(d, static=True)["fits"]
 
 
