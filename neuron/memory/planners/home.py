@@ -8,7 +8,8 @@ offload and prefetch by time), run by the same executor simulation every planner
 an infeasible policy scores ``INFEASIBLE_S`` plus its bytes over the budget (per GB), so
 every feasible policy beats every infeasible one and nearer misses rank first.
 
-The swarm is seeded with the superneurons plan's own choice, all-retain, all-swap,
+The swarm is seeded with the superneurons plan's own choice (its local search included,
+polish.py; ``home:polish=0`` seeds with its cost searches' plan alone), all-retain, all-swap,
 all-recompute, the rest uniform at random (``seed``). The superneurons plan itself (its
 cost-aware recompute and LRU tensor cache, which a vector cannot express) is evaluated too
 and returned when no particle beats it, so HOME is never worse than superneurons.
@@ -53,13 +54,14 @@ class Home(Planner):
     plans_compression = True      # get_planner passes compress=R here, not to the wrapper
 
     def __init__(self, seed: int = 0, search_seconds: float = 30.0, swarm: int = 12,
-                 iterations: int = 40, compress: int | None = None):
+                 iterations: int = 40, compress: int | None = None, polish: int = 1):
         if swarm < 4 or iterations < 1 or search_seconds <= 0:
             raise ValueError(f"home: swarm >= 4, iterations >= 1 and search_seconds > 0, got "
                              f"swarm={swarm} iterations={iterations} "
                              f"search_seconds={search_seconds}")
         self.seed, self.search_seconds = int(seed), float(search_seconds)
         self.swarm, self.iterations = int(swarm), int(iterations)
+        self.seed_planner = SuperNeurons(polish=polish)     # polish=0: its searches alone
         self.rate = get_codec(compress).rate if compress else None
         self.codes = CODES + ((COMPRESS,) if self.rate else ())
         if self.rate:
@@ -90,7 +92,7 @@ class Home(Planner):
     def plan(self, ctx) -> Decisions:
         t0, c0 = time.perf_counter(), time.process_time()
         cands = droppable(ctx.schedule)
-        sn = SuperNeurons().plan(ctx)
+        sn = self.seed_planner.plan(ctx)
         if ctx.budget is None or not cands:
             return sn
         n, rng = len(cands), np.random.default_rng(self.seed)

@@ -198,7 +198,9 @@ def test_superneurons_effort_cap_counts_unchunked_steps():
     variant, 2.76 ms against 2.38)."""
     g = resnet8()
     cost = CostModel.analytic("h100")
-    spec = "superneurons:max_sim_steps=8000"    # the unchunked plan's searches need ~7,600
+    # the unchunked plan's searches need ~7,600 (the polish after them, polish.py, is off:
+    # this is about the searches)
+    spec = "superneurons:max_sim_steps=8000,polish=0"
     for k, frac in ((1, 0.5), (4, 0.5)):
         peak = Executor(g, BATCH, device="virtual", policy="liveness",
                         chunks=k).simulate(None)["peak_bytes"]

@@ -239,7 +239,7 @@ def test_superneurons_variant_is_never_slower_than_the_paper_policy(fraction):
     if paper_s < float("inf"):
         assert mine["fits"] and mine["time_s"] <= paper_s
     assert set(d.info["candidates"]) == {"liveness", "cache", "paper", "cost-greedy", "cost",
-                                        "cost-swap"}
+                                        "cost-swap", "polish"}
 
 
 def test_superneurons_recompute_by_cost_takes_the_cheapest_per_byte_and_trains_identically():

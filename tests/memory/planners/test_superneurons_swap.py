@@ -33,7 +33,7 @@ def test_cost_swap_swaps_and_beats_every_recompute_only_candidate():
     log = d.info["candidates"]
     assert d.info["variant"] == "cost-swap"
     assert log["cost-swap"]["swapped"] > 0 and d.counts()["swap"] > 0
-    others = min(e.get("time_s", float("inf")) for n, e in log.items() if n != "cost-swap")
+    others = min(e.get("time_s", float("inf")) for n, e in log.items() if n not in ("cost-swap", "polish"))
     assert log["cost-swap"]["time_s"] < others        # strictly: the swaps pay
     assert ctx.evaluate(d)["time_s"] == log["cost-swap"]["time_s"]
 
