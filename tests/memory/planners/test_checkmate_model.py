@@ -77,3 +77,19 @@ def test_the_copy_stream_prices_one_swap_no_dearer_than_the_clock():
         assert waits <= c.exposed_s + 1e-9, (i, waits, c.exposed_s)
         equal += abs(waits - c.exposed_s) < 1e-9
     assert equal >= 6
+
+
+def test_the_polished_milp_plan_is_never_slower_than_the_milp_plan():
+    """``checkmate:polish=1``: the MILP's plan refined on the simulator's clock (polish.py),
+    the best known reference; where the model's optimum is not the simulator's it is
+    faster, and it never is slower."""
+    ctx = _ctx(8, 0.3, size=16, batch=8)
+    plain = ctx.evaluate(get_planner("checkmate").plan(ctx))["time_s"]
+    p = get_planner("checkmate:polish=1")
+    assert p.name == "checkmate+polish"
+    d = p.plan(ctx)
+    log = d.info["polish"]
+    assert log["milp_time_s"] == plain
+    assert ctx.evaluate(d)["time_s"] == min(plain, log["time_s"]) <= plain
+    with pytest.raises(ValueError, match="polish must be 0 or 1"):
+        get_planner("checkmate:polish=2")
