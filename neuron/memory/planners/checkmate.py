@@ -60,6 +60,10 @@ where small tensors' codec passes made their swaps dearer and the cache took the
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -280,9 +284,10 @@ class Model:
         t0 = time.perf_counter()
         # in microseconds: HiGHS's absolute gap tolerance (1e-6) against objectives in
         # seconds (a few us of overhead on a small graph) ended solves at gaps of 5% as optimal
-        res = milp(obj * US, integrality=integrality, bounds=Bounds(lower, upper),
-                   constraints=LinearConstraint(A, lo, hi),
-                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-4})
+        with solver_output_held():
+            res = milp(obj * US, integrality=integrality, bounds=Bounds(lower, upper),
+                       constraints=LinearConstraint(A, lo, hi),
+                       options={"time_limit": time_limit_s, "mip_rel_gap": 1e-4})
         attempt = {"early_columns": len(early), "status": res.status, "message": res.message,
                    "solve_s": round(time.perf_counter() - t0, 3),
                    "gap": getattr(res, "mip_gap", None),
@@ -290,3 +295,34 @@ class Model:
         if evict and res.x is not None:
             attempt["evicted_mib"] = round(float(res.x[ev_col]), 3)
         return res.x, attempt
+
+
+@contextlib.contextmanager
+def solver_output_held():
+    """HiGHS's C++ writes to the process's stdout and stderr whatever ``disp`` says (lines
+    such as "HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();", by
+    the dozen in a benchmark's log): hold file descriptors 1 and 2 in a temporary file while
+    it solves, and pass what it wrote on to stderr only if the solve raised."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 1)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            _restore(saved)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        else:
+            _restore(saved)
+
+
+def _restore(saved) -> None:
+    for fd, copy in zip((1, 2), saved):
+        if copy is not None:
+            os.dup2(copy, fd)
+            os.close(copy)
+    saved[:] = [None, None]

@@ -93,3 +93,21 @@ def test_the_polished_milp_plan_is_never_slower_than_the_milp_plan():
     assert ctx.evaluate(d)["time_s"] == min(plain, log["time_s"]) <= plain
     with pytest.raises(ValueError, match="polish must be 0 or 1"):
         get_planner("checkmate:polish=2")
+
+
+def test_the_solver_output_is_held_and_shown_only_when_the_solve_raises(capfd):
+    import os
+    from neuron.memory.planners.checkmate import solver_output_held
+    with solver_output_held():
+        os.write(1, b"solver chatter\n")
+        os.write(2, b"more chatter\n")
+    out, err = capfd.readouterr()
+    assert "chatter" not in out + err
+    with pytest.raises(RuntimeError, match="solve failed"):
+        with solver_output_held():
+            os.write(2, b"why it failed\n")
+            raise RuntimeError("solve failed")
+    out, err = capfd.readouterr()
+    assert "why it failed" in err
+    os.write(1, b"after\n")                 # the descriptors are back
+    assert capfd.readouterr().out == "after\n"
