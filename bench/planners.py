@@ -184,7 +184,8 @@ def part_small(args, cost, out, md):
                     cells.append(f"{100 * g:+.1f}%")
                     if planner == "superneurons":
                         best = rows[BEST_KNOWN, f]
-                        verdicts.append((name, f, g, r["simulated_s"] / best["simulated_s"] - 1
+                        verdicts.append((f"{name}{depth or ''}", f, g,
+                                         r["simulated_s"] / best["simulated_s"] - 1
                                          if best["fits"] else None))
                 else:
                     cells.append(f"{'fits' if r['fits'] else 'no'} / optimum "
