@@ -21,3 +21,27 @@ def train(ex, graph, batch):
         x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
         losses.append(ex.train_step(x, rng.integers(0, graph.outputs[0].shape[0], batch)))
     return losses, ex.state_dict()
+
+
+def resnet8_budget(fraction: float):
+    """resnet_cifar 8 at 16x16, batch 8, and a budget of the resident state plus ``fraction``
+    of the rest of its liveness peak: small enough to train on the CPU. -> (graph, batch,
+    budget)."""
+    from neuron.models import build_model
+    graph, batch = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)), 8
+    live = Executor(graph, batch, device="virtual", policy="liveness")
+    peak = live.simulate(None, trace=False)["peak_bytes"]
+    resident = sum(t.nbytes for t in live.persistent)
+    return graph, batch, int(resident + fraction * (peak - resident))
+
+
+def assert_trains_like_liveness(run, graph, batch, budget):
+    """``run`` (an executor with a plan) trains bit-identically to liveness within its
+    budget."""
+    ref_losses, ref_state = train(make(graph, batch, device="cpu", policy="liveness"), graph,
+                                  batch)
+    losses, state = train(run, graph, batch)
+    assert losses == ref_losses
+    differ = [k for k in ref_state if ref_state[k].tobytes() != state[k].tobytes()]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+    assert run.pool.high_water <= budget
