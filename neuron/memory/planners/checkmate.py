@@ -68,9 +68,9 @@ import time
 
 import numpy as np
 
-from .base import KEEP, Decisions, Planner, RECOMPUTE, SWAP
+from .base import Decisions, Planner, RECOMPUTE, SWAP
 from .checkmate_stream import US, CopyStream
-from .choice import build
+from .choice import build, choice_of
 from .costs import queued, tensor_costs
 from .estimate import liveness_bytes, needed_workspace
 from .polish import polish
@@ -168,8 +168,7 @@ class Checkmate(Planner):
             # the MILP's plan refined on the simulator's clock (polish.py): where that is
             # faster, the model's optimum is not the simulator's, and the polished plan is
             # the best known reference
-            p, t, log = polish(ctx, cands, {t.id: d.tensors.get(t.name, KEEP) for t in cands},
-                               self.polish_steps)
+            p, t, log = polish(ctx, cands, choice_of(d, cands), self.polish_steps)
             info["polish"] = {"milp_time_s": best_t, **log}
             if t < best_t:
                 d = p
@@ -306,23 +305,19 @@ def solver_output_held():
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
+    failed = False
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 1)
         os.dup2(held.fileno(), 2)
         try:
             yield
         except BaseException:
-            _restore(saved)
-            held.seek(0)
-            sys.stderr.write(held.read().decode(errors="replace"))
+            failed = True
             raise
-        else:
-            _restore(saved)
-
-
-def _restore(saved) -> None:
-    for fd, copy in zip((1, 2), saved):
-        if copy is not None:
-            os.dup2(copy, fd)
-            os.close(copy)
-    saved[:] = [None, None]
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+            if failed:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))

@@ -19,3 +19,8 @@ def build(ctx, cands, choice: dict) -> Decisions:
                      prefetch_after=prefetch_after, recompute_report=report,
                      release_after=release_points(steps, offload_after, prefetch_after, ctx),
                      tensors={t.name: choice.get(t.id, KEEP) for t in cands})
+
+
+def choice_of(d: Decisions, cands) -> dict:
+    """The per-tensor choice (tensor id -> KEEP | SWAP | RECOMPUTE) a plan made."""
+    return {t.id: d.tensors.get(t.name, KEEP) for t in cands}

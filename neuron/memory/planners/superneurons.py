@@ -63,10 +63,10 @@ change helps or the effort below is spent. Every cost search takes a prefix of o
 so it cannot mix swaps and recomputes by where the excess is; the MILP's plans do (H100
 analytic, batch 32: resnet_cifar 20 at 0.3x the liveness peak 1.398 -> 1.177 ms, +23.0% ->
 +3.5% over the MILP; ResNet-50 at 0.3x 23.55 -> 22.60 ms, planning 1.0 -> 4.2 CPU s).
-``superneurons:polish=0`` leaves it out. A candidate is skipped, unsimulated, when a lower bound on its time
-(``time_bound``: its compute, and the copies its live bytes over the budget force: sound for
-the cache's LRU and planned moves alike) is no
-better than the best time found, and the search stops once a time equals the compute of the
+``superneurons:polish=0`` leaves it out. A candidate is skipped, unsimulated, when a lower
+bound on its time (``time_bound``: its compute, and the copies its live bytes over the budget
+force: sound for the cache's LRU and planned moves alike) is no better than the best time
+found, and the search stops once a time equals the compute of the
 schedule alone (nothing can be faster). ``info["variant"]`` names the winner,
 ``info["candidates"]`` each candidate's bound and simulated times (or why it was skipped).
 
@@ -100,7 +100,7 @@ from ..policy import get_policy
 from ..recompute import plan_recompute
 from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions, Planner
 from .capuchin import rank
-from .choice import build
+from .choice import build, choice_of
 from .costs import queued, tensor_costs
 from .polish import polish
 from .rewrite import droppable
@@ -346,19 +346,17 @@ class SuperNeurons(Planner):
             log["polish"] = {"skipped": "no candidate fits"}
         elif best_s <= floor:
             log["polish"] = {"skipped": "the best time is the compute alone"}
+        elif spent() + 2 * len(best[1].steps) > cap:       # its start and one change
+            log["polish"] = {"skipped": f"planning effort: {spent():,} steps simulated, "
+                                        f"{effort}"}
         else:
             # last, one-tensor changes of the best plan's choice, in what is left of the
             # effort (polish.py: an order's prefix cannot mix swaps and recomputes by where
             # the excess is)
-            if spent() + 2 * len(best[1].steps) > cap:     # its start and one change
-                log["polish"] = {"skipped": f"planning effort: {spent():,} steps simulated, "
-                                            f"{effort}"}
-            else:
-                d, t, entry = polish(ctx, cands, {t.id: best[1].tensors.get(t.name, KEEP)
-                                                  for t in cands}, cap - spent())
-                log["polish"] = {"from": best[0], **entry}
-                if t < best_s:
-                    best, best_s = ("polish", d), t
+            d, t, entry = polish(ctx, cands, choice_of(best[1], cands), cap - spent())
+            log["polish"] = {"from": best[0], **entry}
+            if t < best_s:
+                best, best_s = ("polish", d), t
         if best is None:                    # nothing fits: the paper's plan and its error
             best = ("paper", paper)
         name, d = best
