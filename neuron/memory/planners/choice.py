@@ -6,6 +6,9 @@ from .base import KEEP, PLANNED, RECOMPUTE, SWAP, Decisions
 from .rewrite import recompute_rewrite
 from .swap import release_points, swap_schedule
 
+#: the per-tensor codes of a choice, in the order HOME's vectors and polish's moves use
+CODES = (KEEP, SWAP, RECOMPUTE)
+
 
 def build(ctx, cands, choice: dict) -> Decisions:
     """Decisions from a per-tensor choice (tensor id -> SWAP | RECOMPUTE; absent: KEEP): the

@@ -20,10 +20,10 @@ import time
 import numpy as np
 
 from .base import KEEP, Planner
-from .choice import build
+from .choice import CODES, build
 from .dqn_agent import Agent, score, train
 from .dqn_features import TraceGraph
-from .home import CODES, Home
+from .home import Home
 from .rewrite import droppable
 from .superneurons import SuperNeurons
 

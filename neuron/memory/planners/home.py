@@ -38,12 +38,11 @@ import time
 import numpy as np
 
 from ..codecs import get_codec
-from .base import COMPRESS, KEEP, RECOMPUTE, SWAP, Decisions, Planner
-from .choice import build
+from .base import COMPRESS, KEEP, SWAP, Decisions, Planner
+from .choice import CODES, build
 from .rewrite import droppable
 from .superneurons import SuperNeurons
 
-CODES = (KEEP, SWAP, RECOMPUTE)
 INFEASIBLE_S = 1e3
 
 

@@ -17,10 +17,8 @@ moves from superneurons' best reach it (bench/results/planners.md).
 """
 from __future__ import annotations
 
-from .base import KEEP, RECOMPUTE, SWAP
-from .choice import build
-
-CODES = (KEEP, SWAP, RECOMPUTE)
+from .base import KEEP
+from .choice import CODES, build
 
 
 def polish(ctx, cands, choice: dict, max_steps: int) -> tuple:
