@@ -51,7 +51,7 @@ import numpy as np
 
 from .dqn_features import STATE_DIM, Episode, TraceGraph, dynamic
 
-VERSION = 5
+VERSION = 6
 ACTIONS = ("keep", "swap", "recompute")
 INFEASIBLE = 2.0
 

@@ -248,14 +248,16 @@ def test_options_and_their_errors():
 
 
 def test_the_noisy_rollouts_stop_at_the_search_limit(setup):
-    """Every member's greedy rollout always runs; the noisy ones stop once the CPU limit is
-    spent (a round at a time), and the plan says so."""
+    """Every (member, aim)'s greedy rollout always runs; the noisy ones stop once the CPU
+    limit is spent (a round at a time), and the plan says so."""
+    from neuron.memory.planners.dqn import MARGINS
     ctx, path = setup[3], setup[7]
+    aims = len(MARGINS)
     full = Dqn(agent=path, rollouts=3).plan(ctx).info
-    assert (full["rollouts"], full["stopped_by_time"]) == (3, False)
+    assert (full["rollouts"], full["stopped_by_time"]) == (3 * aims, False)
     short = Dqn(agent=path, rollouts=3, search_seconds=1e-9).plan(ctx).info
-    assert (short["rollouts"], short["stopped_by_time"]) == (1, True)
-    assert short["rollouts_limit"] == 3 and short["search_seconds_limit"] == 1e-9
+    assert (short["rollouts"], short["stopped_by_time"]) == (aims, True)
+    assert short["rollouts_limit"] == 3 * aims and short["search_seconds_limit"] == 1e-9
 
 
 def test_cli_plan_with_dqn(setup, capsys):
@@ -295,3 +297,47 @@ def test_an_agent_path_that_breaks_the_option_string_is_refused():
         "dqn:seed=0,agent=a.npz"
     with pytest.raises(ValueError, match="may not contain"):
         planner_spec(p.parse_args(["--planner", "dqn", "--agent", "x,y=1.npz"]))
+
+
+def test_swaps_queue_on_one_copy_stream_as_simulated(setup):
+    """A swap is priced by the wait it adds on the copy stream it shares with the episode's
+    earlier swaps (copy_walk of both against the first alone), and two swaps change the
+    per-step excess exactly as the simulator's peaks with both planned."""
+    from neuron.memory.planners.home import Home
+    from neuron.memory.planners.swap import copy_walk
+    ctx, tg = setup[3], setup[4]
+    checked = queued = 0
+    for i in range(tg.n - 1):
+        k = i + 1
+        acts = np.zeros(tg.n, np.int8)
+        acts[[i, k]] = 1
+        ep = Episode(tg)
+        while ep.i < k:
+            ep.step(1 if ep.i == i else 0)
+        alone = sum(w for _, w in copy_walk(tg.cum, [tg.walk_args[i]]).values())
+        both = sum(w for _, w in copy_walk(tg.cum, [tg.walk_args[i], tg.walk_args[k]]).values())
+        assert ep.costs()[1] == pytest.approx((both - alone + 2 * tg.walk_args[k][6]) / tg.base_s)
+        k_alone = sum(w for _, w in copy_walk(tg.cum, [tg.walk_args[k]]).values())
+        queued += not np.isclose(both - alone, k_alone, rtol=0, atol=1e-12)
+        rows = ctx.simulate(Home().decisions(ctx, tg.cands, acts), None, trace=True)["trace"]
+        np.testing.assert_array_equal(ep._after(1)[0],
+                                      np.array([r.peak_bytes for r in rows]) - ctx.budget)
+        checked += 1
+    assert checked == tg.n - 1 and queued > 0   # some pairs do share the stream
+
+
+def test_aiming_below_the_budget_only_moves_the_excess(setup):
+    """``aimed``: the same problem, each step's excess larger by the margin, the deficit and
+    the share each drop covers from it; the problem aimed from is unchanged. Aimed lower,
+    the greedy bound frees at least as many bytes."""
+    ctx, tg = setup[3], setup[4]
+    before = tg.excess.copy()
+    margin = int(0.1 * ctx.budget)
+    low = tg.aimed(ctx.budget - margin)
+    np.testing.assert_array_equal(low.excess, before + margin)
+    np.testing.assert_array_equal(tg.excess, before)
+    assert low.need == pytest.approx(tg.need + margin)
+    np.testing.assert_allclose(low.cover, np.minimum(tg.nbytes / low.need, 1.0))
+    assert low.x is tg.x and low.costs is tg.costs
+    freed = [tg.nbytes[bound_rollout(g) > 0].sum() for g in (tg, low)]
+    assert freed[1] >= freed[0] > 0
