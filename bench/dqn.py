@@ -223,7 +223,10 @@ def main(argv=None):
         md.append("")
     md += targets(out["rows"])
     md += ["\"greedy bound\": the plan of the agent's fixed part alone, W = -(completion "
-           "cost), the learned correction left out; \"no fit\": its plan does not fit.", ""]
+           "cost), the learned correction left out, aiming at the budget; \"DQN (agent "
+           "alone)\": the fastest of the members' rollouts, greedy and noisy, each aiming at "
+           "the budget and 2, 5 and 10% below it (planners/dqn.py MARGINS); \"no fit\": its "
+           "plan does not fit.", ""]
     write("dqn", out, "\n".join(md) + "\n")
 
 
