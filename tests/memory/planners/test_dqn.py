@@ -239,6 +239,11 @@ def test_options_and_their_errors():
         get_planner("dqn:rollouts=0")
     with pytest.raises(ValueError, match="search_seconds"):
         get_planner("dqn:search_seconds=0")
+    with pytest.raises(ValueError, match="explore"):
+        get_planner("dqn:explore=-1")
+    with pytest.raises(ValueError, match="noise"):     # now ``explore``: actions, not epsilon
+        get_planner("dqn:noise=0.2")
+    assert get_planner("dqn:explore=3").explore == 3.0
     p = argparse.ArgumentParser()
     add_planner_arg(p)
     args = p.parse_args(["--planner", "dqn", "--seed", "2", "--agent", "a.npz"])
