@@ -346,3 +346,21 @@ def test_aiming_below_the_budget_only_moves_the_excess(setup):
     assert low.x is tg.x and low.costs is tg.costs
     freed = [tg.nbytes[bound_rollout(g) > 0].sum() for g in (tg, low)]
     assert freed[1] >= freed[0] > 0
+
+
+def test_a_graph_too_large_for_the_agent_gets_superneurons_plan_with_the_reason(setup,
+                                                                                monkeypatch):
+    """The agent's view is dense in candidates x candidates and candidates x steps: past
+    MAX_STATE_BYTES the planner does not build it and returns superneurons' plan, saying
+    why, instead of running out of memory."""
+    import neuron.memory.planners.dqn as dqn
+    ctx, tg, path = setup[3], setup[4], setup[7]
+    need = dqn.state_bytes(tg.n, len(ctx.schedule.steps))
+    assert need == 5 * 8 * tg.n ** 2 + 2 * tg.n * len(ctx.schedule.steps)
+    monkeypatch.setattr(dqn, "MAX_STATE_BYTES", need - 1)
+    d = Dqn(agent=path).plan(ctx)
+    assert d.info["chosen"] == "superneurons" and f"{tg.n} candidates" in d.info["dqn_skipped"]
+    sn = get_planner("superneurons").plan(ctx)
+    assert d.tensors == sn.tensors
+    monkeypatch.setattr(dqn, "MAX_STATE_BYTES", need)
+    assert "dqn_skipped" not in Dqn(agent=path).plan(ctx).info
