@@ -12,11 +12,11 @@ network at a tight budget). A noisy rollout takes a random action ``explore`` ti
 rollout on average (epsilon = explore / candidates): a fixed epsilon of 0.2 made 21 random
 choices on ResNet-50's 104 candidates, and its best rollout was 24.9 ms at 0.3x the liveness
 peak against 22.5 with 2, while on resnet_cifar 20 to 56 at 0.7 and 0.5 of their peaks 2
-random actions found plans as fast or faster (+1.6% to +2.8% over the MILP, against +2.1% to
-+3.4%).
-and the best of all is compared with the superneurons plan: the better one is returned, so the
-DQN planner is never worse than superneurons (as HOME). ``Decisions.info`` says which agent and
-which plan were used. No budget: every tensor kept (nothing moved or recomputed).
+random actions found plans as fast or faster (+1.6% to +2.8% over the MILP, against +2.1%
+to +3.4%). The best of all is compared with the superneurons plan: the better one is
+returned, so the DQN planner is never worse than superneurons (as HOME). ``Decisions.info``
+says which agent and which plan were used. No budget: every tensor kept (nothing moved or
+recomputed).
 """
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ from .superneurons import SuperNeurons
 
 #: the episodes also aim this far below the budget (a share of it): the per-step account
 #: (dqn_features.Episode) does not see the arena's fragmentation, and plans that just fit
-#: by it compact the arena and evict (ResNet-50 at 0.3x its peak: greedy bound 33.9 ms
-#: aiming at the budget, 22.2 ms aiming 5% below; superneurons 22.6 ms)
+#: by it compact the arena and evict (ResNet-50 at resident + 0.3 x (liveness peak -
+#: resident): the greedy bound aiming at the budget, 1 MiB under it by the account, ran
+#: 33.9 ms with 365 compactions and 20 evictions). Not monotonic: at 0.3x the liveness
+#: peak the bound runs 23.8, 23.3, 35.6 and 34.6 ms aiming 0, 2, 5 and 10% below.
 MARGINS = (0.0, 0.02, 0.05, 0.1)
 
 #: above this the planner returns superneurons' plan without building the agent's view

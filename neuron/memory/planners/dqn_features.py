@@ -48,9 +48,10 @@ fraction of candidates left after this one, the largest excess left over the byt
 later candidates (capped at 2), whether any step is still over, and the completion cost: what
 covering the excess left with the later candidates would cost (at the step furthest over, the
 cheapest per byte of those absent there, each at the lower of its exposed swap (priced busy:
-the later swaps queue behind those taken) and recompute time; what none of them can cover priced as evicted, out and back; over the iteration time,
-capped at 1). The network reads the trade-off keep-or-drop in terms of the alternatives still
-ahead: dropping this tensor pays off when it is cheaper than the later bytes it spares.
+the later swaps queue behind those taken) and recompute time; what none of them can cover
+priced as evicted, out and back; over the iteration time, capped at 1). The network reads
+the trade-off keep-or-drop in terms of the alternatives still ahead: dropping this tensor
+pays off when it is cheaper than the later bytes it spares.
 Measured reasons (bench/dqn.py, h100 cost model): agents on the paper's node features alone
 dropped expensive tensors early and left cheap ones kept (+5 to +7% over the optimum on
 resnet_cifar 20 and 32 at half the peak); a completion over one byte count (the unbudgeted
