@@ -77,6 +77,23 @@ def _tensor_costs(ctx, cands, compressed, busy) -> list[TensorCost]:
     return out
 
 
+def walk_entry(c: TensorCost) -> tuple:
+    """A planned swap of ``c`` as swap.copy_walk reads it."""
+    one = c.swap_s / 2
+    return (c.tensor.id, c.last_fwd, c.prefetch_after, c.first_bwd, one, one, c.codec_s)
+
+
+def book(cum, booked: list, waits: float, entry: tuple) -> tuple:
+    """One more swap (``entry``) on the copy stream of the swaps ``booked``, whose copies
+    compute waits ``waits`` seconds for: (the swaps with it, compute's wait for all of them,
+    the seconds it adds (that wait's increase and its two codec passes), the step after which
+    its block is released)."""
+    trial = booked + [entry]
+    walk = copy_walk(cum, trial)
+    total = sum(w for _, w in walk.values())
+    return trial, total, total - waits + 2 * entry[6], walk[entry[0]][0]
+
+
 #: ``queued`` books at most this many swaps (each booking walks those before it)
 MAX_QUEUED = 1500
 
@@ -97,11 +114,7 @@ def queued(ctx, costs) -> list[TensorCost]:
     for c in order:
         if choice_of[c.tensor.id] != SWAP or len(booked) >= MAX_QUEUED:
             continue
-        one = c.swap_s / 2
-        trial = booked + [(c.tensor.id, c.last_fwd, c.prefetch_after, c.first_bwd, one, one,
-                           c.codec_s)]
-        total = sum(w for _, w in copy_walk(cum, trial).values())
-        exposed = total - base + 2 * c.codec_s
+        trial, total, exposed, _ = book(cum, booked, base, walk_entry(c))
         out[c.tensor.id] = dataclasses.replace(c, exposed_s=exposed)
         if exposed <= c.recompute_s:
             booked, base = trial, total

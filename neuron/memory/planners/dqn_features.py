@@ -67,9 +67,8 @@ import copy
 import numpy as np
 
 from ..clock import unlimited_time
-from .costs import tensor_costs
+from .costs import book, tensor_costs, walk_entry
 from .rewrite import droppable
-from .swap import copy_walk
 
 T_ROUNDS = 4
 N_FEATURES = 8
@@ -138,8 +137,7 @@ class TraceGraph:
         # swaps before them (Episode.swap), on the compute clock ``cum``
         self.queued = bool(ctx.cost.spec.async_copies)
         self.cum = ctx.cum_time(ctx.schedule.steps)
-        self.walk_args = [(c.tensor.id, c.last_fwd, c.prefetch_after, c.first_bwd,
-                           c.swap_s / 2, c.swap_s / 2, c.codec_s) for c in self.costs]
+        self.walk_args = [walk_entry(c) for c in self.costs]
         self.adj = self._adjacency()
         # Â^k for k = 0..T: the embedding is linear in x, so an afterstate (one row of x
         # changed) is the current embedding plus that row's change times column i of Â^k
@@ -293,7 +291,7 @@ class Episode:
 
     def swap(self) -> tuple:
         """A swap of the current node on the copy stream shared with the swaps taken so far
-        (swap.copy_walk, as ``costs.queued`` prices capuchin's and the MILP's): (the swaps with
+        (costs.book, as ``costs.queued`` prices capuchin's and the MILP's): (the swaps with
         it, compute's wait for all of them, its cost over the iteration time: the wait it
         adds and its codec passes, the step after which its block is released). Without a
         copy stream: its cost alone (both copies exposed) and the step after its offload."""
@@ -302,12 +300,9 @@ class Episode:
             if not tg.queued:
                 out = (self.booked, self.waits, tg.exposed[i], int(tg.swap_lo[i]) - 1)
             else:
-                arg = tg.walk_args[i]
-                trial = self.booked + [arg]
-                walk = copy_walk(tg.cum, trial)
-                waits = sum(w for _, w in walk.values())
-                out = (trial, waits, (waits - self.waits + 2 * arg[6]) / tg.base_s,
-                       walk[arg[0]][0])
+                trial, waits, added, held = book(tg.cum, self.booked, self.waits,
+                                                 tg.walk_args[i])
+                out = (trial, waits, added / tg.base_s, held)
             self._swap = (i,) + out
         return self._swap[1:]
 
