@@ -1,12 +1,13 @@
 """Local search over a per-tensor choice: the refinement superneurons ends with (and
 ``checkmate:polish=1``, the best known reference).
 
-A plan's choice (tensor -> KEEP | SWAP | RECOMPUTE) is changed one tensor at a time; a change
-is kept when the simulated clock finds the plan it builds (choice.build: recompute rewrite,
-planned offloads, prefetch by time, the tensor cache for the rest) faster, and the search
-stops after a pass over every tensor changes nothing, or when its effort (steps simulated,
-counted by the plan context) is spent. First
-improvement, in a fixed order: deterministic.
+A plan's choice (tensor -> KEEP | SWAP | RECOMPUTE) is changed one tensor at a time, or by
+one pair: a tensor recomputed with an input its recompute reads swapped (``moves_of``); a
+change is kept when the simulated clock finds the plan it builds (choice.build: recompute
+rewrite, planned offloads, prefetch by time, the tensor cache for the rest) faster, and the
+search stops after a pass over every tensor changes nothing, or when its effort (steps
+simulated, counted by the plan context) is spent. First improvement, in a fixed order:
+deterministic.
 
 Why: the cost searches of superneurons choose by an order of prices (recompute per byte,
 the copy stream's queue), and a prefix of an order cannot mix swaps and recomputes by where
@@ -14,11 +15,19 @@ the bytes over the budget are. On resnet_cifar 20 at 0.3x the liveness peak no p
 those orders came within 10% of the MILP (+23.0%); the MILP's plan spreads swaps over all
 three stages, so the copy stream is busy everywhere, and recomputes the rest. One-tensor
 moves from superneurons' best reach it (bench/results/planners.md).
+
+The pair: the input's prefetch then serves the recompute (the executor brings a swapped
+tensor back once, for its first later reader), and each half alone can be slower: the swap
+saves nothing while the recompute holds the input, the recompute alone keeps the input all
+along. Once the MILP modelled it, its plan of resnet_cifar 8 (32x32, batch 32, 0.5 of the
+budget range) was 0.436 ms against superneurons' 0.525; with the pair among the moves,
+superneurons' polish reaches 0.434 (resnet_cifar 20 at 0.3x: 1.177 -> 1.096 ms).
 """
 from __future__ import annotations
 
-from .base import KEEP
+from .base import KEEP, RECOMPUTE, SWAP
 from .choice import CODES, build
+from .rewrite import chains
 
 
 def polish(ctx, cands, choice: dict, max_steps: int) -> tuple:
@@ -41,6 +50,7 @@ def polish(ctx, cands, choice: dict, max_steps: int) -> tuple:
         return d, r["time_s"] if r["fits"] else float("inf")
 
     choice = {t.id: choice.get(t.id, KEEP) for t in cands}
+    inputs = recompute_inputs(ctx, cands)
     best_d, time_s, passes, moves = None, float("inf"), 0, 0
     first = run(choice)
     if first is not None and first[1] < time_s:
@@ -51,10 +61,8 @@ def polish(ctx, cands, choice: dict, max_steps: int) -> tuple:
         passes += 1
         stopped = "no change improves"
         for t in cands:
-            for code in CODES:
-                if code == choice[t.id]:
-                    continue
-                trial = {**choice, t.id: code}
+            for change in moves_of(t, choice, inputs):
+                trial = {**choice, **change}
                 got = run(trial)
                 if got is None:
                     stopped = "effort"
@@ -70,3 +78,22 @@ def polish(ctx, cands, choice: dict, max_steps: int) -> tuple:
            "simulated_steps": ctx.simulated_steps - start, "time_s": time_s,
            "stopped": stopped}
     return best_d, time_s, log
+
+
+def recompute_inputs(ctx, cands) -> dict:
+    """Candidate id -> the candidates its recompute reads (rewrite.chains' held inputs)."""
+    ids = {t.id for t in cands}
+    return {tid: [u for u in ins if u in ids]
+            for tid, (_, ins) in chains(ctx.schedule, cands).items()}
+
+
+def moves_of(t, choice: dict, inputs: dict):
+    """The changes tried at ``t``: each other code for it alone, then, for each candidate its
+    recompute reads, t recomputed with that input swapped (the input's prefetch serves the
+    recompute: two changes that can each be slower alone)."""
+    for code in CODES:
+        if code != choice[t.id]:
+            yield {t.id: code}
+    for u in inputs.get(t.id, ()):
+        if choice[t.id] != RECOMPUTE or choice[u] != SWAP:
+            yield {t.id: RECOMPUTE, u: SWAP}

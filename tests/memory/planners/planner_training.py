@@ -23,12 +23,12 @@ def train(ex, graph, batch):
     return losses, ex.state_dict()
 
 
-def resnet8_budget(fraction: float):
-    """resnet_cifar 8 at 16x16, batch 8, and a budget of the resident state plus ``fraction``
-    of the rest of its liveness peak: small enough to train on the CPU. -> (graph, batch,
+def resnet8_budget(fraction: float, size: int = 16, batch: int = 8):
+    """resnet_cifar 8 at size x size (16: small enough to train on the CPU), and a budget of
+    the resident state plus ``fraction`` of the rest of its liveness peak. -> (graph, batch,
     budget)."""
     from neuron.models import build_model
-    graph, batch = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)), 8
+    graph = build_model("resnet_cifar", depth=8, in_shape=(3, size, size))
     live = Executor(graph, batch, device="virtual", policy="liveness")
     peak = live.simulate(None, trace=False)["peak_bytes"]
     resident = sum(t.nbytes for t in live.persistent)

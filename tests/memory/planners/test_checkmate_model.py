@@ -40,9 +40,9 @@ def test_the_milp_memory_rows_hold_for_a_plan_that_fits_on_its_own():
     tensor cache. Counted with every convolution's preferred workspace, the MILP's memory rows
     put it over the budget at three steps (1.25 MiB at a backward convolution), though the
     executor gives a convolution no workspace when its preferred one does not fit. The rows
-    are checked before a recompute chain's early versions are added back (the plan recomputes
-    from swapped inputs, which the MILP does not allow), so this is the bytes the model
-    starts from, not the whole model's feasibility."""
+    are checked before a recompute chain's early versions and the swapped inputs brought back
+    early for a recompute are added back: the bytes the model starts from (the whole model:
+    the test below)."""
     ctx = _ctx(20, 0.5)
     d = get_planner("superneurons").plan(ctx)
     assert ctx.evaluate(d, static=True)["fits"]
@@ -59,6 +59,34 @@ def test_the_milp_memory_rows_hold_for_a_plan_that_fits_on_its_own():
             if choice[c.tensor.id] == SWAP and model.off_after[i] < k <= c.prefetch_after:
                 need -= c.tensor.nbytes
         assert need <= ctx.budget, (k, need - ctx.budget)
+
+
+def test_a_plan_that_recomputes_from_swapped_inputs_and_fits_is_feasible_in_the_model():
+    """Superneurons' plan of resnet_cifar 20 at 0.5x its liveness peak fits without the
+    tensor cache and recomputes three tensors from swapped inputs (their prefetch serves the
+    recompute, so the input is back early). With its choices fixed, the whole program, early
+    versions and early returns included, is feasible at the budget: the model admits the
+    runtime's plan (it forbade recompute-from-swap, r_i + s_u <= 1, until this case was
+    modelled). Its objective is the choices' costs plus the early returns' added waits."""
+    ctx = _ctx(20, 0.5)
+    d = get_planner("superneurons").plan(ctx)
+    assert ctx.evaluate(d, static=True)["fits"]
+    cands = droppable(ctx.schedule)
+    costs = tensor_costs(ctx, cands)
+    model = Model(ctx, costs)
+    n = model.n
+    choice = {c.tensor.id: d.tensors[c.tensor.name] for c in costs}
+    fixed = {}
+    for i, c in enumerate(costs):
+        fixed[i] = float(choice[c.tensor.id] == RECOMPUTE)
+        fixed[n + i] = float(choice[c.tensor.id] == SWAP)
+    both = [(u, i, added) for u, i, p, added in model.back_early if fixed[i] and fixed[n + u]]
+    assert len(both) >= 2 and all(added >= 0 for *_, added in both)
+    x, attempt = model.solve(ctx.budget, False, 20.0, fixed)
+    assert x is not None, attempt
+    want = sum(model.c_obj[col] for col, v in fixed.items() if v) + sum(a for *_, a in both)
+    assert attempt["objective_s"] == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert attempt["back_early_columns"] > 0
 
 
 def test_the_copy_stream_prices_one_swap_no_dearer_than_the_clock():
