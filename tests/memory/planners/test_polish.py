@@ -55,8 +55,8 @@ def test_no_move_of_the_result_is_faster():
     choice = {x.id: d.tensors[x.name] for x in cands}
     inputs = recompute_inputs(ctx, cands)
     pairs = 0
-    for x in cands:
-        for change in moves_of(x, choice, inputs):
+    for x, pair in [(x, pair) for pair in (False, True) for x in cands]:
+        for change in moves_of(x, choice, inputs, pair):
             pairs += len(change) == 2
             trial = {**choice, **change}
             r = ctx.evaluate(build(ctx, cands, {i: c for i, c in trial.items() if c != KEEP}))
@@ -64,7 +64,7 @@ def test_no_move_of_the_result_is_faster():
     assert pairs > 0
 
 
-def test_the_moves_are_each_other_code_then_a_recompute_with_each_input_swapped():
+def test_the_moves_are_each_other_code_or_a_recompute_with_each_input_swapped():
     ctx = _ctx()
     cands = droppable(ctx.schedule)
     inputs = recompute_inputs(ctx, cands)
@@ -73,17 +73,17 @@ def test_the_moves_are_each_other_code_then_a_recompute_with_each_input_swapped(
     x = next(x for x in cands if inputs[x.id])
     u = inputs[x.id][0]
     choice = {y.id: KEEP for y in cands}
-    moves = list(moves_of(x, choice, inputs))
-    assert moves[:2] == [{x.id: SWAP}, {x.id: RECOMPUTE}]
-    assert moves[2:] == [{x.id: RECOMPUTE, v: SWAP} for v in inputs[x.id]]
+    assert list(moves_of(x, choice, inputs)) == [{x.id: SWAP}, {x.id: RECOMPUTE}]
+    assert list(moves_of(x, choice, inputs, pairs=True)) == \
+        [{x.id: RECOMPUTE, v: SWAP} for v in inputs[x.id]]
     done = {**choice, x.id: RECOMPUTE, u: SWAP}        # that pair is already the choice
-    assert {x.id: RECOMPUTE, u: SWAP} not in list(moves_of(x, done, inputs))
+    assert {x.id: RECOMPUTE, u: SWAP} not in list(moves_of(x, done, inputs, pairs=True))
 
 
 def test_the_pair_move_reaches_what_one_tensor_changes_cannot(monkeypatch):
     """resnet_cifar 8 at 32x32, batch 32, half way between its resident state and its
     liveness peak (H100 analytic): from superneurons' searched best, one-tensor changes stop
-    at 0.52 ms; with a recompute and its input's swap as one move, 0.43 (the MILP: 0.44)."""
+    at 0.52 ms; with a recompute and its input's swap as one move, 0.44 (the MILP: 0.436)."""
     def ctx():
         graph, batch, budget = resnet8_budget(0.5, size=32, batch=32)
         return PlanContext(Executor(graph, batch, device="virtual", policy="liveness"),
@@ -93,7 +93,7 @@ def test_the_pair_move_reaches_what_one_tensor_changes_cannot(monkeypatch):
     choice = {x.id: start.tensors[x.name] for x in cands}
     _, with_pairs, _ = polish(ctx(), cands, choice, 10**9)
     monkeypatch.setattr(polish_module, "moves_of",
-                        lambda t, ch, inputs: (c for c in moves_of(t, ch, inputs) if len(c) == 1))
+                        lambda t, ch, inputs, pairs: moves_of(t, ch, inputs) if not pairs else ())
     _, alone, log = polish(ctx(), cands, choice, 10**9)
     assert log["stopped"] == "no change improves"
     assert with_pairs < 0.9 * alone, (with_pairs, alone)
