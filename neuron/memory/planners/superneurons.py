@@ -58,8 +58,9 @@ candidates:
 
 Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
 paper variant, as before. Last, ``polish`` (polish.py): one-tensor changes of the fastest
-plan's choice (keep, swap, recompute), each kept when the clock finds it faster, until no
-change helps or the effort below is spent. Every cost search takes a prefix of one order,
+plan's choice (keep, swap, recompute), and then a recompute with its input swapped as one
+change, each kept when the clock finds it faster, until no change helps or the effort below
+is spent. Every cost search takes a prefix of one order,
 so it cannot mix swaps and recomputes by where the excess is; the MILP's plans do (H100
 analytic, batch 32: resnet_cifar 20 at 0.3x the liveness peak 1.398 -> 1.177 ms, +23.0% ->
 +3.5% over the MILP; ResNet-50 at 0.3x 23.55 -> 22.60 ms, planning 1.0 -> 4.2 CPU s).
