@@ -27,6 +27,17 @@ def _ctx(depth, fraction, size=32, batch=32):
                        CostModel.analytic("h100", dtype=ex.dtype))
 
 
+def _superneurons_in_the_model():
+    """Superneurons' plan of resnet_cifar 20 at 0.5x its liveness peak, which fits without
+    the tensor cache, and the MILP's model of that graph: (ctx, costs, model, the plan's
+    choice by tensor id)."""
+    ctx = _ctx(20, 0.5)
+    d = get_planner("superneurons").plan(ctx)
+    assert ctx.evaluate(d, static=True)["fits"]
+    costs = tensor_costs(ctx, droppable(ctx.schedule))
+    return ctx, costs, Model(ctx, costs), {c.tensor.id: d.tensors[c.tensor.name] for c in costs}
+
+
 def test_a_step_that_runs_on_no_workspace_needs_none():
     ctx = _ctx(8, 1.0)
     convs = [s for s in ctx.schedule.steps if s.workspace_bytes and s.layer.workspace_shrinks()]
@@ -43,13 +54,7 @@ def test_the_milp_memory_rows_hold_for_a_plan_that_fits_on_its_own():
     are checked before a recompute chain's early versions and the swapped inputs brought back
     early for a recompute are added back: the bytes the model starts from (the whole model:
     the test below)."""
-    ctx = _ctx(20, 0.5)
-    d = get_planner("superneurons").plan(ctx)
-    assert ctx.evaluate(d, static=True)["fits"]
-    cands = droppable(ctx.schedule)
-    costs = tensor_costs(ctx, cands)
-    model = Model(ctx, costs)
-    choice = {t.id: d.tensors[t.name] for t in cands}
+    ctx, costs, model, choice = _superneurons_in_the_model()
     assert SWAP in choice.values() and RECOMPUTE in choice.values()
     for k in range(model.nsteps):
         need = model.mem[k]
@@ -63,19 +68,13 @@ def test_the_milp_memory_rows_hold_for_a_plan_that_fits_on_its_own():
 
 def test_a_plan_that_recomputes_from_swapped_inputs_and_fits_is_feasible_in_the_model():
     """Superneurons' plan of resnet_cifar 20 at 0.5x its liveness peak fits without the
-    tensor cache and recomputes three tensors from swapped inputs (their prefetch serves the
+    tensor cache and recomputes tensors from swapped inputs (their prefetch serves the
     recompute, so the input is back early). With its choices fixed, the whole program, early
     versions and early returns included, is feasible at the budget: the model admits the
     runtime's plan (it forbade recompute-from-swap, r_i + s_u <= 1, until this case was
     modelled). Its objective is the choices' costs plus the early returns' added waits."""
-    ctx = _ctx(20, 0.5)
-    d = get_planner("superneurons").plan(ctx)
-    assert ctx.evaluate(d, static=True)["fits"]
-    cands = droppable(ctx.schedule)
-    costs = tensor_costs(ctx, cands)
-    model = Model(ctx, costs)
+    ctx, costs, model, choice = _superneurons_in_the_model()
     n = model.n
-    choice = {c.tensor.id: d.tensors[c.tensor.name] for c in costs}
     fixed = {}
     for i, c in enumerate(costs):
         fixed[i] = float(choice[c.tensor.id] == RECOMPUTE)
