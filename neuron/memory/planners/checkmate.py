@@ -273,13 +273,13 @@ class Model:
                 if c.last_fwd < k < c.first_bwd and any(
                         k >= costs[j].first_bwd or (j, k) in early for j in self.children[i]):
                     early[i, k] = base + len(early)
-        # back[u, k]: column of "swapped u is back at step k for a recompute that reads it"
-        # (>= r_i + s_u - 1 for each such i whose deadline brings u back by k)
+        # back[u, k]: (column of "swapped u is back at step k for a recompute that reads it",
+        # each such i whose deadline brings u back by k: the column >= r_i + s_u - 1)
         back = {}
         for k in rows:
             for u, i, p, _ in self.back_early:
                 if max(p, self.off_after[u]) < k <= costs[u].prefetch_after:
-                    back.setdefault((u, k), base + len(early) + len(back))
+                    back.setdefault((u, k), (base + len(early) + len(back), []))[1].append(i)
         # and[m]: column of "recompute i and swap its input u" (the added exposed copy)
         priced = [m for m, (*_, added) in enumerate(self.back_early) if added > 0]
         ands = {m: base + len(early) + len(back) + q for q, m in enumerate(priced)}
@@ -302,17 +302,16 @@ class Model:
                 if self.off_after[i] < k <= c.prefetch_after:  # off the device
                     e.append((n + i, c.tensor.nbytes))
                     if (i, k) in back:
-                        e.append((back[i, k], -c.tensor.nbytes))
+                        e.append((back[i, k][0], -c.tensor.nbytes))
                 for b, a, z in self.held[i]:
                     if a < k < z:
                         e.append((i, -b))
             row(e, self.mem[k] - cap)
         for i in range(n):                      # one choice per tensor
             row([(i, 1), (n + i, 1)], 0, 1)
-        for (u, k), col in back.items():        # a recompute that reads swapped u: back early
-            for v, i, p, _ in self.back_early:
-                if v == u and max(p, self.off_after[u]) < k:
-                    row([(col, 1), (i, -1), (n + u, -1)], -1)
+        for (u, k), (col, readers) in back.items():   # swapped u back early for a recompute
+            for i in readers:
+                row([(col, 1), (i, -1), (n + u, -1)], -1)
         for m, col in ands.items():
             u, i, _, _ = self.back_early[m]
             row([(col, 1), (i, -1), (n + u, -1)], -1)
