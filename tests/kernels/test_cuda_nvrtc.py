@@ -1,0 +1,117 @@
+"""Every CUDA kernel of the GPU path compiled by NVRTC, as CuPy compiles it on the GPU machine,
+without a GPU: the ElementwiseKernels of kernels/cuda_raw.py and kernels/cuda.py and the
+codecs' (kernels/cuda_codecs.py), in the source CuPy generates around them, and the codecs'
+RawModule as it is. The stand-ins (test_cuda_raw_source.py, test_cuda_codecs_source.py) check
+what the kernels compute, through g++; this checks that CUDA's own compiler takes them (CUDA
+built-ins, CuPy's types, const inputs): a GPU run once lost its whole time to a kernel that
+did not compile there. Skipped where NVRTC or CuPy's headers are missing (the skip names how
+to get them); nothing here needs a GPU or a driver."""
+from __future__ import annotations
+
+import pytest
+
+from neuron.kernels import cuda, cuda_codecs, cuda_raw
+
+import nvrtc_compiler as nv
+
+pytestmark = pytest.mark.skipif(nv.unavailable() is not None,
+                                reason=str(nv.unavailable()))
+
+FACTORIES = [getattr(cuda_raw, n) for n in sorted(dir(cuda_raw)) if n.startswith("_k_")] + \
+    [cuda._k_any_nonfinite, cuda_codecs._bf16, cuda_codecs._bfp8]
+
+#: the type bindings compiled: float32 everywhere (the GPU path's dtype), float32 with a
+#: float64 loss (U), float64 everywhere
+BINDINGS = ({"T": "float32", "U": "float32"}, {"T": "float32", "U": "float64"},
+            {"T": "float64", "U": "float64"})
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return nv.Nvrtc()
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """What each factory makes, recorded instead of compiled (the factories' caches are
+    cleared before and after, so no recorded kernel outlives this module)."""
+    rec = nv.Recorder()
+    modules = (cuda_raw, cuda, cuda_codecs)
+    saved = [m._cp for m in modules]
+    for f in FACTORIES:
+        f.cache_clear()
+    try:
+        for m in modules:
+            m._cp = lambda: rec
+        for f in FACTORIES:
+            f()
+        cuda_raw._k_sgd(True)       # the step guard's fused check
+    finally:
+        for m, cp in zip(modules, saved):
+            m._cp = cp
+        for f in FACTORIES:
+            f.cache_clear()
+    return rec
+
+
+def _bindings(k) -> list:
+    used = {ty for _, ty, _ in nv.params(k["in_params"]) + nv.params(k["out_params"])
+            if ty in ("T", "U")}
+    out = []
+    for b in BINDINGS:
+        tv = {t: d for t, d in b.items() if t in used}
+        if tv not in out:
+            out.append(tv)
+    return out
+
+
+def test_every_factory_is_recorded(kernels):
+    names = [k["name"] for k in kernels.elementwise]
+    assert len(names) == len(set(names)), names
+    for expected in ("neuron_sgd_momentum_checked", "neuron_flag_nonfinite",
+                     "neuron_bf16_encode", "neuron_bf16_decode"):
+        assert expected in names
+    assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
+
+
+def test_elementwise_kernels_compile(kernels, compiler):
+    done = 0
+    for k in kernels.elementwise:
+        for tv in _bindings(k):
+            for i32 in (True, False):
+                src = nv.elementwise_source(k["in_params"], k["out_params"], k["operation"],
+                                            k["name"], tv, k["preamble"], k["loop_prep"],
+                                            k["after_loop"], index_32_bits=i32)
+                compiler.compile(src, k["name"], k["options"])
+                done += 1
+    assert done >= 2 * len(kernels.elementwise)
+
+
+def test_raw_modules_compile(kernels, compiler):
+    for m in kernels.modules:
+        compiler.compile(m["code"], "raw_module", m["options"])
+
+
+# ---- the check can fail: what CuPy's compile refuses, this refuses ---------------------------
+
+def _one(operation, in_params="T x", out_params="T y"):
+    return nv.elementwise_source(in_params, out_params, operation, "probe", {"T": "float32"})
+
+
+def test_writing_an_input_does_not_compile(compiler):
+    """CuPy makes inputs const (the defect of the fused step check on the first GPU run)."""
+    compiler.compile(_one("y = x * T(2)"), "probe")
+    with pytest.raises(nv.CompileError, match="probe"):
+        compiler.compile(_one("x = y"), "probe")
+    with pytest.raises(nv.CompileError):
+        compiler.compile(_one("flag[0] = true", "T x, raw bool flag"), "probe")
+
+
+def test_an_unknown_function_does_not_compile(compiler):
+    with pytest.raises(nv.CompileError, match="no_such_function"):
+        compiler.compile(_one("y = no_such_function(x)"), "probe")
+
+
+def test_cuda_builtins_and_cupy_types_are_there(compiler):
+    compiler.compile(_one("y = isfinite((double)x) ? fmaxf(x, 0.f) : T(0); "
+                          "atomicAdd(&y, T(0))"), "probe")
