@@ -17,6 +17,8 @@ import glob
 import importlib.util
 import os
 
+from cuda_standins.cupy_arrays import CTYPES, params
+
 #: what CuPy puts in front of an ElementwiseKernel's source (cupy/_core/core.pyx's header list)
 CUPY_HEADERS = ("cupy/complex.cuh", "cupy/carray.cuh", "cupy/atomics.cuh", "cupy/math_constants.h")
 #: the H100/H200's virtual architecture
@@ -109,23 +111,6 @@ class Nvrtc:
 
 
 # ---- CuPy's ElementwiseKernel source, as cupy/_core/_kernel.pyx generates it -----------------
-
-#: NumPy dtype name -> the C type CuPy names it by (cupy/_core/_scalar.pyx)
-CTYPES = {"bool": "bool", "int8": "signed char", "uint8": "unsigned char", "int16": "short",
-          "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
-          "int64": "long long", "uint64": "unsigned long long", "float16": "float16",
-          "float32": "float", "float64": "double"}
-
-
-def params(spec: str) -> list:
-    """CuPy's parameter list: [(raw, type, name)]."""
-    out = []
-    for p in spec.split(","):
-        words = p.split()
-        if words:
-            out.append(("raw" in words[:-2], words[-2], words[-1]))
-    return out
-
 
 def elementwise_source(in_params: str, out_params: str, operation: str, name: str,
                        typevars: dict, preamble: str = "", loop_prep: str = "",

@@ -13,12 +13,12 @@ import pytest
 from neuron.kernels import cuda, cuda_codecs, cuda_raw
 
 import nvrtc_compiler as nv
+from cuda_standins import KERNEL_CACHES
 
 pytestmark = pytest.mark.skipif(nv.unavailable() is not None,
                                 reason=str(nv.unavailable()))
 
-FACTORIES = [getattr(cuda_raw, n) for n in sorted(dir(cuda_raw)) if n.startswith("_k_")] + \
-    [cuda._k_any_nonfinite, cuda_codecs._bf16, cuda_codecs._bfp8]
+FACTORIES = KERNEL_CACHES + [cuda_codecs._bf16, cuda_codecs._bfp8]
 
 #: the type bindings compiled: float32 everywhere (the GPU path's dtype), float32 with a
 #: float64 loss (U), float64 everywhere

@@ -10,8 +10,12 @@ import numpy as np
 
 from .runtime import _Cuda
 
-_CTYPES = {"int32": "int", "int64": "long long", "uint64": "unsigned long long",
-           "float32": "float", "float64": "double", "uint8": "unsigned char", "bool": "bool"}
+#: NumPy dtype name -> the C type CuPy names it by (cupy/_core/_scalar.pyx); the NVRTC check
+#: (tests/kernels/nvrtc_compiler.py) generates CuPy's source with the same names
+CTYPES = {"bool": "bool", "int8": "signed char", "uint8": "unsigned char", "int16": "short",
+          "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
+          "int64": "long long", "uint64": "unsigned long long", "float32": "float",
+          "float64": "double"}
 
 
 def have_compiler() -> bool:
@@ -53,7 +57,7 @@ def _dev(a):
     return a.view(DevArray) if isinstance(a, np.ndarray) and not isinstance(a, DevArray) else a
 
 
-def _params(spec: str):
+def params(spec: str):
     """CuPy's parameter list: [(raw, type, name)]."""
     return [(p[0] == "raw", p[-2], p[-1]) for p in (s.split() for s in spec.split(",")
                                                      if s.strip())]
@@ -63,15 +67,15 @@ class ElementwiseKernel:
     build_dir = None            # set by install()
 
     def __init__(self, in_params, out_params, operation, name, preamble="", options=(), **_):
-        self.ins, self.outs = _params(in_params), _params(out_params)
+        self.ins, self.outs = params(in_params), params(out_params)
         self.operation, self.name, self.preamble = operation, name, preamble
         self.fmad = "--fmad=false" not in options
 
     def _source(self, typevars) -> str:
-        head = [f"typedef {_CTYPES[np.dtype(dt).name]} {tv};" for tv, dt in typevars.items()]
+        head = [f"typedef {CTYPES[np.dtype(dt).name]} {tv};" for tv, dt in typevars.items()]
         decl, per_i = [], []
         for k, (raw, ty, nm) in enumerate(self.ins + self.outs):
-            c = ty if ty in typevars else _CTYPES[ty]
+            c = ty if ty in typevars else CTYPES[ty]
             is_in = k < len(self.ins)
             const = "const " if is_in else ""
             if raw:
