@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", default=None, metavar="FILE.npz",
                    help="resume from a checkpoint written by --checkpoint (default: none)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--replay", choices=["off", "tape", "graph"], default=None,
+                   help="off: the executor runs every iteration; tape: the planned iteration is "
+                   "recorded once and its device operations replayed (bit-identical); graph: "
+                   "the tape as one CUDA graph (default: the fastest the device supports)")
     # folder:DIR (ImageFolder layout, decoded by Pillow in background threads)
     t.add_argument("--loader-workers", type=_positive("--loader-workers"), default=None,
                    help="folder:DIR: threads decoding images (default: the cores, at most 8)")
@@ -502,6 +506,16 @@ def cmd_widest(args) -> int:
     return _search_cmd(args, "widest")
 
 
+def _replay_text(r: dict) -> str:
+    if r["mode"] == "off":
+        return ", replay off"
+    if r["eager_because"]:
+        return f", replay {r['mode']} not used: {r['eager_because']}"
+    return (f", replayed {r['replayed_iterations']} of "
+            f"{r['replayed_iterations'] + r['recorded_iterations']} iterations from a {r['mode']} "
+            f"of {r['operations'] or 0} operations")
+
+
 def cmd_train(args) -> int:
     from .data import load_dataset
     from .errors import MemoryBudgetError
@@ -537,7 +551,7 @@ def cmd_train(args) -> int:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
-                      chunks=chunks)
+                      chunks=chunks, replay=args.replay)
     except MemoryBudgetError as e:
         from .plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
@@ -572,7 +586,7 @@ def cmd_train(args) -> int:
         print(comm_line)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
-               chunks=ex.chunks)
+               chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay)
     res.update(ex.pool.counters())
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
             f"{res['images_per_sec']:.1f} img/s on {ex.device.name}, pool peak "
@@ -580,7 +594,8 @@ def cmd_train(args) -> int:
             f", moved {fmt_bytes(res['offload_bytes'])} to host and "
             f"{fmt_bytes(res['prefetch_bytes'])} back" +
             (f" (planner {args.planner})" if args.planner else "") +
-            (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else ""))
+            (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else "") +
+            _replay_text(ex.replay))
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"
     if args.checkpoint:

@@ -31,6 +31,7 @@ from .optim import SGD
 from .sizes import size_arg
 from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
+from .tape import MODES as REPLAY_MODES, Replay
 from .undo import UndoRecord
 
 VIRTUAL_ARENA = 1 << 40          # 1 TiB: "unbounded" for planning
@@ -81,6 +82,9 @@ class Executor:
     grad_buckets: bytes per gradient bucket; set, each bucket's updates are deferred to a later
     backward step so its all-reduce overlaps backward (distributed/overlap.py). None: at once.
     grad_lag: with grad_buckets, how many backward steps later (None: overlap.DEFAULT_LAG).
+    replay: "off" (every iteration runs the executor), "tape" (the planned iteration is recorded
+    once and its device operations replayed, neuron/tape.py), "graph" (the tape as one CUDA
+    graph); None: the fastest the device supports. Bit-identical to "off".
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -91,7 +95,7 @@ class Executor:
                  compact: bool | None = None, chunks: int = 1,
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
                  loss: str = "softmax", grad_buckets: int | None = None,
-                 grad_lag: int | None = None, _plan_from=None):
+                 grad_lag: int | None = None, replay: str | None = None, _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         self.graph = graph
@@ -155,6 +159,36 @@ class Executor:
             self.device = make_device(device, budget or self.planned["arena_bytes"])
         self._new_pool()
         self._step_flag = self.device.step_flag() if self.device.computes else None
+        self._replay = self._replay_for(replay)
+        self._staging = None                # the fixed buffers a replayed batch is written to
+        self._k = None                      # the kernels a recorded iteration calls
+
+    def _replay_for(self, mode) -> Replay | None:
+        if mode is None:
+            mode = getattr(self.device, "replay_default", "tape")
+        if mode not in REPLAY_MODES:
+            raise ValueError(f"Executor: replay must be one of {', '.join(REPLAY_MODES)} or None "
+                             f"(the device's fastest), got {mode!r}")
+        if mode == "graph" and not getattr(self.device, "graph_replay", False):
+            raise ValueError(f"Executor: replay='graph' (one CUDA graph per iteration) needs a "
+                             f"device that captures graphs; {self.device.name} does not (use "
+                             "'tape')")
+        if mode == "off" or not self.device.computes:
+            return None
+        r = Replay(mode)
+        if self.pool_class is not Pool:
+            r.give_up(f"the pool is a {self.pool_class.__name__}: every iteration runs it",
+                      warn=False)
+        return r
+
+    @property
+    def replay(self) -> dict:
+        """What replay does for this executor: the mode asked for, what the last step ran,
+        counts, and why it runs eagerly if it does."""
+        if self._replay is None:
+            return {"mode": "off", "ran": "off", "replayed_iterations": 0,
+                    "recorded_iterations": 0, "operations": None, "eager_because": None}
+        return self._replay.info()
 
     def _make_plan(self, graph):
         self.train_graph = with_loss(graph, self.loss)
@@ -334,7 +368,16 @@ class Executor:
     def _feed(self, x, y) -> dict:
         if self.device.computes is False:
             return {}
-        return feed(self.train_graph, self.batch, self.dtype, self.loss, x, y)
+        fed = feed(self.train_graph, self.batch, self.dtype, self.loss, x, y)
+        if self._replay is None:
+            return fed
+        # a recorded iteration reads its batch from buffers that stay where they are
+        st = self._staging
+        if st is None:
+            st = self._staging = {n: np.empty_like(a) for n, a in fed.items()}
+        for n, a in fed.items():
+            np.copyto(st[n], a)
+        return st
 
     @contextlib.contextmanager
     def _exclusive(self, what: str):
@@ -352,6 +395,11 @@ class Executor:
         gradient, update or BN statistic is non-finite, parameters, optimizer state, BN
         statistics, the pool and the iteration counter are exactly as before it."""
         with self._exclusive("train_step"):
+            replay = self._replay
+            if replay is not None and (self.dp is not None or not self.transactional):
+                replay = None               # the all-reduces and the unguarded step run eagerly
+            if replay is not None and replay.ready(self.pool):
+                return self._replay_step(replay, x, y)
             ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
                           feed=self._feed(x, y))
             if not self.device.computes or not self.transactional:
@@ -361,23 +409,69 @@ class Executor:
             undo = self._undo_record
             if undo is None:
                 undo = self._undo_record = UndoRecord(self.device, self.pool, self._step_flag)
-            undo.begin()
-            self.undo = undo
-            try:
-                self._run(self.steps, self.frees, ctx, check_loss=True)
-                if undo.nonfinite():
-                    raise NonFiniteUpdateError(
-                        f"iteration {self.iteration}: a gradient, parameter update or BN "
-                        f"statistic is NaN or infinite (loss {ctx.losses.get('loss')}); the step "
-                        "was undone (lower the learning rate or check the data)")
-            except BaseException:
-                with signals_deferred():    # a second Ctrl-C must not cut the undo in half
-                    undo.restore()      # (_run's finally already returned the pool to its start)
-                raise
-            finally:
-                self.undo = None
+            tape = replay.start(self.iteration, self.pool) if replay is not None else None
+            with tape.recording(self.device) if tape is not None else contextlib.nullcontext():
+                if tape is not None:        # the step's kernels and the guard's, on the tape
+                    ctx.tape = undo.tape = tape
+                    self._k = undo.kernels = tape.kernels(self.device.kernels)
+                try:
+                    self._guarded_run(undo, ctx)
+                finally:
+                    if tape is not None:
+                        undo.tape, undo.kernels, self._k = None, self.device.kernels, None
+            if replay is not None:
+                replay.last_ran = "off"
+                if tape is not None:
+                    replay.finish(tape, self.pool)
             self.iteration += 1
             return ctx.losses.get("loss", float("nan"))
+
+    def _guarded_run(self, undo, ctx) -> None:
+        undo.begin()
+        self.undo = undo
+        try:
+            self._run(self.steps, self.frees, ctx, check_loss=True)
+            if undo.nonfinite():
+                raise self._update_error(ctx.losses.get("loss"))
+        except BaseException:
+            with signals_deferred():    # a second Ctrl-C must not cut the undo in half
+                undo.restore()      # (_run's finally already returned the pool to its start)
+            raise
+        finally:
+            self.undo = None
+
+    def _update_error(self, loss) -> NonFiniteUpdateError:
+        return NonFiniteUpdateError(
+            f"iteration {self.iteration}: a gradient, parameter update or BN statistic is NaN "
+            f"or infinite (loss {loss}); the step was undone (lower the learning rate or check "
+            "the data)")
+
+    def _replay_step(self, replay: Replay, x, y) -> float:
+        """One iteration from the tape: the same device operations as the recorded one, with
+        this iteration's batch, seed and learning rate; undone like an eager step."""
+        tape, undo = replay.tape, self._undo_record
+        self._feed(x, y)                    # checked, and written where the tape reads it
+        try:
+            results = tape.replay(self.iteration)
+        except BaseException:
+            with signals_deferred():
+                undo.restore(tape.saved_before(tape.stopped_at))
+            raise
+        loss = replay.losses(tape, results).get("loss", float("nan"))
+        failed = None
+        if not math.isfinite(loss):
+            failed = self._loss_error(loss)
+        elif undo.nonfinite():
+            failed = self._update_error(loss)
+        if failed is not None:
+            with signals_deferred():
+                undo.restore(tape.saved_before(len(tape.ops)))
+            raise failed
+        replay.repeat_traffic(tape, self.pool)
+        replay.replayed += 1
+        replay.last_ran = replay.mode
+        self.iteration += 1
+        return loss
 
     def evaluate(self, x, y) -> tuple[float, int]:
         """Forward in inference mode; returns (mean loss, number of correct predictions)."""
@@ -410,6 +504,7 @@ class Executor:
                 pool.free(t)
         pool.release_held()
         pool.locked.clear()
+        pool.host_pool.settle()
         if self.offload_params:
             for t in list(pool.live.values()):
                 pool.offload(t)
@@ -417,9 +512,11 @@ class Executor:
     def _check_loss(self, ctx):
         loss = ctx.losses.get("loss")
         if loss is not None and not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"loss is {loss} at iteration {self.iteration}; the step was undone "
-                "(lower the learning rate or check the data)")
+            raise self._loss_error(loss)
+
+    def _loss_error(self, loss) -> NonFiniteLossError:
+        return NonFiniteLossError(f"loss is {loss} at iteration {self.iteration}; the step was "
+                                  "undone (lower the learning rate or check the data)")
 
     def _run(self, steps, frees, ctx, keep=(), check_loss=False):
         pool, dev = self.pool, self.device
@@ -524,7 +621,9 @@ class Executor:
 
     def _compute(self, step, ctx, ws):
         layer, view = step.layer, self.pool.view
-        k = self.device.kernels if self.dp is None else self.dp.kernels(self.device.kernels)
+        k = self._k or self.device.kernels
+        if self.dp is not None:
+            k = self.dp.kernels(k)
         opt = lambda t: view(t) if t is not None else None  # noqa: E731
         params = {n: view(t) for n, t in step.params.items()}
         aux = {n: view(t) for n, t in step.aux.items()}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import numbers
 
+from .recording import per_iteration
+
 
 class SGD:
     """torch.optim.SGD semantics: momentum (dampening 0), Nesterov, L2 weight decay.
@@ -35,8 +37,12 @@ class SGD:
     checks_finite = True
 
     def update(self, k, param, grad, state, flag=None) -> None:
-        k.sgd_update(param, grad, state[0] if state else None, self.lr, self.momentum,
+        lr = per_iteration(k, self._lr, None)     # a schedule changes it between iterations
+        k.sgd_update(param, grad, state[0] if state else None, lr, self.momentum,
                      self.weight_decay, self.nesterov, flag=flag)
+
+    def _lr(self, iteration) -> float:
+        return self.lr
 
     def config(self) -> dict:
         return {"type": "SGD", "lr": self.lr, "momentum": self.momentum,

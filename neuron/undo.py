@@ -24,6 +24,7 @@ class UndoRecord:
         self._saved_ids: set[int] = set()
         self._flag = flag                       # made once by the executor
         self.snapshot_bytes = 0                 # bytes copied to the host this step
+        self.tape = None                        # the tape recording this step (neuron/tape.py)
 
     @property
     def host_bytes(self) -> int:
@@ -55,6 +56,8 @@ class UndoRecord:
         self._saved.append(block)
         self._saved_ids.add(block.id)
         self.snapshot_bytes += block.nbytes
+        if self.tape is not None:
+            self.tape.mark_saved(block)
 
     @property
     def flag(self):
@@ -74,8 +77,11 @@ class UndoRecord:
     def written(self) -> list[str]:
         return [b.name for b in self._saved]
 
-    def restore(self) -> None:
-        """Write every saved block back, wherever the pool now keeps it (arena or host)."""
+    def restore(self, blocks=None) -> None:
+        """Write every saved block back, wherever the pool now keeps it (arena or host).
+        ``blocks``: those a replayed step snapshotted (neuron/tape.py), instead of this step's."""
+        if blocks is not None:
+            self._saved = list(blocks)
         pool, dev = self.pool, self.device
         dev.synchronize()               # snapshot copies done, nothing still writing a block
         for block in reversed(self._saved):

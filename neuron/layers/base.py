@@ -172,6 +172,8 @@ class Context:
     accumulate: frozenset = frozenset()
     # the part of the batch this step runs on (memory/chunking.py Chunk), None: all of it
     chunk: Any = None
+    # the tape recording this iteration (neuron/tape.py), None when it is not recorded
+    tape: Any = None
 
     def acc(self, i: int = 0) -> bool:
         return i in self.accumulate

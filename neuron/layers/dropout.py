@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphError
+from ..recording import per_iteration
 from .base import AuxSpec, Layer
 
 
@@ -30,7 +31,9 @@ class Dropout(Layer):
         elif ctx.recompute:
             k.dropout_apply(ins[0], outs[0], aux["mask"], self.p)
         else:
-            seed = (ctx.seed * 1_000_003 + ctx.iteration * 7919 + self.index) % (2 ** 63)
+            base, index = ctx.seed * 1_000_003, self.index
+            seed = per_iteration(k, lambda it: (base + it * 7919 + index) % (2 ** 63),
+                                 ctx.iteration)
             if ctx.chunk is None:
                 k.dropout_forward(ins[0], outs[0], aux["mask"], self.p, seed)
             else:                       # this chunk's part of the whole batch's mask

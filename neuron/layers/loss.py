@@ -10,6 +10,8 @@ def record_loss(name: str, loss, ctx) -> None:
     """The batch's mean loss into ``ctx.losses``; under chunking, summed chunk by chunk in
     order, each weighted by its share of the batch."""
     ch = ctx.chunk
+    if ctx.tape is not None:            # a replay reads it from the kernel's result
+        ctx.tape.mark_loss(name, ch)
     if ch is None:
         ctx.losses[name] = float(loss)
     else:

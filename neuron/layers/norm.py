@@ -6,6 +6,7 @@ import math
 from ..errors import ShapeError
 from ..init import ones, zeros
 from ..kernels import bn_chunks
+from ..recording import kernel_module
 from ..sizes import size_arg
 from .base import AuxSpec, Layer, ParamSpec
 
@@ -41,7 +42,7 @@ class BatchNorm(Layer):
         p = params
         if ctx.chunk is not None:
             self._check_chunkable(k)
-            return self._forward_chunk(ins[0], outs, p, aux, ctx)
+            return self._forward_chunk(kernel_module(k, bn_chunks), ins[0], outs, p, aux, ctx)
         if ctx.training:
             k.batchnorm_forward_train(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
                                       p["running_var"], aux["save_mean"], aux["save_invstd"],
@@ -55,37 +56,37 @@ class BatchNorm(Layer):
             raise NotImplementedError(f"{self.name}: synchronized BatchNorm over ranks is not "
                                       "combined with sub-layer chunking; use --chunks 1")
 
-    def _forward_chunk(self, x, outs, p, aux, ctx):
+    def _forward_chunk(self, bn, x, outs, p, aux, ctx):
         """Whole-batch statistics over chunks: a "stats" pass, then an "apply" pass."""
         ch = ctx.chunk
         if ch.stage == "stats":
             if not ctx.training:
                 return                  # inference normalizes with the running statistics
             per = bn_chunks.per_channel(x) // ch.size
-            bn_chunks.stats_accumulate(x, aux["save_mean"], aux["save_invstd"],
+            bn.stats_accumulate(x, aux["save_mean"], aux["save_invstd"],
                                        ch.start * per, ch.first)
             if ch.last:
-                bn_chunks.stats_finish(aux["save_mean"], aux["save_invstd"], ch.total * per,
+                bn.stats_finish(aux["save_mean"], aux["save_invstd"], ch.total * per,
                                        p["running_mean"], p["running_var"], self.momentum,
                                        self.eps, not ctx.recompute)
         elif ctx.training:
-            bn_chunks.apply(x, p["weight"], p["bias"], outs[0], aux["save_mean"],
+            bn.apply(x, p["weight"], p["bias"], outs[0], aux["save_mean"],
                             aux["save_invstd"])
         else:
-            bn_chunks.apply(x, p["weight"], p["bias"], outs[0], p["running_mean"],
+            bn.apply(x, p["weight"], p["bias"], outs[0], p["running_mean"],
                             1.0 / (p["running_var"] + self.eps) ** 0.5)
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         ch = ctx.chunk
         if ch is not None:
             self._check_chunkable(k)
-            x = ins[0]
+            x, bn = ins[0], kernel_module(k, bn_chunks)
             if ch.stage == "sums":
-                bn_chunks.backward_sums(x, douts[0], aux["save_mean"], aux["save_invstd"],
+                bn.backward_sums(x, douts[0], aux["save_mean"], aux["save_invstd"],
                                         dparams["weight"], dparams["bias"], ch.first)
             elif dins[0] is not None:
                 per = bn_chunks.per_channel(x) // ch.size
-                bn_chunks.backward_grad(x, douts[0], params["weight"], aux["save_mean"],
+                bn.backward_grad(x, douts[0], params["weight"], aux["save_mean"],
                                         aux["save_invstd"], dparams["weight"], dparams["bias"],
                                         ch.total * per, dins[0], ctx.acc(0))
             return

@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MemoryBudgetError
+from ..recording import unrecordable
 
 
 def _staging(pool, n: int, t, step) -> tuple[int, object]:
@@ -263,6 +264,7 @@ def _decode_on_host(pool, t, off, buf, n, codec) -> None:
         # the copy that filled buf may still be running: its eviction made only compute wait
         # for it, and the host reads buf now (the rare path: a whole-tensor copy follows anyway)
         dev.synchronize()
+        unrecordable(dev, f"{t.name} was decoded on the host (no room for a staging block)")
         full = np.empty(t.shape, t.dtype)
         codec.decode(buf[:n], full)
         dev.copy_to_device(full.reshape(-1).view(np.uint8), dev.view(off, t.shape, t.dtype),

@@ -76,6 +76,14 @@ class HostPool:
         self.in_use_bytes -= c
         self._free[c].append(buf)
 
+    def settle(self) -> None:
+        """Order the cached buffers by address: an iteration then draws the same buffers as the
+        one before it, whatever order they came back in (what makes a recorded iteration a fixed
+        program, neuron/tape.py)."""
+        for lst in self._free.values():
+            if len(lst) > 1 and hasattr(lst[0], "__array_interface__"):
+                lst.sort(key=lambda b: -b.__array_interface__["data"][0])
+
     def trim(self) -> int:
         """Give every cached free buffer back (pinned pages return to the OS when the last
         reference goes); returns the bytes given back."""

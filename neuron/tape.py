@@ -1,0 +1,396 @@
+"""The tape: one planned training iteration recorded as device operations, then replayed.
+
+Every iteration starts from the same pool state and the plan fixes every address, move and
+workspace, so the executor's iteration is a fixed program. Recording runs it once through a
+proxy of the device's kernels and of the device's copy methods: each call is kept with its
+arguments resolved (arena views, host buffers, scalars). A replay calls them again in order: no
+planning, pool bookkeeping or view building. What changes per iteration is either in fixed
+buffers written before the replay (the batch) or a ``Varying`` argument resolved again (the
+dropout seed, the learning rate). plan (virtual device) -> record (real device) -> replay.
+
+A record is trusted only when two consecutive iterations record the same operations on the same
+addresses (so the iteration is a fixed point of the executor), and only while the pool is in the
+state it was recorded from; otherwise the executor runs eagerly and says why (``Replay.reason``).
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import numpy as np
+
+from .recording import Varying
+
+#: device methods that issue work (copies, codecs, stream ordering): recorded like kernels
+DEVICE_OPS = ("copy_to_host", "copy_to_device", "move", "encode", "decode", "offload",
+              "prefetch", "compute_wait", "wait", "synchronize")
+#: device methods whose answer is a run-time decision: a replay could not follow it
+DEVICE_DECISIONS = ("is_done",)
+
+_RESOLVE, _PRODUCES = 1, 2
+MODES = ("off", "tape", "graph")
+
+
+class _Ref:
+    """An argument that is the result of an earlier operation of the same iteration."""
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class RecordingKernels:
+    """The device's kernel module, each call kept on the tape as well as run."""
+    records = True
+
+    def __init__(self, kernels, tape: "Tape"):
+        self._kernels, self._tape = kernels, tape
+
+    def module(self, module) -> "RecordingKernels":
+        """Another kernel module (recording.kernel_module), recorded on the same tape."""
+        cache = self.__dict__.setdefault("_modules", {})
+        if id(module) not in cache:
+            cache[id(module)] = RecordingKernels(module, self._tape)
+        return cache[id(module)]
+
+    def __getattr__(self, name):
+        fn = getattr(self._kernels, name)
+        if not callable(fn):
+            return fn
+        tape = self._tape
+
+        def call(*args, **kwargs):
+            return tape.call(fn, args, kwargs)
+        call.__name__ = name
+        self.__dict__[name] = call
+        return call
+
+
+class Tape:
+    """The operations of one iteration, in issue order, ready to call again."""
+
+    def __init__(self, iteration: int):
+        self.iteration = iteration          # the iteration it was recorded at
+        self.ops: list[tuple] = []          # (fn, args, kwargs, flags)
+        self.losses: list[tuple] = []       # (op index, loss name, chunk)
+        self.saved: list[tuple] = []        # (block, op index after which its snapshot is done)
+        self.counters: dict[str, int] = {}  # the pool's traffic of the recorded iteration
+        self.start_state = None             # the pool's state it was recorded from
+        self.diverged: str | None = None    # why it cannot be replayed
+        self._produced: dict[int, int] = {}  # id(result) -> op index
+        self._keep: list = []               # results alive while recording (ids stay unique)
+        self._results: list = []
+
+    # ---- recording ---------------------------------------------------------------------
+    def kernels(self, kernels) -> RecordingKernels:
+        return RecordingKernels(kernels, self)
+
+    def call(self, fn, args, kwargs):
+        conv, flags = self._convert(args)
+        kconv, kflags = self._convert(kwargs) if kwargs else (kwargs, 0)
+        flags |= kflags
+        if flags:
+            real_args, real_kw = self._resolve(conv, kconv, self.iteration, self._results)
+        else:
+            real_args, real_kw = args, kwargs
+        result = fn(*real_args, **real_kw)
+        index = len(self.ops)
+        self.ops.append((fn, conv, kconv, flags))
+        self._results.append(result)
+        if result is not None and not isinstance(result, (bool, int, float, str)):
+            self._produced[id(result)] = index
+            self._keep.append(result)
+        return result
+
+    def _convert(self, a):
+        """(argument with earlier results as _Ref, flags): _RESOLVE where a replay must
+        compute it again."""
+        if isinstance(a, Varying):
+            return a, _RESOLVE
+        if isinstance(a, (list, tuple)):
+            items = [self._convert(x) for x in a]
+            flags = 0
+            for _, f in items:
+                flags |= f
+            if not flags:
+                return a, 0
+            out = [x for x, _ in items]
+            return (tuple(out) if isinstance(a, tuple) else out), flags
+        if isinstance(a, dict):
+            items = {k: self._convert(v) for k, v in a.items()}
+            flags = 0
+            for _, f in items.values():
+                flags |= f
+            return ({k: x for k, (x, _) in items.items()} if flags else a), flags
+        index = self._produced.get(id(a))
+        if index is not None and self._results[index] is a:
+            self._mark_produces(index)
+            return _Ref(index), _RESOLVE
+        return a, 0
+
+    def _mark_produces(self, index: int) -> None:
+        fn, args, kw, flags = self.ops[index]
+        self.ops[index] = (fn, args, kw, flags | _PRODUCES)
+
+    def mark_loss(self, name: str, chunk) -> None:
+        """The last operation returned the loss ``name`` (of ``chunk``, None: the batch)."""
+        if not self.ops:
+            self.diverge(f"loss {name!r} was not computed by a recorded kernel")
+            return
+        self._mark_produces(len(self.ops) - 1)
+        self.losses.append((len(self.ops) - 1, name, chunk))
+
+    def mark_saved(self, block) -> None:
+        """The step guard's snapshot of ``block`` is complete once the last operation is."""
+        self.saved.append((block, len(self.ops) - 1))
+
+    def diverge(self, reason: str) -> None:
+        if self.diverged is None:
+            self.diverged = reason
+
+    @contextlib.contextmanager
+    def recording(self, device):
+        """Record ``device``'s copy and ordering calls (the pool's and the step guard's) while
+        they run; a call that decides at run time marks the tape as not replayable."""
+        patched = []                        # (name, the instance attribute it shadowed)
+
+        def op(fn):
+            return lambda *a, **kw: self.call(fn, a, kw)
+
+        def decision(fn, name):
+            def call(*a, **kw):
+                self.diverge(f"the iteration asked the device {name}() (a run-time decision "
+                             "a replay cannot repeat)")
+                return fn(*a, **kw)
+            return call
+        try:
+            for name in DEVICE_OPS + DEVICE_DECISIONS:
+                fn = getattr(device, name, None)
+                if fn is None:
+                    continue
+                patched.append((name, vars(device).get(name)))
+                setattr(device, name, op(fn) if name in DEVICE_OPS else decision(fn, name))
+            device.recording_tape = self        # recording.unrecordable reports to it
+            yield self
+        finally:
+            vars(device).pop("recording_tape", None)
+            for name, old in patched:
+                if old is None:
+                    delattr(device, name)
+                else:
+                    setattr(device, name, old)
+            self._keep.clear()
+            self._produced.clear()
+            self._results = []
+
+    # ---- checking ----------------------------------------------------------------------
+    def signature(self) -> list:
+        """What must be equal for two records to be the same program: each call's function,
+        and its arguments by address (arrays), position (earlier results) or value."""
+        return [(_fn_key(fn), _arg_key(args), _arg_key(kw)) for fn, args, kw, _ in self.ops]
+
+    # ---- replaying ---------------------------------------------------------------------
+    def replay(self, iteration: int) -> list:
+        """Run the operations again for ``iteration``; returns the results of those whose result
+        is used (by index; others None). On an exception, ``stopped_at`` is the operation that
+        raised (those before it are done)."""
+        results = [None] * len(self.ops)
+        resolve = self._resolve
+        i = 0
+        try:
+            for i, (fn, args, kw, flags) in enumerate(self.ops):
+                if not flags:
+                    fn(*args, **kw)
+                    continue
+                if flags & _RESOLVE:
+                    args, kw = resolve(args, kw, iteration, results)
+                r = fn(*args, **kw)
+                if flags & _PRODUCES:
+                    results[i] = r
+        except BaseException:
+            self.stopped_at = i
+            raise
+        self.stopped_at = len(self.ops)
+        return results
+
+    @staticmethod
+    def _resolve(args, kw, iteration, results):
+        def res(a):
+            if isinstance(a, Varying):
+                return a.resolve(iteration)
+            if isinstance(a, _Ref):
+                return results[a.index]
+            if isinstance(a, (list, tuple)):
+                out = [res(x) for x in a]
+                return tuple(out) if isinstance(a, tuple) else out
+            if isinstance(a, dict):
+                return {k: res(v) for k, v in a.items()}
+            return a
+        return res(args), (res(kw) if kw else kw)
+
+    def saved_before(self, stop: int) -> list:
+        """The blocks whose snapshot a replay stopped at operation ``stop`` has completed."""
+        return [b for b, j in self.saved if j < stop]
+
+
+def _fn_key(fn):
+    return getattr(fn, "__self__", None) and id(fn.__self__), getattr(fn, "__func__", fn)
+
+
+def _arg_key(a):
+    if isinstance(a, np.ndarray):
+        return ("a", a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_arg_key(x) for x in a))
+    if isinstance(a, dict):
+        return ("d", tuple((k, _arg_key(v)) for k, v in a.items()))
+    if isinstance(a, Varying):
+        return ("v", a.fn.__code__)
+    if isinstance(a, _Ref):
+        return ("r", a.index)
+    if a is None or isinstance(a, (bool, int, float, str, np.generic)):
+        return ("s", type(a).__name__, a)
+    ptr = getattr(a, "data", None)          # a device array: its address
+    ptr = getattr(ptr, "ptr", None)
+    if ptr is not None:
+        return ("a", ptr, getattr(a, "shape", None), getattr(a, "strides", None),
+                str(getattr(a, "dtype", "")))
+    return ("o", id(a))
+
+
+#: the pool's traffic counters a replayed iteration repeats (Pool.counters() name -> attribute)
+_COUNTERS = {"offload_bytes": "offload_bytes", "prefetch_bytes": "prefetch_bytes",
+             "offloads": "offload_count", "prefetches": "prefetch_count",
+             "evictions": "evictions", "evicted_bytes": "evicted_bytes",
+             "cache_hits": "hits", "cache_misses": "misses",
+             "compactions": "compactions", "compacted_bytes": "moved_bytes"}
+
+
+def pool_state(pool) -> tuple:
+    """Where every tensor is between iterations: arena offsets and host buffer addresses."""
+    host = tuple((tid, _arg_key(buf)) for tid, (_, buf) in pool.host.items())
+    return tuple(pool.offset.items()), host
+
+
+def traffic(pool) -> dict:
+    return {k: getattr(pool, a) for k, a in _COUNTERS.items()}
+
+
+class _LossContext:
+    """What loss.record_loss writes into, outside a step."""
+    tape = None
+
+    def __init__(self):
+        self.losses, self.chunk = {}, None
+
+
+class Replay:
+    """When an executor records its iteration, when it trusts the record, and its replays.
+
+    A record is trusted once two consecutive iterations recorded the same program from the same
+    pool state and ended in it; it is replayed while the pool stays in that state (evaluate()
+    or a failed step may move tensors: then it records again). ``reason`` says why the executor
+    is not replaying, None while it is (or still recording)."""
+
+    #: records compared before giving up (each is one eager iteration)
+    ATTEMPTS = 4
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.tape: Tape | None = None
+        self._last: Tape | None = None
+        self._attempts = 0                  # settled records that did not repeat the last one
+        self._unsettled = 0                 # records in a row that ended elsewhere
+        self.reason: str | None = None
+        self.replayed = self.recorded = 0
+        self.last_ran = "off"           # what the last train_step ran: "off" (eager) or mode
+
+    def ready(self, pool) -> bool:
+        tape = self.tape
+        if tape is None:
+            return False
+        if pool_state(pool) == tape.start_state:
+            return True
+        self.tape, self._last, self._attempts = None, None, 0
+        return False
+
+    def start(self, iteration: int, pool) -> Tape | None:
+        """A tape to record this iteration on, or None (given up: run eagerly)."""
+        if self.reason is not None:
+            return None
+        tape = Tape(iteration)
+        tape.start_state = pool_state(pool)
+        tape.counters = traffic(pool)
+        return tape
+
+    def finish(self, tape: Tape, pool) -> None:
+        """The recorded iteration succeeded: trust its tape if it repeats the last one."""
+        self.recorded += 1
+        before = tape.counters
+        tape.counters = {k: v - before[k] for k, v in traffic(pool).items()}
+        if tape.diverged is not None:
+            self.give_up(tape.diverged)
+            return
+        if pool_state(pool) != tape.start_state:
+            # not a fixed point (yet: the first iterations allocate host buffers, evaluate()
+            # moves parameters); records from here on compare afresh
+            self._last = None
+            self._unsettled += 1
+            if self._unsettled >= 2 * self.ATTEMPTS:
+                self.give_up(f"{self._unsettled} iterations in a row ended with tensors "
+                             "elsewhere than they started")
+            return
+        self._unsettled = 0
+        last, self._last = self._last, tape
+        if last is None or last.start_state != tape.start_state:
+            return
+        why = _difference(last, tape)
+        if why is None:
+            self.tape, self._last = tape, None
+            return
+        self._attempts += 1
+        if self._attempts >= self.ATTEMPTS:
+            self.give_up(why)
+
+    def give_up(self, why: str, warn: bool = True) -> None:
+        """Run eagerly from now on, saying why (once)."""
+        self.reason = why
+        self.tape = self._last = None
+        if warn:
+            warnings.warn(f"replay {self.mode}: running every iteration eagerly: {why}",
+                          RuntimeWarning, stacklevel=4)
+
+    def losses(self, tape: Tape, results) -> dict:
+        from .layers.loss import record_loss
+        ctx = _LossContext()
+        for index, name, chunk in tape.losses:
+            ctx.chunk = chunk
+            record_loss(name, results[index], ctx)
+        return ctx.losses
+
+    def repeat_traffic(self, tape: Tape, pool) -> None:
+        for k, d in tape.counters.items():
+            a = _COUNTERS[k]
+            setattr(pool, a, getattr(pool, a) + d)
+
+    def info(self) -> dict:
+        return {"mode": self.mode, "ran": self.last_ran, "replayed_iterations": self.replayed,
+                "recorded_iterations": self.recorded,
+                "operations": len(self.tape.ops) if self.tape is not None else None,
+                "eager_because": self.reason}
+
+
+def _difference(a: Tape, b: Tape) -> str | None:
+    """Why two records are not the same program (None: they are)."""
+    if a.start_state != b.start_state:
+        return "consecutive iterations started from different pool states"
+    sa, sb = a.signature(), b.signature()
+    for i, (x, y) in enumerate(zip(sa, sb)):
+        if x != y:
+            name = getattr(x[0][1], "__name__", "?")
+            return f"consecutive iterations differ at operation {i} ({name})"
+    if len(sa) != len(sb):
+        return f"consecutive iterations issued {len(sa)} and {len(sb)} operations"
+    if [(b_.id, j) for b_, j in a.saved] != [(b_.id, j) for b_, j in b.saved]:
+        return "consecutive iterations snapshotted different blocks"
+    return None
