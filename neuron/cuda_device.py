@@ -29,6 +29,7 @@ Python so it is tested on machines without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -117,6 +118,28 @@ class ArenaAllocator:
         # malloc on the same thread: a re-entrant lock, not a plain one
         self._lock = threading.RLock()
         self.live_bytes = 0
+        # a tape (neuron/tape.py) records where each temporary went and its replays put them
+        # there again: the heap's bookkeeping is not repeated, so it could not place them
+        self._recorded: list | None = None      # (bytes, pointer) in malloc order
+        self._script = None                     # the record being replayed
+        self._scripted: dict[int, int] = {}     # pointer -> temporaries replayed there, live
+
+    def record(self, script: list | None) -> None:
+        """Append every temporary's (bytes, pointer) to ``script`` (None: stop)."""
+        self._recorded = script
+
+    def replay(self, script: list | None) -> None:
+        """Serve temporaries from ``script``, in order (None: from the heaps again)."""
+        self._script = iter(script) if script is not None else None
+
+    def _replayed(self, nbytes: int) -> int:
+        want, ptr = next(self._script, (None, 0))
+        if want != nbytes:
+            from .recording import TapeDiverged
+            raise TapeDiverged(f"a replayed kernel asked for a {nbytes}-byte CuPy temporary "
+                               f"where the record took {want}")
+        self._scripted[ptr] = self._scripted.get(ptr, 0) + 1
+        return ptr
 
     def add_region(self, heap, layout: ArenaLayout, name: str, first: bool = False) -> None:
         entry = (heap, layout, name)
@@ -135,12 +158,16 @@ class ArenaAllocator:
         if nbytes == 0:
             return 0            # CuPy's own convention for empty arrays
         with self._lock:
+            if self._script is not None:
+                return self._replayed(nbytes)
             for heap, layout, _ in self._regions:
                 off = heap.try_alloc(nbytes)
                 if off >= 0:
                     ptr = layout.pointer(off, nbytes)
                     self._live[ptr] = (heap, off, nbytes)
                     self.live_bytes += nbytes
+                    if self._recorded is not None:
+                        self._recorded.append((nbytes, ptr))
                     return ptr
             where = ", ".join(f"{name}: largest free {heap.largest_free}"
                               for heap, _, name in self._regions) or "no region"
@@ -156,6 +183,13 @@ class ArenaAllocator:
         if ptr == 0:
             return
         with self._lock:
+            n = self._scripted.get(ptr)
+            if n is not None:           # a replayed temporary: its place is the record's
+                if n > 1:
+                    self._scripted[ptr] = n - 1
+                else:
+                    del self._scripted[ptr]
+                return
             heap, off, nbytes = self._live.pop(ptr)
             self.live_bytes -= nbytes
             heap.free(off)
@@ -334,6 +368,24 @@ class CudaDevice(Device):
     def detach_heap(self) -> None:
         self.allocator.remove_region("pool")
 
+    @contextlib.contextmanager
+    def recording_temporaries(self, script: list):
+        """CuPy temporaries taken meanwhile are appended to ``script`` as (bytes, pointer)."""
+        self.allocator.record(script)
+        try:
+            yield
+        finally:
+            self.allocator.record(None)
+
+    @contextlib.contextmanager
+    def replaying_temporaries(self, script: list):
+        """CuPy temporaries taken meanwhile go where ``script`` says, in order."""
+        self.allocator.replay(script)
+        try:
+            yield
+        finally:
+            self.allocator.replay(None)
+
     # ---- Device interface -------------------------------------------------------------------
     @property
     def kernels(self):
@@ -480,6 +532,12 @@ class CudaDevice(Device):
     @staticmethod
     def is_done(event) -> bool:
         return bool(event.done)
+
+    def order_after(self, event) -> None:
+        """Make later work on every stream wait for ``event``: what a replay does where the
+        recorded run found the event done (neuron/tape.py)."""
+        for s in (self.compute_stream, self.copy_stream, self.codec_stream):
+            s.wait_event(event)
 
     @staticmethod
     def wait(event) -> None:

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 
@@ -54,6 +56,17 @@ class Device:
     def move(self, src: int, dst: int, nbytes: int) -> None:
         """Arena bytes [src, src+n) to [dst, dst+n); the ranges may overlap (compaction)."""
         raise NotImplementedError
+
+    def order_after(self, event) -> None:
+        """Later work waits for ``event`` (copies here are synchronous: already so)."""
+
+    # a tape (neuron/tape.py) fixes where a kernel's temporaries go, on devices that put them in
+    # the arena (CudaDevice); NumPy's temporaries are host memory: nothing to fix
+    def recording_temporaries(self, script: list):
+        return contextlib.nullcontext()
+
+    def replaying_temporaries(self, script: list):
+        return contextlib.nullcontext()
 
     # the FreeLunch codec (memory/compressed_swap.py): here at once, on the compute thread;
     # CudaDevice runs it on a codec stream of its own and returns the event that ends it

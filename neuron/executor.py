@@ -31,6 +31,7 @@ from .optim import SGD
 from .sizes import size_arg
 from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
+from .recording import TapeDiverged
 from .tape import MODES as REPLAY_MODES, Replay
 from .undo import UndoRecord
 
@@ -399,7 +400,9 @@ class Executor:
             if replay is not None and (self.dp is not None or not self.transactional):
                 replay = None               # the all-reduces and the unguarded step run eagerly
             if replay is not None and replay.ready(self.pool):
-                return self._replay_step(replay, x, y)
+                loss = self._replay_step(replay, x, y)
+                if loss is not None:
+                    return loss
             ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
                           feed=self._feed(x, y))
             if not self.device.computes or not self.transactional:
@@ -446,17 +449,21 @@ class Executor:
             f"or infinite (loss {loss}); the step was undone (lower the learning rate or check "
             "the data)")
 
-    def _replay_step(self, replay: Replay, x, y) -> float:
+    def _replay_step(self, replay: Replay, x, y) -> float | None:
         """One iteration from the tape: the same device operations as the recorded one, with
-        this iteration's batch, seed and learning rate; undone like an eager step."""
+        this iteration's batch, seed and learning rate; undone like an eager step. None: the
+        replay met what its record did not have, was undone, and the step is to run eagerly."""
         tape, undo = replay.tape, self._undo_record
         self._feed(x, y)                    # checked, and written where the tape reads it
         try:
-            results = tape.replay(self.iteration)
-        except BaseException:
+            results = tape.replay(self.iteration, self.device)
+        except BaseException as e:
             with signals_deferred():
                 undo.restore(tape.saved_before(tape.stopped_at))
-            raise
+            if not isinstance(e, TapeDiverged):
+                raise
+            replay.give_up(str(e))          # undone; this step and the next run eagerly
+            return None
         loss = replay.losses(tape, results).get("loss", float("nan"))
         failed = None
         if not math.isfinite(loss):

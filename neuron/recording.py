@@ -8,6 +8,11 @@ device's kernel set (bn_chunks) is called through ``kernel_module`` so its calls
 from __future__ import annotations
 
 
+class TapeDiverged(RuntimeError):
+    """A replay met something its record did not have: the executor undoes the step and runs
+    it eagerly instead (and from then on)."""
+
+
 class Varying:
     """``fn(iteration) -> value``: the argument's value at a given iteration."""
     __slots__ = ("fn",)

@@ -23,8 +23,10 @@ from .recording import Varying
 
 #: device methods that issue work (copies, codecs, stream ordering): recorded like kernels
 DEVICE_OPS = ("copy_to_host", "copy_to_device", "move", "encode", "decode", "offload",
-              "prefetch", "compute_wait", "wait", "synchronize")
-#: device methods whose answer is a run-time decision: a replay could not follow it
+              "prefetch", "compute_wait", "order_after", "wait", "synchronize")
+#: device methods whose answer is a run-time decision: is_done(event) found True lets the pool
+#: reuse what the event's copy read; a replay cannot ask, so it orders later work after the
+#: event instead (device.order_after): the same guarantee, given on the device
 DEVICE_DECISIONS = ("is_done",)
 
 _RESOLVE, _PRODUCES = 1, 2
@@ -75,6 +77,7 @@ class Tape:
         self.losses: list[tuple] = []       # (op index, loss name, chunk)
         self.saved: list[tuple] = []        # (block, op index after which its snapshot is done)
         self.counters: dict[str, int] = {}  # the pool's traffic of the recorded iteration
+        self.temporaries: list = []         # (bytes, pointer) of the device's temporaries
         self.start_state = None             # the pool's state it was recorded from
         self.diverged: str | None = None    # why it cannot be replayed
         self._produced: dict[int, int] = {}  # id(result) -> op index
@@ -157,11 +160,14 @@ class Tape:
         def op(fn):
             return lambda *a, **kw: self.call(fn, a, kw)
 
+        order_after = device.order_after        # the device's own, not the recording one
+
         def decision(fn, name):
-            def call(*a, **kw):
-                self.diverge(f"the iteration asked the device {name}() (a run-time decision "
-                             "a replay cannot repeat)")
-                return fn(*a, **kw)
+            def call(event):
+                done = fn(event)
+                if done:
+                    self.call(order_after, (event,), {})
+                return done
             return call
         try:
             for name in DEVICE_OPS + DEVICE_DECISIONS:
@@ -171,7 +177,8 @@ class Tape:
                 patched.append((name, vars(device).get(name)))
                 setattr(device, name, op(fn) if name in DEVICE_OPS else decision(fn, name))
             device.recording_tape = self        # recording.unrecordable reports to it
-            yield self
+            with device.recording_temporaries(self.temporaries):
+                yield self
         finally:
             vars(device).pop("recording_tape", None)
             for name, old in patched:
@@ -190,10 +197,14 @@ class Tape:
         return [(_fn_key(fn), _arg_key(args), _arg_key(kw)) for fn, args, kw, _ in self.ops]
 
     # ---- replaying ---------------------------------------------------------------------
-    def replay(self, iteration: int) -> list:
-        """Run the operations again for ``iteration``; returns the results of those whose result
-        is used (by index; others None). On an exception, ``stopped_at`` is the operation that
-        raised (those before it are done)."""
+    def replay(self, iteration: int, device) -> list:
+        """Run the operations again for ``iteration`` on ``device``; returns the results of
+        those whose result is used (by index; others None). On an exception, ``stopped_at`` is
+        the operation that raised (those before it are done)."""
+        with device.replaying_temporaries(self.temporaries):
+            return self._replay(iteration)
+
+    def _replay(self, iteration: int) -> list:
         results = [None] * len(self.ops)
         resolve = self._resolve
         i = 0
@@ -391,6 +402,8 @@ def _difference(a: Tape, b: Tape) -> str | None:
             return f"consecutive iterations differ at operation {i} ({name})"
     if len(sa) != len(sb):
         return f"consecutive iterations issued {len(sa)} and {len(sb)} operations"
+    if a.temporaries != b.temporaries:
+        return "consecutive iterations placed the kernels' temporaries differently"
     if [(b_.id, j) for b_, j in a.saved] != [(b_.id, j) for b_, j in b.saved]:
         return "consecutive iterations snapshotted different blocks"
     return None

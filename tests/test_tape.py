@@ -178,26 +178,47 @@ def test_replay_modes_and_bad_values():
         _executor(g, "graph")
 
 
-def test_a_record_that_cannot_be_followed_falls_back_to_eager_and_says_why(monkeypatch):
-    """A run-time decision in the iteration (here: a stand-in device polling a copy) makes the
-    record unusable: the executor trains eagerly, warns once, and reports the reason."""
+def test_a_record_that_cannot_be_followed_falls_back_to_eager_and_says_why():
+    """Host work on the iteration's data outside the device's operations (here: a compressed
+    tensor decoded on the host) makes the record unusable: the executor trains eagerly, warns
+    once, and reports the reason; the bits are eager's."""
+    from neuron.recording import unrecordable
     g = residual_bn()
     ex = _executor(g, "tape")
-    dev = ex.device
-    dev.is_done = lambda ev=None: True          # a device method a replay cannot repeat
-
     real = ex._run
 
     def run(*a, **k):
-        dev.is_done()
+        unrecordable(ex.device, "host work the tape cannot see")
         return real(*a, **k)
-    monkeypatch.setattr(ex, "_run", run)
+    ex._run = run
     off, _ = _train(g, "off", 4, schedule=False)
-    with pytest.warns(RuntimeWarning, match="running every iteration eagerly.*is_done"):
+    with pytest.warns(RuntimeWarning, match="running every iteration eagerly: host work"):
         for i in range(4):
             x, y = batch_for(g, 6, _classes(g), seed=i)
             ex.train_step(x.astype(np.float32), y)
-    assert ex.replay["ran"] == "off" and "is_done" in ex.replay["eager_because"]
+    assert ex.replay["ran"] == "off" and "host work" in ex.replay["eager_because"]
+    assert states_equal(ex.state_dict(), off.state_dict())
+
+
+def test_a_replay_that_meets_what_its_record_did_not_have_is_undone_and_run_eagerly():
+    """A TapeDiverged in the middle of a replay (a device temporary of another size): the
+    replay is undone, the step runs eagerly, and the run goes on eagerly, bit for bit."""
+    from neuron.recording import TapeDiverged
+    ex, g = _replaying()
+    off, _ = _train(g, "off", 4, schedule=False)
+    tape = ex._replay.tape
+    at = len(tape.ops) // 2
+    fn, args, kw, flags = tape.ops[at]
+
+    def diverged(*a, **k):
+        raise TapeDiverged("a kernel asked for what the record did not have")
+    tape.ops[at] = (diverged, args, kw, flags)
+    with pytest.warns(RuntimeWarning, match="did not have"):
+        for i in range(4, 6):
+            x, y = batch_for(g, 6, _classes(g), seed=i)
+            assert ex.train_step(x.astype(np.float32), y) == off.train_step(
+                x.astype(np.float32), y)
+    assert ex.replay["ran"] == "off" and ex.iteration == 6
     assert states_equal(ex.state_dict(), off.state_dict())
 
 

@@ -199,3 +199,35 @@ def test_an_interrupted_step_on_cuda_device_is_undone(gpu_kernels, interrupt_at,
         assert ex.iteration == 2
     finally:
         dev.close()
+
+
+@pytest.mark.parametrize("graph,kw", [
+    ("resnet_cifar8", {}),
+    ("resnet_cifar8", {"policy": "superneurons", "chunks": 2}),
+    ("densenet_cifar10", {"planner": "superneurons", "offload_params": True, "fraction": 0.5}),
+])
+def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, graph, kw):
+    """CudaDevice's recorded iteration (kernel calls with their descriptors and views, the
+    pool's asynchronous copies and event waits, the step guard) replayed gives the bits of the
+    same device running every iteration; under a budget too, or it says why it cannot."""
+    from neuron.cuda_device import CudaDevice
+    kw = dict(kw)
+    fraction = kw.pop("fraction", None)
+    g = GRAPHS[graph]()
+    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
+        if fraction else 64 << 20
+    if fraction:
+        kw["budget"] = arena
+    runs = {}
+    for mode in ("off", "tape"):
+        dev = CudaDevice(arena, headroom_bytes=0)
+        try:
+            runs[mode] = train(graph, dev, steps=5, replay=mode, **kw)
+        finally:
+            dev.close()
+    (l_off, s_off, _), (l_tape, s_tape, ex) = runs["off"], runs["tape"]
+    assert l_tape == l_off
+    assert all(s_off[k].tobytes() == s_tape[k].tobytes() for k in s_off)
+    r = ex.replay
+    assert r["eager_because"] is None, r
+    assert r["replayed_iterations"] >= 2, r
