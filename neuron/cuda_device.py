@@ -533,6 +533,76 @@ class CudaDevice(Device):
     def is_done(event) -> bool:
         return bool(event.done)
 
+    # ---- CUDA graphs (neuron/cuda_graph.py) ----------------------------------------------------
+    graph_replay = True             # the tape can be captured as one CUDA graph
+    replay_default = "tape"         # graph stays opt-in until a GPU run confirms it
+
+    @property
+    def cupy(self):
+        return self._cp
+
+    def side_streams(self) -> tuple:
+        """The streams work is forked to from the compute stream (joined at a capture's end)."""
+        return (self.copy_stream, self.codec_stream)
+
+    def capture(self, work):
+        """``work()``'s stream operations as a CUDA graph, captured on the compute stream; the
+        side streams it forks to are joined before the capture ends (which it always does, so
+        the stream stays usable after a failure)."""
+        stream = self.compute_stream
+        self.synchronize()              # nothing of an earlier iteration still queued
+        stream.begin_capture()
+        failure = None
+        try:
+            work()
+            for side in self.side_streams():
+                stream.wait_event(side.record())
+        except Exception as e:
+            failure = e
+        try:
+            graph = stream.end_capture()
+        except Exception:
+            if failure is None:
+                raise
+        if failure is not None:         # what broke the capture, not what ending it said
+            raise failure
+        return graph
+
+    def launch(self, graph) -> None:
+        """Run a captured graph on the compute stream and wait for it."""
+        graph.launch(stream=self.compute_stream)
+        self.compute_stream.synchronize()
+
+    def copy_to_host_captured(self, view, buf, nbytes: int) -> None:
+        """copy_to_host inside a graph: later work on every stream waits for the copy."""
+        self.order_after(self._d2h(view, buf, int(nbytes)))
+
+    def copy_to_device_captured(self, buf, view, nbytes: int) -> None:
+        self.order_after(self._h2d(buf, view, int(nbytes), compute_waits=True))
+
+    def upload(self, dst, src) -> None:
+        """``src`` (pinned host memory, contiguous, of ``dst``'s size) into ``dst`` on the
+        compute stream, asynchronously: a CUDA graph's input copy."""
+        n = int(dst.nbytes)
+        self._cp.cuda.runtime.memcpyAsync(dst.data.ptr, self._host_ptr(src, n), n,
+                                          self._cp.cuda.runtime.memcpyHostToDevice,
+                                          self.compute_stream.ptr)
+
+    def staging_array(self, shape, dtype):
+        """A host array the device copies from asynchronously (pinned)."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return pinned_empty(max(n, 1))[:n].view(dtype).reshape(shape)
+
+    def fixed_array(self, shape, dtype):
+        """Device memory outside the arena that stays put (a graph's loss rows), like the step
+        guard's flag: not the plan's bytes, not the heap's to place."""
+        cp = self._cp
+        dtype = np.dtype(dtype)
+        n = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        mem = cp.cuda.Memory(n)
+        return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0))
+
     def order_after(self, event) -> None:
         """Make later work on every stream wait for ``event``: what a replay does where the
         recorded run found the event done (neuron/tape.py)."""

@@ -57,6 +57,10 @@ class Device:
         """Arena bytes [src, src+n) to [dst, dst+n); the ranges may overlap (compaction)."""
         raise NotImplementedError
 
+    def staging_array(self, shape, dtype):
+        """A host array the device copies the batch from (pinned where that matters)."""
+        return np.empty(shape, dtype)
+
     def order_after(self, event) -> None:
         """Later work waits for ``event`` (copies here are synchronous: already so)."""
 

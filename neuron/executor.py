@@ -188,7 +188,8 @@ class Executor:
         counts, and why it runs eagerly if it does."""
         if self._replay is None:
             return {"mode": "off", "ran": "off", "replayed_iterations": 0,
-                    "recorded_iterations": 0, "operations": None, "eager_because": None}
+                    "recorded_iterations": 0, "operations": None, "eager_because": None,
+                    "tape_because": None, "graph_captures": 0}
         return self._replay.info()
 
     def _make_plan(self, graph):
@@ -375,7 +376,8 @@ class Executor:
         # a recorded iteration reads its batch from buffers that stay where they are
         st = self._staging
         if st is None:
-            st = self._staging = {n: np.empty_like(a) for n, a in fed.items()}
+            st = self._staging = {n: self.device.staging_array(a.shape, a.dtype)
+                                  for n, a in fed.items()}
         for n, a in fed.items():
             np.copyto(st[n], a)
         return st
@@ -455,11 +457,17 @@ class Executor:
         replay met what its record did not have, was undone, and the step is to run eagerly."""
         tape, undo = replay.tape, self._undo_record
         self._feed(x, y)                    # checked, and written where the tape reads it
+        graph = replay.graph_for(self.device, self._staging)
         try:
-            results = tape.replay(self.iteration, self.device)
+            results = replay.run(graph, self.iteration, self.device)
         except BaseException as e:
             with signals_deferred():
-                undo.restore(tape.saved_before(tape.stopped_at))
+                if graph is not None:       # the launch ran whole, or nothing ran
+                    self.device.synchronize()
+                    stop = len(tape.ops) if graph.launched_now else 0
+                else:
+                    stop = tape.stopped_at
+                undo.restore(tape.saved_before(stop))
             if not isinstance(e, TapeDiverged):
                 raise
             replay.give_up(str(e))          # undone; this step and the next run eagerly
@@ -476,7 +484,7 @@ class Executor:
             raise failed
         replay.repeat_traffic(tape, self.pool)
         replay.replayed += 1
-        replay.last_ran = replay.mode
+        replay.last_ran = "graph" if graph is not None and replay.graph is graph else "tape"
         self.iteration += 1
         return loss
 

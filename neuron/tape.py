@@ -202,14 +202,16 @@ class Tape:
         those whose result is used (by index; others None). On an exception, ``stopped_at`` is
         the operation that raised (those before it are done)."""
         with device.replaying_temporaries(self.temporaries):
-            return self._replay(iteration)
+            return self.run_ops(self.ops, iteration)
 
-    def _replay(self, iteration: int) -> list:
-        results = [None] * len(self.ops)
+    def run_ops(self, ops: list, iteration: int) -> list:
+        """The replay loop over ``ops`` (this tape's, or a transformed copy of the same
+        length and order: cuda_graph.py)."""
+        results = [None] * len(ops)
         resolve = self._resolve
         i = 0
         try:
-            for i, (fn, args, kw, flags) in enumerate(self.ops):
+            for i, (fn, args, kw, flags) in enumerate(ops):
                 if not flags:
                     fn(*args, **kw)
                     continue
@@ -221,7 +223,7 @@ class Tape:
         except BaseException:
             self.stopped_at = i
             raise
-        self.stopped_at = len(self.ops)
+        self.stopped_at = len(ops)
         return results
 
     @staticmethod
@@ -314,6 +316,8 @@ class Replay:
         self._unsettled = 0                 # records in a row that ended elsewhere
         self.reason: str | None = None
         self.replayed = self.recorded = 0
+        self.graph = None                   # the tape as a CUDA graph (mode "graph")
+        self.graph_reason: str | None = None    # why the tape is replayed instead
         self.last_ran = "off"           # what the last train_step ran: "off" (eager) or mode
 
     def ready(self, pool) -> bool:
@@ -322,8 +326,38 @@ class Replay:
             return False
         if pool_state(pool) == tape.start_state:
             return True
-        self.tape, self._last, self._attempts = None, None, 0
+        self.tape, self._last, self._attempts, self.graph = None, None, 0, None
         return False
+
+    def graph_for(self, device, staging):
+        """The trusted tape as a CUDA graph (cuda_graph.py), in graph mode while capturing
+        works; None: replay the tape."""
+        if self.mode != "graph" or self.graph_reason is not None:
+            return None
+        if self.graph is None or self.graph.tape is not self.tape:
+            from .cuda_graph import GraphReplay, GraphUnavailable
+            try:
+                self.graph = GraphReplay(device, self.tape, staging)
+            except GraphUnavailable as e:
+                self.no_graph(str(e))
+        return self.graph
+
+    def run(self, graph, iteration: int, device) -> list:
+        """One replay's results: through ``graph`` when there is one (falling back to the tape
+        when it cannot be captured: nothing has run then), else the tape."""
+        if graph is not None:
+            from .cuda_graph import GraphUnavailable
+            try:
+                return graph.run(iteration)
+            except GraphUnavailable as e:
+                self.no_graph(str(e))
+        return self.tape.replay(iteration, device)
+
+    def no_graph(self, why: str) -> None:
+        """Replay the tape instead of a CUDA graph from now on, saying why (once)."""
+        self.graph_reason, self.graph = why, None
+        warnings.warn(f"replay graph: replaying the tape instead: {why}", RuntimeWarning,
+                      stacklevel=5)
 
     def start(self, iteration: int, pool) -> Tape | None:
         """A tape to record this iteration on, or None (given up: run eagerly)."""
@@ -357,7 +391,7 @@ class Replay:
             return
         why = _difference(last, tape)
         if why is None:
-            self.tape, self._last = tape, None
+            self.tape, self._last, self.graph = tape, None, None
             return
         self._attempts += 1
         if self._attempts >= self.ATTEMPTS:
@@ -366,7 +400,7 @@ class Replay:
     def give_up(self, why: str, warn: bool = True) -> None:
         """Run eagerly from now on, saying why (once)."""
         self.reason = why
-        self.tape = self._last = None
+        self.tape = self._last = self.graph = None
         if warn:
             warnings.warn(f"replay {self.mode}: running every iteration eagerly: {why}",
                           RuntimeWarning, stacklevel=4)
@@ -388,7 +422,8 @@ class Replay:
         return {"mode": self.mode, "ran": self.last_ran, "replayed_iterations": self.replayed,
                 "recorded_iterations": self.recorded,
                 "operations": len(self.tape.ops) if self.tape is not None else None,
-                "eager_because": self.reason}
+                "eager_because": self.reason, "tape_because": self.graph_reason,
+                "graph_captures": self.graph.captures if self.graph is not None else 0}
 
 
 def _difference(a: Tape, b: Tape) -> str | None:

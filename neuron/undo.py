@@ -71,8 +71,9 @@ class UndoRecord:
             k.nonfinite_flag_update(flag, a)
 
     def nonfinite(self) -> bool:
-        """Read the flag: once per step."""
-        return bool(self.kernels.nonfinite_flag_read(self._flag))
+        """Read the flag: once per step (a read, never on a tape: device.kernels, not the
+        recording kernels)."""
+        return bool(self.device.kernels.nonfinite_flag_read(self._flag))
 
     def written(self) -> list[str]:
         return [b.name for b in self._saved]

@@ -384,16 +384,21 @@ def softmax_xent_forward(logits, labels, probs, rows=None):
     """Softmax into ``probs``; the mean cross entropy as a float. Per-row losses go into ``rows``
     (the loss layer's own output, in the arena) when given: no temporary; without it, a float64
     CuPy temporary."""
-    cp = _cp()
+    if rows is None:
+        rows = _cp().empty((logits.shape[0],), np.float64)
+    softmax_xent_rows(logits, labels, probs, rows)
+    # the one device->host sync of an iteration; the mean in float64 on the host
+    return float(np.mean(rows.get().astype(np.float64)))
+
+
+def softmax_xent_rows(logits, labels, probs, rows):
+    """The device part of softmax_xent_forward: softmax into ``probs``, per-row losses into
+    ``rows``; nothing read back (a CUDA graph averages them after its launch)."""
     n, k = logits.shape
     dnn.softmax_forward(_h(), _td(logits), _ptr(logits), _td(probs), _ptr(probs),
                         dnn.CUDNN_SOFTMAX_ACCURATE, dnn.CUDNN_SOFTMAX_MODE_INSTANCE)
-    if rows is None:
-        rows = cp.empty((n,), np.float64)
     _k_xent()[0](_ccontig(logits), _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
                  rows.reshape(n))
-    # the one device->host sync of an iteration; the mean in float64 on the host
-    return float(np.mean(rows.get().astype(np.float64)))
 
 
 def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):

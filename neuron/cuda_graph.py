@@ -1,0 +1,137 @@
+"""The tape as one CUDA graph: a trusted tape (neuron/tape.py) captured on the compute stream
+and launched once per iteration, so the host issues one call instead of every kernel.
+
+What a replay did on the host becomes device work inside the capture: the batch is copied from
+pinned staging buffers the executor fills before each launch; each loss's per-row values are
+copied to a fixed device buffer and averaged on the host after the launch (as the eager kernel
+does); a host wait for an event (or for a copy) becomes every stream waiting for it. The copy and codec streams
+join the compute stream before the capture ends. An operation that must block the host cannot
+be captured: the executor then replays the tape instead, saying why (``GraphUnavailable``).
+
+Varying arguments (the learning rate, a dropout seed) are fixed in a captured graph: it is
+captured again when one of them differs from the values it was captured with.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class GraphUnavailable(RuntimeError):
+    """The tape cannot become a CUDA graph on this device (the reason says why)."""
+
+
+class GraphReplay:
+    """Captures ``tape`` on ``device`` and launches it; ``staging``: the executor's batch
+    buffers (pinned host memory), which the tape's input copies read."""
+
+    def __init__(self, device, tape, staging: dict):
+        if not getattr(device, "graph_replay", False):
+            raise GraphUnavailable(f"{device.name} does not capture CUDA graphs")
+        self.device, self.tape = device, tape
+        self._staging = {id(a): a for a in staging.values()}
+        self._varying = _varying_args(tape)
+        self._values = None             # the Varying values the graph was captured with
+        self.graph = None
+        self._sinks: dict[int, object] = {}     # loss op index -> device buffer of its rows
+        self.captures = self.launches = 0
+        self.launched_now = False
+
+    def run(self, iteration: int) -> list:
+        """This iteration's work, through the graph; the results a replay returns (the losses;
+        every other op's result is None). Blocks until the graph has run."""
+        self.launched_now = False
+        values = [v.resolve(iteration) for v in self._varying]
+        if self.graph is None or values != self._values:
+            self._capture(iteration)
+            self._values = values
+        self.launched_now = True        # from here the whole graph runs, or a part of it
+        self.device.launch(self.graph)
+        self.launches += 1
+        results = [None] * len(self.tape.ops)
+        for i, sink in self._sinks.items():
+            results[i] = _mean_loss(sink)
+        return results
+
+    # ---- capture -----------------------------------------------------------------------
+    def _capture(self, iteration: int) -> None:
+        dev, tape = self.device, self.tape
+        ops = self._capturable_ops()
+
+        def work():
+            with dev.replaying_temporaries(tape.temporaries):
+                tape.run_ops(ops, iteration)
+        try:
+            self.graph = dev.capture(work)
+        except GraphUnavailable:
+            raise
+        except Exception as e:
+            raise GraphUnavailable(f"capturing the tape failed: {type(e).__name__}: {e}") from e
+        self.captures += 1
+
+    def _capturable_ops(self) -> list:
+        """The tape's operations with the host's part moved to the device (module docstring)."""
+        dev, k = self.device, self.device.kernels
+        out = []
+        for i, (fn, args, kw, flags) in enumerate(self.tape.ops):
+            name = getattr(fn, "__name__", "")
+            if fn is getattr(k, "copy", None) and len(args) == 2 and \
+                    id(args[1]) in self._staging:
+                fn = dev.upload                 # the batch, from its pinned staging buffer
+            elif name == "softmax_xent_forward":
+                fn = self._loss_into_sink(i)
+            elif name == "synchronize":
+                raise GraphUnavailable("the iteration waits for the whole device (synchronize)")
+            elif name == "wait":
+                fn = dev.order_after
+            elif name in ("copy_to_host", "copy_to_device"):
+                # a copy the host waited for: in a graph, later work waits for it instead
+                fn = getattr(dev, name + "_captured", fn)
+            elif name == "nonfinite_flag_read":
+                fn = _nothing                   # read after the launch
+            out.append((fn, args, kw, flags))
+        return out
+
+    def _loss_into_sink(self, index: int):
+        dev, k = self.device, self.device.kernels
+        fn, args, kw, _ = self.tape.ops[index]
+        rows = kw.get("rows", args[3] if len(args) > 3 else None)
+        if rows is None:
+            raise GraphUnavailable("a loss without its per-row output cannot be captured")
+        if index not in self._sinks:    # outside the arena and the capture: kept across them
+            self._sinks[index] = dev.fixed_array(rows.shape, rows.dtype)
+        sink = self._sinks[index]
+
+        def loss_rows(logits, labels, probs, rows=None):
+            k.softmax_xent_rows(logits, labels, probs, rows)
+            dev.cupy.copyto(sink, rows)
+        loss_rows.__name__ = "softmax_xent_rows"
+        return loss_rows
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+def _mean_loss(rows) -> float:
+    """The eager kernel's mean of the per-row losses (kernels/cuda.softmax_xent_forward)."""
+    return float(np.mean(rows.get().astype(np.float64)))
+
+
+def _varying_args(tape) -> list:
+    from .recording import Varying
+    found = []
+
+    def walk(a):
+        if isinstance(a, Varying):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                walk(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                walk(x)
+    for _, args, kw, flags in tape.ops:
+        if flags:
+            walk(args)
+            walk(kw)
+    return found
