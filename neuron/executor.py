@@ -182,6 +182,11 @@ class Executor:
                       warn=False)
         return r
 
+    def _instrumented(self) -> bool:
+        """Steps wrapped by a subclass or on the instance (a profiler's stopwatch, a test's
+        fault): they must run every iteration, so no iteration is replayed."""
+        return "_compute" in vars(self) or type(self)._compute is not Executor._compute
+
     @property
     def replay(self) -> dict:
         """What replay does for this executor: the mode asked for, what the last step ran,
@@ -399,8 +404,9 @@ class Executor:
         statistics, the pool and the iteration counter are exactly as before it."""
         with self._exclusive("train_step"):
             replay = self._replay
-            if replay is not None and (self.dp is not None or not self.transactional):
-                replay = None               # the all-reduces and the unguarded step run eagerly
+            if replay is not None and (self.dp is not None or not self.transactional
+                                       or self._instrumented()):
+                replay = None   # the all-reduces, the unguarded step, a stopwatch run eagerly
             if replay is not None and replay.ready(self.pool):
                 loss = self._replay_step(replay, x, y)
                 if loss is not None:
