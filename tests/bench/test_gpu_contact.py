@@ -12,17 +12,15 @@ import numpy as np
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-BENCH = os.path.join(ROOT, "bench")
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
+KIT = os.path.join(ROOT, "bench", "gpu")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 STAGE_KEYS = {"stage", "ok", "verdict", "device", "date", "commit", "smoke", "command"}
 
 
-def _run_stage(script, out, *extra, timeout=240):
-    r = subprocess.run([sys.executable, os.path.join(BENCH, script), "--out", str(out),
+def _run_stage(module, out, *extra, timeout=240):
+    r = subprocess.run([sys.executable, "-m", f"bench.gpu.{module}", "--out", str(out),
                         "--device", "cpu", "--smoke", *extra], cwd=ROOT, capture_output=True,
                        text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -41,7 +39,7 @@ def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable)
     out = tmp_path / "out"
-    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(out), "env",
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(out), "env",
                         "nonsense", "install"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -62,13 +60,13 @@ def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
 def test_a_stage_over_its_time_limit_is_reported_as_such(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable, TIMEOUT_ENV="0.05")
-    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path), "env"],
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(tmp_path), "env"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "[env]" in r.stdout and "TIMEOUT" in r.stdout, r.stdout
 
 
 def test_models_stage_contract(tmp_path):
-    _run_stage("gpu_models.py", tmp_path)
+    _run_stage("models", tmp_path)
     d = _stage_json(tmp_path, "models")
     assert d["ok"] and d["deterministic"]["ok"]
     for name, m in d["models"].items():
@@ -77,7 +75,7 @@ def test_models_stage_contract(tmp_path):
 
 def test_models_comparison_catches_a_wrong_kernel(monkeypatch):
     """The tolerance is not vacuous: a ReLU backward 2% off fails it."""
-    import gpu_models
+    from bench.gpu import models as gpu_models
     from neuron.kernels import numpy_ref
 
     good = gpu_models.reference_device
@@ -102,7 +100,7 @@ def test_models_comparison_catches_a_wrong_kernel(monkeypatch):
 
 
 def test_hash_dropout_reference_matches_the_gpu_mask():
-    import gpu_models
+    from bench.gpu import models as gpu_models
     from neuron.kernels.dropout_mask import dropout_mask_reference
     k = gpu_models.hash_dropout_kernels()
     x = np.ones((4, 50), np.float32)
@@ -114,7 +112,7 @@ def test_hash_dropout_reference_matches_the_gpu_mask():
 
 def test_throughput_stage_contract(tmp_path):
     pytest.importorskip("torch")
-    _run_stage("throughput.py", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
+    _run_stage("throughput", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
                "--warmup", "1")
     d = _stage_json(tmp_path, "throughput")
     assert d["ok"]
@@ -124,13 +122,13 @@ def test_throughput_stage_contract(tmp_path):
 
 
 def test_throughput_refuses_a_protocol_below_the_issue(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "throughput.py"), "--out",
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.throughput", "--out",
                         str(tmp_path), "--runs", "3"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "at least 5 runs" in r.stderr
 
 
 def test_pool_stage_trains_with_malloc_pool(tmp_path):
-    _run_stage("pool_vs_malloc.py", tmp_path)
+    _run_stage("pool_vs_malloc", tmp_path)
     d = _stage_json(tmp_path, "pool")
     assert d["ok"], d["verdict"]
     assert d["train"]["arena"] > 0 and d["train"]["malloc"] > 0
@@ -140,7 +138,7 @@ def test_pool_stage_trains_with_malloc_pool(tmp_path):
 
 
 def test_malloc_pool_keeps_the_arena_figure_when_malloc_fails(monkeypatch):
-    import pool_vs_malloc as P
+    from bench.gpu import pool_vs_malloc as P
     from neuron.models import build_model
 
     def broken(self, nbytes):
@@ -155,7 +153,7 @@ def test_malloc_pool_keeps_the_arena_figure_when_malloc_fails(monkeypatch):
 
 def test_pressure_stage_contract(tmp_path):
     pytest.importorskip("torch")
-    _run_stage("gpu_pressure.py", tmp_path)
+    _run_stage("pressure", tmp_path)
     d = _stage_json(tmp_path, "pressure")
     assert d["ok"], d["verdict"]
     assert d["batch"] == 2 * d["torch_eager"]["k"]
@@ -180,7 +178,7 @@ def test_pressure_stage_contract(tmp_path):
 
 
 def test_hidden_fraction():
-    import gpu_pressure as G
+    from bench.gpu import pressure as G
     bw = {"h2d": 1e9, "d2h": 1e9}
     assert G.hidden_fraction(1.0, 1.0, 1e9, 0, bw) == 1.0          # nothing lost: all hidden
     assert G.hidden_fraction(2.0, 1.0, 1e9, 0, bw) == 0.0          # lost the whole copy time
@@ -191,7 +189,7 @@ def test_hidden_fraction():
 @pytest.mark.slow
 def test_confirm_stage_contract(tmp_path):
     pytest.importorskip("torch")
-    _run_stage("gpu_confirm.py", tmp_path, timeout=400)
+    _run_stage("confirm", tmp_path, timeout=400)
     d = _stage_json(tmp_path, "confirm")
     assert d["ok"], d["verdict"]
     for part in ("widest", "deepest"):
@@ -201,7 +199,7 @@ def test_confirm_stage_contract(tmp_path):
 
 
 def test_junit_counts(tmp_path):
-    from gpu_kit import junit_counts
+    from bench.gpu.kit import junit_counts
     xml = tmp_path / "j.xml"
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
@@ -218,7 +216,7 @@ def test_junit_counts(tmp_path):
 
 def _fake_run(tmp_path):
     """A kit output folder as a GPU run would leave it: tarball + summary."""
-    from gpu_kit import write_stage
+    from bench.gpu.kit import write_stage
     raw = tmp_path / "raw"
     common = dict(device="NVIDIA H100 80GB HBM3", smoke=False)
     write_stage(str(raw), "tests", True, "OK", tests={"passed": 90, "failed": 1, "skipped": 2,
@@ -243,7 +241,7 @@ def _fake_run(tmp_path):
 def test_import_writes_the_contracts(tmp_path):
     src = _fake_run(tmp_path)
     res = tmp_path / "results"
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"), str(src),
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results", str(src),
                         "--results", str(res), "--no-readme-tables"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -260,10 +258,10 @@ def test_import_writes_the_contracts(tmp_path):
 
 
 def test_import_refuses_smoke_runs(tmp_path):
-    from gpu_kit import write_stage
+    from bench.gpu.kit import write_stage
     write_stage(str(tmp_path), "tests", True, "OK", device="cpu", smoke=True,
                 tests={"passed": 1, "failed": 0, "skipped": 0, "errors": 0})
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"),
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results",
                         str(tmp_path), "--results", str(tmp_path / "res"),
                         "--no-readme-tables"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "smoke" in r.stderr
@@ -274,7 +272,7 @@ SIM_ROW_KEYS = {"model", "policy", "budget_bytes", "simulated_s", "measured_s", 
 
 
 def test_simulator_stage_contract(tmp_path):
-    _run_stage("gpu_simulator.py", tmp_path)
+    _run_stage("simulator", tmp_path)
     d = _stage_json(tmp_path, "simulator")
     assert d["ok"], d["verdict"]
     assert [r["policy"] for r in d["rows"]] == ["liveness", "superneurons"]
@@ -291,7 +289,7 @@ def test_simulator_stage_contract(tmp_path):
 
 
 def test_simulator_verdict():
-    import gpu_simulator as G
+    from bench.gpu import simulator as G
     rows = [{"rel_error": 0.071, "serial_rel_error": -0.182, "cost_model": "pipelined"},
             {"rel_error": -0.02, "serial_rel_error": 0.05, "cost_model": "pipelined"}]
     ok, v, s = G.verdict_of(rows, [], 0.05)
@@ -306,7 +304,7 @@ def test_simulator_verdict():
 def test_driver_runs_the_simulator_stage(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable)
-    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path),
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(tmp_path),
                         "simulator"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0 and "[simulator]" in r.stdout, r.stdout + r.stderr
@@ -318,7 +316,7 @@ def test_driver_runs_the_simulator_stage(tmp_path):
 def test_import_simulator_stage_keeps_the_cpu_list(tmp_path):
     TESTS = {"passed": 90, "failed": 0, "skipped": 2, "errors": 0}
     raw = tmp_path / "raw"
-    _run_stage("gpu_simulator.py", raw)
+    _run_stage("simulator", raw)
     stage = json.loads((raw / "simulator.json").read_text())
     src = tmp_path / "fetched"
     src.mkdir()
@@ -336,7 +334,7 @@ def test_import_simulator_stage_keeps_the_cpu_list(tmp_path):
         {"device": "H100", "date": "2026-11-23", "commit": "abc", "tests": TESTS,
          "models": {}, "stages": {"tests": {
             "ok": True, "verdict": "OK"}}}))
-    cmd = [sys.executable, os.path.join(BENCH, "import_gpu_results.py"), str(src),
+    cmd = [sys.executable, "-m", "bench.gpu.import_results", str(src),
            "--results", str(res), "--no-readme-tables"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "smoke" in r.stderr           # a CPU smoke run is no GPU result
@@ -362,8 +360,8 @@ def test_the_models_and_simulator_stages_take_their_gpu_branches_on_the_standins
     """`--device cuda` through the kit's own code (make_device("cuda"), CUDA-event profiles,
     the pipelined clock, the GPU's cost-model entry), on the CPU: a crash there would cost a
     lent GPU's minutes. The numbers are the stand-ins' (NumPy), so only the contracts count."""
-    import gpu_models
-    import gpu_simulator
+    from bench.gpu import models as gpu_models
+    from bench.gpu import simulator as gpu_simulator
     assert gpu_models.main(["--out", str(tmp_path), "--device", "cuda", "--smoke"]) == 0
     d = _stage_json(tmp_path, "models")
     assert d["ok"], d["verdict"]
@@ -378,7 +376,7 @@ def test_the_models_and_simulator_stages_take_their_gpu_branches_on_the_standins
 
 def test_nccl_stage_contract(tmp_path):
     # on the CPU the same path runs on MPI: plain, data-parallel at world size 1, blocking
-    _run_stage("gpu_nccl.py", tmp_path)
+    _run_stage("nccl", tmp_path)
     d = _stage_json(tmp_path, "nccl")
     assert d["ok"], d["verdict"]
     assert "world size 1" in d["verdict"] and "blocking" in d["verdict"]
@@ -396,7 +394,7 @@ def test_nccl_stage_contract(tmp_path):
         {"device": "H100", "date": "2026-11-23", "commit": "abc", "models": {},
          "tests": {"passed": 1, "failed": 0, "skipped": 0, "errors": 0},
          "stages": {"tests": {"ok": True, "verdict": "OK"}}}))
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"),
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results",
                         str(tmp_path), "--results", str(res), "--no-readme-tables",
                         "--allow-smoke"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -409,7 +407,7 @@ def test_nccl_stage_contract(tmp_path):
 def test_data_parallel_direct_launch_is_one_rank(capsys):
     # no launcher: the one rank starts as a plain process (MPI as a singleton here; NCCL on a
     # GPU bootstraps without MPI); more ranks than one need mpiexec
-    import data_parallel as DP
+    from bench import data_parallel as DP
     args = DP.parse_args(["--model", "resnet_cifar", "--depth", "8", "--batch", "2",
                           "--iters", "1", "--warmup", "1", "--launcher", "direct"])
     r = DP.launch(args, "dp", 1)
@@ -430,7 +428,7 @@ def test_local_bootstrap_is_a_world_of_one():
 
 def test_first_divergence_names_the_step_where_a_run_left_its_plan():
     pytest.importorskip("torch")
-    from gpu_runs import first_divergence
+    from bench.gpu.runs import first_divergence
     from neuron.executor import TraceRow
     plan = [TraceRow(i, f"l{i}", "F", 100 * i, i) for i in range(5)]
     assert first_divergence(plan, list(plan)) is None

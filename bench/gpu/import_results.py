@@ -1,6 +1,6 @@
-"""Import the outputs of bench/gpu_contact.sh into bench/results/.
+"""Import the outputs of bench/gpu/contact.sh into bench/results/.
 
-    python bench/import_gpu_results.py SRC... [--results DIR]
+    python -m bench.gpu.import_results SRC... [--results DIR]
 
 Each SRC is a folder the kit wrote (or that a device run's files were fetched into) holding
 ``contact-*.tar.gz`` and/or the stage files themselves, or a tarball. For every stage found (the
@@ -14,12 +14,12 @@ latest by date when several runs have it):
 
 * ``bench/results/throughput.json`` with one ``neuron_over_pytorch`` per configuration
   (``model:batch:precision``), and ``gpu_contact.md`` / ``throughput.md`` tables;
-* a ``simulator`` stage (bench/gpu_simulator.py) becomes the "gpu" list of
+* a ``simulator`` stage (bench/gpu/simulator.py) becomes the "gpu" list of
   ``bench/results/simulator_error.{json,md}`` with its provenance (the "cpu" list is kept), and
   its profiles ``profile_<model>_b<batch>_<side>_<device>.json`` are copied into bench/results/;
   a run of that stage alone (its own command) updates gpu_contact.json's ``stages.simulator``
   and keeps the rest of the file (the earlier commands' results);
-* an ``nccl`` stage (bench/gpu_nccl.py) becomes ``bench/results/data_parallel_gpu.{json,md}``:
+* an ``nccl`` stage (bench/gpu/nccl.py) becomes ``bench/results/data_parallel_gpu.{json,md}``:
   bench/data_parallel.py's payload and table for the one-GPU NCCL path, with the probe;
 * ``bench/readme_tables.py`` (the README's tables from bench/results/*.json) is run if present.
 
@@ -36,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STAGES = ("env", "install", "tests", "models", "throughput", "pressure", "pool", "confirm",
           "simulator", "nccl")
 #: stages that are a command of their own: importing one alone keeps gpu_contact.json's others
@@ -57,7 +57,7 @@ def collect(sources) -> dict[str, dict]:
                 if name.endswith(".tar.gz"):
                     dirs.append(_untar(os.path.join(src, name)))
         else:
-            raise SystemExit(f"import_gpu_results: {src} is neither a folder nor a .tar.gz")
+            raise SystemExit(f"import_results: {src} is neither a folder nor a .tar.gz")
     for d in dirs:
         for stage in STAGES:
             path = os.path.join(d, f"{stage}.json")
@@ -95,11 +95,11 @@ def _untar(path) -> str:
 def contact_summary(found: dict) -> dict:
     """The contract of bench/results/gpu_contact.json."""
     if not found:
-        raise SystemExit("import_gpu_results: no stage results found")
+        raise SystemExit("import_results: no stage results found")
     first = found.get("tests") or found.get("env") or next(iter(found.values()))
     meta = first["json"]
     out = {"device": meta.get("device"), "date": meta.get("date"), "commit": meta.get("commit"),
-           "command": "bench/import_gpu_results.py <outputs of bash bench/gpu_contact.sh OUT "
+           "command": "bench/gpu/import_results.py <outputs of bash bench/gpu/contact.sh OUT "
                       + " ".join(s for s in STAGES if s in found) + ">",
            "tests": None, "models": {}, "stages": {}}
     t = found.get("tests", {}).get("json", {}).get("tests")
@@ -148,13 +148,12 @@ def import_simulator(found: dict, results: str, commit: str | None = None) -> di
     j = rec["json"]
     rows = j.get("rows") or []
     if not rows:
-        print(f"import_gpu_results: the simulator stage has no rows ({j.get('verdict')}); "
+        print(f"import_results: the simulator stage has no rows ({j.get('verdict')}); "
               "simulator_error.json left as it was", file=sys.stderr)
         return None
-    bench = os.path.join(ROOT, "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import simulator_error as SE
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench import simulator_error as SE
     prov = dict(j.get("provenance") or {})
     prov.setdefault("device", j.get("device"))
     if commit:
@@ -182,7 +181,7 @@ def import_nccl(found: dict, results: str) -> dict | None:
     rec = found.get("nccl")
     if rec is None or not rec["json"].get("ok"):
         if rec is not None:
-            print(f"import_gpu_results: the nccl stage failed ({rec['json'].get('verdict')}); "
+            print(f"import_results: the nccl stage failed ({rec['json'].get('verdict')}); "
                   "data_parallel_gpu.json not written", file=sys.stderr)
         return None
     j = rec["json"]
@@ -252,7 +251,7 @@ def main(argv=None) -> int:
             rec["json"]["commit"] = args.commit
     smoke = [s for s, r in found.items() if r["json"].get("smoke")]
     if smoke and not args.allow_smoke:
-        raise SystemExit(f"import_gpu_results: stages {smoke} are CPU smoke runs, not GPU "
+        raise SystemExit(f"import_results: stages {smoke} are CPU smoke runs, not GPU "
                          "results (pass --allow-smoke to import them anyway)")
     raw = os.path.join(args.results, "gpu_raw")
     os.makedirs(raw, exist_ok=True)

@@ -8,14 +8,14 @@ round-robin with the profiling rounds, and compare each measured iteration with 
 the simulated clock. Each row also has ``simulated_serial_s`` / ``serial_rel_error``: the older
 serial model (every step between two synchronizations) on the same profile.
 
-Writes ``<out>/simulator.json`` (gpu_kit's contract plus ``rows``, ``provenance``, ``profiles``,
+Writes ``<out>/simulator.json`` (the kit's contract plus ``rows``, ``provenance``, ``profiles``,
 ``errors``, ``target``, ``max_abs_rel_error``, ``max_abs_serial_rel_error``, ``target_met``) and
 the profiles beside it as ``<out>/profile_<model>_b<batch>_<side>_<device>.json``;
-bench/import_gpu_results.py turns them into bench/results/simulator_error.{json,md} (the "gpu"
+bench/gpu/import_results.py turns them into bench/results/simulator_error.{json,md} (the "gpu"
 list) and bench/results/profile_*.json. ``ok`` means every model was measured; whether the error
 is within the target (5% on a GPU, 10% on the CPU) is in the verdict and ``target_met``.
 
-    bash bench/gpu_contact.sh $OUT simulator       # on the GPU machine (limit 300 s)
+    bash bench/gpu/contact.sh $OUT simulator       # on the GPU machine (limit 300 s)
 
 ``--smoke`` (CPU tests): ResNet-20's little sibling (resnet_cifar depth 8) at 16x16, batch 2,
 one round, in seconds.
@@ -26,9 +26,9 @@ import os
 import sys
 import time
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
-import simulator_error as SE  # noqa: E402  (bench/ is on sys.path: gpu_kit's directory)
+from bench import simulator_error as SE
 
 #: --smoke: (name, batch, side, build_model kwargs)
 SMOKE = [("resnet_cifar", 2, 16, {"depth": 8})]

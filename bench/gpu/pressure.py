@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
 GIB = 1 << 30
 
@@ -88,7 +88,7 @@ def against_free(run: dict, free: dict, bw) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from bench import gpu_runs as TM
+    from bench.gpu import runs as TM
     from neuron.models import build_model
     from neuron.units import parse_bytes
     dev = args.device

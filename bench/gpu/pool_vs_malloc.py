@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 sys.path.insert(0, ROOT)
 
 #: (model name for neuron.models.build_model, batch) as in the SuperNeurons evaluation
@@ -32,7 +32,7 @@ MODELS = [("alexnet", 128), ("vgg16", 16), ("inception_v4", 16), ("resnet50", 16
 
 
 def parse_args(argv=None):
-    from gpu_kit import stage_parser
+    from bench.gpu.kit import stage_parser
     p = stage_parser(__doc__)
     p.add_argument("--models", nargs="*", default=None,
                    help="networks to replay (default: the SuperNeurons set)")
@@ -270,7 +270,7 @@ SMOKE_MODELS = [("resnet_cifar", 2)]
 
 def main(argv=None):
     args = parse_args(argv)
-    from gpu_kit import device_name, write_stage
+    from bench.gpu.kit import device_name, write_stage
     cp = None
     if args.device == "cuda":
         import cupy as cp

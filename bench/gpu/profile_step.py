@@ -8,7 +8,7 @@ target. For one model and batch (default ResNet-50, 64):
 
 Writes <out>/profile_step.json and prints the tables.
 
-    python bench/gpu_profile_step.py --out DIR [--model resnet50 --batch 64]
+    python -m bench.gpu.profile_step --out DIR [--model resnet50 --batch 64]
 """
 from __future__ import annotations
 
@@ -20,10 +20,7 @@ import pstats
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gpu_kit import median, stage_parser  # noqa: E402
+from bench.gpu.kit import median, stage_parser
 
 
 def _kernel_table(fn, steps, sync):
@@ -105,7 +102,7 @@ def profile_neuron(args, x, y, graph):
 def profile_torch(args, name, x, y):
     import torch
     import torch.nn.functional as F
-    from bench import gpu_runs as TM
+    from bench.gpu import runs as TM
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from gpu_kit import ROOT, device_name, junit_counts, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import ROOT, device_name, junit_counts, stage_parser, write_stage
 
 SMOKE_SELECTION = ["tests/kernels/test_cudnn_binding.py", "-k", "dropout_mask"]
 # the CPU stand-ins of the GPU path ran in CI already: the GPU's minutes go to the real thing

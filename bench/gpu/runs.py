@@ -14,11 +14,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.torch_models import build, segments_for  # noqa: E402
+from bench.gpu.torch_models import build, segments_for
 
 __all__ = ["build", "segments_for", "require_cuda", "host_memory_bytes", "gpu_total_bytes",
            "cap_torch", "free_gpu", "torch_run", "torch_search", "neuron_run", "versions",
@@ -235,7 +235,7 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
     """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
     ``budget`` bytes (None: the planned peak). SGD momentum 0.9 at BENCH_LR. TF32 off,
     convolution algorithms by measurement
-    (as bench/throughput.py). Returns times, the pool's measured peak next to the planned one,
+    (as bench/gpu/throughput.py). Returns times, the pool's measured peak next to the planned one,
     bytes moved, and optionally the per-step trace; {"fits": False, "error"} on failure.
     device="cpu" runs the same code on the CPU (to test this script's logic without a GPU)."""
     import numpy as np

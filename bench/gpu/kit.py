@@ -1,4 +1,4 @@
-"""Shared plumbing of the GPU contact kit (bench/gpu_contact.sh and its stage scripts).
+"""Shared plumbing of the GPU contact kit (bench/gpu/contact.sh and its stage scripts).
 
 Every stage script writes one JSON file ``<out>/<stage>.json`` with at least::
 
@@ -19,7 +19,7 @@ import platform
 import sys
 import xml.etree.ElementTree as ET
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

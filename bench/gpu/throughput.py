@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from gpu_kit import device_name, median, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import ROOT, device_name, median, stage_parser, write_stage
 
 CONFIGS = [("resnet50", 64), ("resnet50", 128), ("vgg16", 64)]
 SMOKE_CONFIGS = [("resnet_cifar", 4)]
@@ -106,7 +106,7 @@ def run_neuron(name, batch, args, memory, tf32) -> dict:
 def run_torch(name, batch, args, memory, tf32) -> dict:
     import torch
     import torch.nn.functional as F
-    from bench import gpu_runs as TM
+    from bench.gpu import runs as TM
     cuda = args.device == "cuda"
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = tf32
@@ -182,14 +182,14 @@ def main(argv=None) -> int:
     rows = []
     for prec in precisions:
         env = dict(os.environ, CUPY_TF32="1" if prec == "tf32" else "0")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--precision", prec,
+        cmd = [sys.executable, "-m", "bench.gpu.throughput", "--child", "--precision", prec,
                "--out", args.out, "--device", args.device, "--runs", str(args.runs),
                "--iters", str(args.iters), "--warmup", str(args.warmup)]
         if args.memory:
             cmd += ["--memory", args.memory]
         if args.smoke:
             cmd.append("--smoke")
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
         sys.stdout.write(r.stdout)
         sys.stderr.write(r.stderr[-4000:])
         got = [json.loads(l[4:]) for l in r.stdout.splitlines() if l.startswith("ROW ")]

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402 (bench/ on sys.path)
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
 PACKAGES = ("numpy", "cupy-cuda13x", "nvidia-cudnn-cu13", "torch", "pybind11", "setuptools",
             "pytest")

@@ -9,11 +9,11 @@ buckets overlapping backward) and the same with a blocking all-reduce per layer,
 Without mpiexec the one rank starts directly and NCCL bootstraps without MPI
 (``make_comm("nccl", bootstrap="local")``).
 
-Writes ``<out>/nccl.json`` (gpu_kit's contract plus ``probe``, ``result``: data_parallel's
+Writes ``<out>/nccl.json`` (the kit's contract plus ``probe``, ``result``: data_parallel's
 payload, and ``markdown``). ``ok`` means the three runs finished; the verdict gives the overhead
 of the data-parallel path at world size 1 and overlap against blocking.
 
-    bash bench/gpu_contact.sh $OUT nccl            # on the GPU machine (limit 240 s)
+    bash bench/gpu/contact.sh $OUT nccl            # on the GPU machine (limit 240 s)
 
 ``--smoke`` / ``--device cpu`` (CPU tests): MPI instead of NCCL, resnet_cifar depth 8 at batch
 4, one repeat of 2 iterations.
@@ -23,9 +23,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
-import data_parallel as DP  # noqa: E402  (bench/ is on sys.path: gpu_kit's directory)
+from bench import data_parallel as DP
 
 PROBES = {
     "mpi4py": "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])",

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
 
 def parse_args(argv=None):
@@ -46,7 +46,7 @@ def _check(run: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from bench import gpu_runs as TM
+    from bench.gpu import runs as TM
     from neuron import plan as P
     from neuron.memory.host_budget import default_host_cap
     from neuron.models import build_model

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU contact kit: verify and measure neuron's whole GPU path in stages.
 #
-#   bash bench/gpu_contact.sh OUTDIR STAGE...
+#   bash bench/gpu/contact.sh OUTDIR STAGE...
 #
 # Stages: env install tests models throughput pressure pool confirm simulator nccl ("all": the
 # first eight, the three planned commands below; simulator and nccl are a fourth command). Each stage
@@ -12,18 +12,18 @@
 # 8 files from $OUT; two per command leaves room for the three commands' outputs side by side.
 #
 # Planned use on a fresh GPU machine (10 minutes per command):
-#   bash bench/gpu_contact.sh $OUT env install tests
-#   bash bench/gpu_contact.sh $OUT models throughput
-#   bash bench/gpu_contact.sh $OUT pool pressure confirm
-#   bash bench/gpu_contact.sh $OUT simulator nccl  # nccl: the one-GPU data-parallel path (240 s)
-#   bash bench/gpu_contact.sh $OUT simulator       # simulated vs measured time (limit 300 s, its
+#   bash bench/gpu/contact.sh $OUT env install tests
+#   bash bench/gpu/contact.sh $OUT models throughput
+#   bash bench/gpu/contact.sh $OUT pool pressure confirm
+#   bash bench/gpu/contact.sh $OUT simulator nccl  # nccl: the one-GPU data-parallel path (240 s)
+#   bash bench/gpu/contact.sh $OUT simulator       # simulated vs measured time (limit 300 s, its
 #                                                  # GPU time not yet measured; not in "all": the
 #                                                  # three above already take up to ~28 of a
 #                                                  # session's 30 device minutes at their limits)
-# then, here: python bench/import_gpu_results.py <the fetched folders or tarballs>
+# then, here: python bench/gpu/import_results.py <the fetched folders or tarballs>
 # The FreeLunch codec (fused kernels on a codec stream) is checked by `tests`
 # (tests/gpu/test_cuda_codecs.py); its speed under pressure, once PyTorch's batches are known:
-#   python3 bench/gpu_pressure.py --out $OUT --torch-batch 142 --torch-checkpoint-batch 238 \
+#   python -m bench.gpu.pressure --out $OUT --torch-batch 142 --torch-checkpoint-batch 238 \
 #       --planners superneurons:compress=2,superneurons:compress=4
 #
 # Environment: PYTHON (default python3), NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
@@ -31,10 +31,10 @@
 # TIMEOUT_<STAGE> (seconds) overrides a stage's limit (e.g. TIMEOUT_CONFIRM=580 to run confirm
 # alone with time for all of its parts).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 if [ $# -lt 2 ]; then
-    echo "usage: bash bench/gpu_contact.sh OUTDIR STAGE... (env install tests models throughput" \
+    echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (env install tests models throughput" \
          "pressure pool confirm simulator nccl, or all)" >&2
     exit 2
 fi
@@ -84,16 +84,16 @@ ensure_built() {
 stage_cmd() {
     local s=$1
     case $s in
-        env)        "$PY" bench/gpu_env.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        install)    "$PY" bench/gpu_install.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        tests)      ensure_built && "$PY" bench/gpu_tests.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        models)     ensure_built && "$PY" bench/gpu_models.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        throughput) ensure_built && "$PY" bench/throughput.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        pressure)   ensure_built && "$PY" bench/gpu_pressure.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        pool)       ensure_built && "$PY" bench/pool_vs_malloc.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        confirm)    ensure_built && "$PY" bench/gpu_confirm.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        simulator)  ensure_built && "$PY" bench/gpu_simulator.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        nccl)       ensure_built && "$PY" bench/gpu_nccl.py --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        env)        "$PY" -m bench.gpu.env --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        install)    "$PY" -m bench.gpu.install --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        tests)      ensure_built && "$PY" -m bench.gpu.tests --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        models)     ensure_built && "$PY" -m bench.gpu.models --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        throughput) ensure_built && "$PY" -m bench.gpu.throughput --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        pressure)   ensure_built && "$PY" -m bench.gpu.pressure --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        pool)       ensure_built && "$PY" -m bench.gpu.pool_vs_malloc --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        confirm)    ensure_built && "$PY" -m bench.gpu.confirm --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        simulator)  ensure_built && "$PY" -m bench.gpu.simulator --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        nccl)       ensure_built && "$PY" -m bench.gpu.nccl --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
         *)          echo "unknown stage $s"; return 2 ;;
     esac
 }

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from gpu_kit import ROOT, device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import ROOT, device_name, stage_parser, write_stage
 
 CHECK = ("import sys, neuron, neuron.memory._heap as h, neuron.kernels.cuda; "
          "assert 'cupy' not in sys.modules, 'import neuron pulled in cupy'; print(h.__file__)")

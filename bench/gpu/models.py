@@ -40,7 +40,7 @@ import types
 
 import numpy as np
 
-from gpu_kit import device_name, rel_err, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, rel_err, stage_parser, write_stage
 
 LOSS_TOL = 1e-4
 UPDATE_TOL = 2e-2
