@@ -85,14 +85,14 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         ok = bool(info["cuda_available"] and "cudnn_version" in info
                   and (not hc["ran"] or not hc["mismatches"]))
-        verdict = (f"{'OK' if ok else 'FAIL'}: {device_name('cuda')}, cuDNN "
+        verdict = (f"{device_name('cuda')}, cuDNN "
                    f"{info.get('cudnn_version', 'missing')}, CuPy {info.get('cupy', 'missing')}, "
                    f"torch {info['torch'].get('version', 'missing')}, {headers}")
     else:
-        ok = True
-        verdict = (f"OK (cpu): Python {info['python']}, GPU usable: {info['cuda_available']}, "
+        ok = None           # no GPU to find: nothing to judge
+        verdict = (f"cpu: Python {info['python']}, GPU usable: {info['cuda_available']}, "
                    f"cuDNN {'loaded' if 'cudnn_version' in info else 'not found'}, {headers}")
-    write_stage(args.out, "env", ok, verdict, device=device_name(args.device),
+    write_stage(args.out, "env", ran=True, target_met=ok, detail=verdict, device=device_name(args.device),
                 smoke=args.smoke, env=info)
     return 0
 

@@ -41,11 +41,11 @@ def main(argv=None) -> int:
         check = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, capture_output=True,
                                text=True)
     ok = check.returncode == 0
-    verdict = (f"OK: extension at {check.stdout.strip()}" if ok else
-               f"FAIL: {check.stderr.strip().splitlines()[-1] if check.stderr.strip() else '?'}")
+    verdict = (f"extension at {check.stdout.strip()}" if ok else
+               f"the extension does not import: {check.stderr.strip().splitlines()[-1] if check.stderr.strip() else '?'}")
     if args.smoke:
         verdict += " (smoke: pip skipped)"
-    write_stage(args.out, "install", ok, verdict, device=device_name(args.device),
+    write_stage(args.out, "install", ran=ok, target_met=None, detail=verdict, device=device_name(args.device),
                 smoke=args.smoke, steps=steps, python=sys.executable)
     return 0
 

@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     try:
         payload, md = DP.measure(DP.parse_args(dp_argv))
     except SystemExit as e:         # data_parallel's own failure report (a rank's stderr)
-        write_stage(args.out, "nccl", False, f"FAIL: {str(e)[:300]}", device=args.device,
+        write_stage(args.out, "nccl", ran=False, target_met=None, detail=str(e)[:300],
+                    device=args.device,
                     smoke=smoke, **fields)
         return 1
     over = payload["dp_path_overhead"]
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
                f"{1e3 * dp1['seconds_per_iter']:.1f} vs blocking "
                f"{1e3 * blocking['seconds_per_iter']:.1f} ms/iter; "
                f"launcher {'mpiexec' if found['mpiexec'] else 'direct'}")
-    write_stage(args.out, "nccl", True, verdict, device=args.device, smoke=smoke,
+    write_stage(args.out, "nccl", ran=True, target_met=None, detail=verdict, device=args.device, smoke=smoke,
                 device_name=device_name(args.device), result=payload, markdown=md, **fields)
     return 0
 

@@ -326,15 +326,18 @@ def main(argv=None):
     if train is not None:
         print(f"\nTraining: {json.dumps(train)}")
     ratios = [r["malloc_over_heap"] for r in rows if "malloc_over_heap" in r]
-    ok = bool(ratios) and len(ratios) == len(rows) and (train is None or "arena" in train)
-    verdict = (f"{'OK' if ok else 'FAIL'}: heap vs {what.split(' ')[0]} per iteration "
+    ran = bool(ratios) and len(ratios) == len(rows) and (train is None or "arena" in train)
+    #: the target (issue 9): the heap at least 10x faster than malloc on every model
+    target_met = (all(x >= 10 for x in ratios) if args.device == "cuda" else None) \
+        if ratios else None
+    verdict = (f"heap vs {what.split(' ')[0]} per iteration "
                f"{min(ratios) if ratios else float('nan'):.1f}x to "
                f"{max(ratios) if ratios else float('nan'):.1f}x faster "
                f"({sum(x >= 10 for x in ratios)}/{len(rows)} at >= 10x)")
     if train is not None:
         verdict += (f"; training arena {train.get('arena', float('nan')):.1f} img/s vs malloc "
                     f"{train.get('malloc', float('nan')):.1f}")
-    write_stage(args.out, "pool", ok, verdict, device=device_name(args.device),
+    write_stage(args.out, "pool", ran=ran, target_met=target_met, detail=verdict, device=device_name(args.device),
                 smoke=args.smoke, malloc=what, rows=rows, train=train,
                 cupy=getattr(cp, "__version__", None))
 

@@ -3,8 +3,14 @@ target. For one model and batch (default ResNet-50, 64):
 
 * wall time per step (median of ``--iters``), with the step guard (undo record) on and off;
 * a cProfile of the host side (what Python does, and how long it blocks on the GPU);
-* the sum of GPU kernel time per step and the top kernels, through torch.profiler (CUPTI sees
-  every kernel of the process, CuPy's and cuDNN's included), for neuron and for PyTorch eager.
+* every GPU activity of a step (kernels, copies, memsets), per stream, through torch.profiler
+  (CUPTI sees every kernel of the process, CuPy's and cuDNN's included), for neuron and for
+  PyTorch eager alike: read from the profiler's trace, device activities only. (Summing
+  ``key_averages()`` counted PyTorch's kernels twice: once as the kernels and once as the
+  device time of the aten operators that launched them; neuron has no aten operators, so only
+  its side was right.) Per step: the sum over activities, the sum per stream, and the time the
+  GPU was busy at all (the union of the intervals over streams, so overlapping streams are not
+  counted twice). Every kernel is kept in the JSON; the console shows the largest.
 
 Writes <out>/profile_step.json and prints the tables.
 
@@ -23,25 +29,68 @@ import time
 from bench.gpu.kit import median, stage_parser
 
 
-def _kernel_table(fn, steps, sync):
-    """(GPU kernel ms per step, top kernels) of ``steps`` calls of fn under torch.profiler."""
+#: trace categories of device activities (Kineto's chrome trace); CPU-side events (operators,
+#: runtime calls such as cudaLaunchKernel) have other categories and are never counted
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def device_time_table(trace_events, steps: int) -> dict:
+    """Per-step device time of a profiler trace (chrome-trace ``traceEvents``): every device
+    activity by (stream, name), the sum per stream, the total, and the busy time (union of the
+    activity intervals across streams)."""
+    rows: dict = {}
+    intervals = []
+    for e in trace_events:
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATEGORIES:
+            continue
+        args = e.get("args") or {}
+        stream = args.get("stream", "?")
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        key = (str(stream), e.get("name", "?"))
+        r = rows.setdefault(key, {"stream": str(stream), "name": e.get("name", "?"),
+                                  "category": e["cat"], "count": 0, "us": 0.0})
+        r["count"] += 1
+        r["us"] += dur
+        intervals.append((ts, ts + dur))
+    kernels = sorted(({"stream": r["stream"], "name": r["name"], "category": r["category"],
+                       "count_per_step": r["count"] / steps,
+                       "ms_per_step": r["us"] / 1000.0 / steps} for r in rows.values()),
+                     key=lambda r: -r["ms_per_step"])
+    per_stream: dict = {}
+    for k in kernels:
+        st = per_stream.setdefault(k["stream"], {"ms_per_step": 0.0, "activities": 0})
+        st["ms_per_step"] += k["ms_per_step"]
+        st["activities"] += 1
+    busy, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    return {"device_ms_per_step": sum(k["ms_per_step"] for k in kernels),
+            "busy_ms_per_step": busy / 1000.0 / steps, "per_stream": per_stream,
+            "kernels": kernels}
+
+
+def _kernel_table(fn, steps, sync, cuda=True):
+    """device_time_table of ``steps`` calls of fn under torch.profiler."""
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
     sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
         for _ in range(steps):
             fn()
         sync()
-    rows = []
-    total = 0.0
-    for e in prof.key_averages():
-        dev_us = getattr(e, "self_device_time_total", None)
-        if dev_us is None:
-            dev_us = getattr(e, "self_cuda_time_total", 0.0)
-        if dev_us and dev_us > 0:
-            rows.append((e.key[:90], e.count / steps, dev_us / 1000.0 / steps))
-            total += dev_us / 1000.0 / steps
-    rows.sort(key=lambda r: -r[2])
-    return total, rows[:25]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    return device_time_table(trace.get("traceEvents", []), steps)
 
 
 def _host_profile(fn, steps):
@@ -69,14 +118,17 @@ def _wall(fn, sync, iters):
 def profile_neuron(args, x, y, graph):
     import neuron as nn
     from neuron.executor import Executor
-    from neuron.kernels import cuda as K
-    K.allow_tf32, K.deterministic, K.conv_algo_search = False, False, "find"
-    ex = Executor(graph, args.batch, device="cuda", policy="liveness", budget=args.memory,
+    cuda = args.device == "cuda"
+    if cuda:
+        from neuron.kernels import cuda as K
+        K.allow_tf32, K.deterministic, K.conv_algo_search = False, False, "find"
+    ex = Executor(graph, args.batch, device=args.device, policy="liveness",
+                  budget=args.memory if cuda else None,
                   optimizer=nn.SGD(lr=1e-6, momentum=0.9))
     out = {}
     try:
         step = lambda: ex.train_step(x, y)     # noqa: E731
-        sync = ex.device.synchronize
+        sync = getattr(ex.device, "synchronize", lambda: None)
         for _ in range(3):
             step()
         sync()
@@ -87,12 +139,14 @@ def profile_neuron(args, x, y, graph):
         out["steps"] = len(ex.steps)
         out["host_profile"] = _host_profile(step, 3)
         sync()
-        out["gpu_kernel_ms"], out["top_kernels"] = _kernel_table(step, 3, sync)
-        from neuron.kernels import conv_algos
-        out["conv_algos"] = sorted({(r.kind, r.algo_name, r.source) for r in
-                                    list(conv_algos.conv_algo_trace)[-400:]})
+        out["device"] = _kernel_table(step, 3, sync, cuda=cuda)
+        if cuda:
+            from neuron.kernels import conv_algos
+            out["conv_algos"] = sorted({(r.kind, r.algo_name, r.source) for r in
+                                        list(conv_algos.conv_algo_trace)[-400:]})
     finally:
-        ex.device.close()
+        if hasattr(ex.device, "close"):
+            ex.device.close()
         ex = None
         import gc
         gc.collect()
@@ -103,13 +157,15 @@ def profile_torch(args, name, x, y):
     import torch
     import torch.nn.functional as F
     from bench.gpu import runs as TM
+    cuda = args.device == "cuda"
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    model, _, _ = TM.build(name, None)
-    model = model.cuda().train()
+    model, _, _ = TM.build(name, args.depth)
+    model = model.to(args.device).train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
-    xd, yd = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    xd, yd = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -119,8 +175,8 @@ def profile_torch(args, name, x, y):
         return loss.item()
     for _ in range(3):
         step()
-    out = {"wall_ms": _wall(step, torch.cuda.synchronize, args.iters)}
-    out["gpu_kernel_ms"], out["top_kernels"] = _kernel_table(step, 3, torch.cuda.synchronize)
+    out = {"wall_ms": _wall(step, sync, args.iters)}
+    out["device"] = _kernel_table(step, 3, sync, cuda=cuda)
     return out
 
 
@@ -135,7 +191,10 @@ def main(argv=None):
     from neuron.models import build_model
     from neuron.units import parse_bytes
     args.memory = parse_bytes(args.memory)
-    graph = build_model(args.model)
+    args.depth = None
+    if args.smoke:      # the CPU check of this script: a tiny CIFAR ResNet, two steps
+        args.model, args.depth, args.batch, args.iters = "resnet_cifar", 8, 2, 2
+    graph = build_model(args.model, depth=args.depth)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, *graph.inputs[0].shape)).astype(np.float32)
     y = rng.integers(0, graph.outputs[0].shape[0], args.batch).astype(np.int64)
@@ -155,10 +214,15 @@ def main(argv=None):
         if "error" in r:
             print(f"== {name}: ERROR\n{r['error']}")
             continue
+        dv = r["device"]
         print(f"== {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()
-                                        if isinstance(v, float)))
-        for key, count, ms in r["top_kernels"]:
-            print(f"   {ms:8.2f} ms  x{count:6.1f}  {key}")
+                                        if isinstance(v, float))
+              + f", device ms/step {dv['device_ms_per_step']:.2f} (busy "
+              f"{dv['busy_ms_per_step']:.2f}), {len(dv['kernels'])} activities; per stream: "
+              + ", ".join(f"{st} {v['ms_per_step']:.2f} ms" for st, v in dv["per_stream"].items()))
+        for k in dv["kernels"][:25]:        # the console's extract; the JSON keeps every one
+            print(f"   {k['ms_per_step']:8.2f} ms  x{k['count_per_step']:6.1f}  stream "
+                  f"{k['stream']:>4}  {k['name'][:90]}")
     if "host_profile" in res.get("neuron", {}):
         print(res["neuron"]["host_profile"][-6000:])
     if "conv_algos" in res.get("neuron", {}):
