@@ -1,48 +1,54 @@
 #!/usr/bin/env bash
 # The GPU contact kit: verify and measure neuron's whole GPU path in stages.
 #
-#   bash bench/gpu/contact.sh OUTDIR STAGE...
+#   bash bench/gpu/contact.sh OUTDIR STAGE...|first|second|all
 #
-# Stages: env install tests models throughput pressure pool confirm simulator nccl ("all": the
-# first eight, the three planned commands below; simulator and nccl are a fourth command). Each stage
-# runs under its own `timeout`, writes <stage>.log and <stage>.json, never stops the stages after
-# it, and prints a one-line verdict. OUTDIR receives just two files, rewritten after every stage (so a
-# command killed at its limit still leaves what finished): contact-<stages>.tar.gz (every log,
-# JSON and junit file) and summary-<stages>.json (the verdicts). A device machine returns at most
-# 8 files from $OUT; two per command leaves room for the three commands' outputs side by side.
+# Two commands fit a session's device minutes (bench/gpu/README.md says more):
+#   bash bench/gpu/contact.sh $OUT first    # <= 8 min: throughput (neuron off/tape/graph vs
+#                                           # PyTorch, fp32 and TF32), deepest (Table-4 ResNet
+#                                           # 4,292 at batch 16 in 12 GiB, graph replay),
+#                                           # replay_tests (tests/gpu -k replay)
+#   bash bench/gpu/contact.sh $OUT second   # the rest, <= 9.5 min: codec_tests, pressure,
+#                                           # deepest_offload, nccl, simulator
+# then, here: python -m bench.gpu.import_results <the fetched folders or tarballs>
+# Other stages: env install tests models pool confirm ("all": every stage, a long session).
 #
-# Planned use on a fresh GPU machine (10 minutes per command):
-#   bash bench/gpu/contact.sh $OUT env install tests
-#   bash bench/gpu/contact.sh $OUT models throughput
-#   bash bench/gpu/contact.sh $OUT pool pressure confirm
-#   bash bench/gpu/contact.sh $OUT simulator nccl  # nccl: the one-GPU data-parallel path (240 s)
-#   bash bench/gpu/contact.sh $OUT simulator       # simulated vs measured time (limit 300 s, its
-#                                                  # GPU time not yet measured; not in "all": the
-#                                                  # three above already take up to ~28 of a
-#                                                  # session's 30 device minutes at their limits)
-# then, here: python bench/gpu/import_results.py <the fetched folders or tarballs>
-# The FreeLunch codec (fused kernels on a codec stream) is checked by `tests`
-# (tests/gpu/test_cuda_codecs.py); its speed under pressure, once PyTorch's batches are known:
-#   python -m bench.gpu.pressure --out $OUT --torch-batch 142 --torch-checkpoint-batch 238 \
-#       --planners superneurons:compress=2,superneurons:compress=4
+# Each stage runs under its own `timeout`, writes <stage>.log and <stage>.json, never stops the
+# stages after it, and prints a one-line verdict saying whether it RAN and, apart, whether its
+# TARGET was met. OUTDIR receives two files, rewritten after every stage (a command stopped at
+# its limit still leaves what finished): contact-<label>.tar.gz (every log, JSON and junit file)
+# and summary-<label>.json (ran, target_met and verdict per stage). A device machine returns at
+# most 8 files from $OUT.
 #
-# Environment: PYTHON (default python3), NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
-# the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does), and
-# TIMEOUT_<STAGE> (seconds) overrides a stage's limit (e.g. TIMEOUT_CONFIRM=580 to run confirm
-# alone with time for all of its parts).
+# Environment: PYTHON (default python3); NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
+# the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does);
+# TIMEOUT_<STAGE> (seconds) overrides a stage's limit; NEURON_KIT_DEADLINE_S caps the whole
+# command (default 470 for first, 570 for second): a stage gets at most what is left of it and
+# none starts with under 20 s left, so the command ends before the device call's own limit.
+# NEURON_SOURCE_COMMIT=<sha> names the code's commit where the machine's .git is stale.
 set -u
 cd "$(dirname "$0")/../.."
 
 if [ $# -lt 2 ]; then
-    echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (env install tests models throughput" \
-         "pressure pool confirm simulator nccl, or all)" >&2
+    echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (first, second, all, or stages: env" \
+         "install tests models throughput deepest replay_tests codec_tests pressure" \
+         "deepest_offload pool confirm simulator nccl)" >&2
     exit 2
 fi
 OUTDIR=$1; shift
-STAGES=("$@")
-if [ "${STAGES[0]}" = "all" ]; then
-    STAGES=(env install tests models throughput pressure pool confirm)
-fi
+FIRST=(throughput deepest replay_tests)
+SECOND=(codec_tests pressure deepest_offload nccl simulator)
+STAGES=()
+DEFAULT_DEADLINE=
+for a in "$@"; do
+    case $a in
+        first)  STAGES+=("${FIRST[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-470} ;;
+        second) STAGES+=("${SECOND[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-570} ;;
+        all)    STAGES+=(env install tests models "${FIRST[@]}" "${SECOND[@]}" pool confirm) ;;
+        *)      STAGES+=("$a") ;;
+    esac
+done
+DEADLINE=${NEURON_KIT_DEADLINE_S:-$DEFAULT_DEADLINE}
 PY=${PYTHON:-python3}
 command -v "$PY" >/dev/null 2>&1 || PY=python
 DEV=${NEURON_CONTACT_DEVICE:-cuda}
@@ -51,12 +57,15 @@ SMOKE=()
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUTDIR"
 RAW=$(mktemp -d "${TMPDIR:-/tmp}/neuron_contact.XXXXXX")
-LABEL=$(IFS=-; echo "${STAGES[*]}")
+LABEL=$(IFS=-; echo "$*")
 SUMMARY_LINES=()
+T_START=$(date +%s)
 
-# default limits (seconds): each planned command's stages sum to at most 570 of its 600
-declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=380 [pool]=60
-                  [pressure]=270 [confirm]=230 [simulator]=300 [nccl]=240)
+# default limits (seconds); first: 280 + 130 + 60 = 470; second: 45 + 200 + 170 + 100 + 150 = 665,
+# cut by its 570 s deadline (simulator, last, gets what is left)
+declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=130
+                  [replay_tests]=60 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
+                  [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100)
 
 pack() {
     # the summary first (the tarball holds it too), each written then moved: never half a file
@@ -74,7 +83,7 @@ EOF
 }
 
 ensure_built() {
-    # a later command on a fresh machine: the extension of the install stage is gone
+    # a command on a fresh machine: build the heap extension in place first
     "$PY" -c "import neuron.memory._heap" 2>/dev/null && return 0
     echo "[kit] building the heap extension first"
     "$PY" -m pip install --no-build-isolation --no-deps -e . \
@@ -83,24 +92,70 @@ ensure_built() {
 
 stage_cmd() {
     local s=$1
+    local common=(--out "$RAW" --device "$DEV" "${SMOKE[@]}")
     case $s in
-        env)        "$PY" -m bench.gpu.env --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        install)    "$PY" -m bench.gpu.install --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        tests)      ensure_built && "$PY" -m bench.gpu.tests --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        models)     ensure_built && "$PY" -m bench.gpu.models --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        throughput) ensure_built && "$PY" -m bench.gpu.throughput --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        pressure)   ensure_built && "$PY" -m bench.gpu.pressure --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        pool)       ensure_built && "$PY" -m bench.gpu.pool_vs_malloc --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        confirm)    ensure_built && "$PY" -m bench.gpu.confirm --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        simulator)  ensure_built && "$PY" -m bench.gpu.simulator --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
-        nccl)       ensure_built && "$PY" -m bench.gpu.nccl --out "$RAW" --device "$DEV" "${SMOKE[@]}" ;;
+        env)        "$PY" -m bench.gpu.env "${common[@]}" ;;
+        install)    "$PY" -m bench.gpu.install "${common[@]}" ;;
+        tests)      ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" ;;
+        replay_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
+                        --name replay_tests --paths tests/gpu -k replay ;;
+        codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
+                        --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
+        models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
+        throughput) ensure_built && "$PY" -m bench.gpu.throughput "${common[@]}" ;;
+        deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
+                        --name deepest --depth 4292 --replay graph ;;
+        deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
+                        --name deepest_offload --depth 10000 --offload-params --compress 4 \
+                        --replay graph --warmup 1 --torch "" ;;
+        # PyTorch's largest ResNet-50 batches under 12 GiB, found on the H100 (2026-11-23):
+        # given, not searched, to keep the stage within its minutes (the JSON says so)
+        pressure)   ensure_built && "$PY" -m bench.gpu.pressure "${common[@]}" \
+                        --torch-batch 142 --torch-checkpoint-batch 238 ;;
+        pool)       ensure_built && "$PY" -m bench.gpu.pool_vs_malloc "${common[@]}" ;;
+        confirm)    ensure_built && "$PY" -m bench.gpu.confirm "${common[@]}" ;;
+        simulator)  ensure_built && "$PY" -m bench.gpu.simulator "${common[@]}" ;;
+        nccl)       ensure_built && "$PY" -m bench.gpu.nccl "${common[@]}" ;;
         *)          echo "unknown stage $s"; return 2 ;;
     esac
+}
+
+record() {   # stage rc seconds limit ran target_met verdict -> one line of stages.jsonl
+    "$PY" -c "import json, sys; a = sys.argv; print(json.dumps({'stage': a[1], 'rc': int(a[2]), 'seconds': int(a[3]), 'limit': float(a[4]), 'ran': a[5] == 'True', 'target_met': {'True': True, 'False': False}.get(a[6]), 'verdict': a[7]}))" \
+        "$@" >>"$RAW/stages.jsonl"
+}
+
+verdict_of() {  # json rc stage -> "ran<TAB>target_met<TAB>verdict"
+    "$PY" - "$@" <<'EOF'
+import json, os, sys
+path, rc, stage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+why = "TIMEOUT" if rc in (124, 137) else f"CRASH (exit {rc})" if rc else None
+if os.path.exists(path):
+    d = json.load(open(path))
+    ran, met, v = d.get("ran", False), d.get("target_met"), d.get("verdict", "?")
+    if why:     # stopped or crashed: it did not run to its end, whatever its last JSON says
+        ran, v = False, f"{why}; last verdict: {v}"
+else:
+    ran, met, v = False, None, f"DID NOT RUN ({why or 'no result'}): no {stage}.json (see {stage}.log)"
+print(f"{bool(ran)}\t{ {True: 'True', False: 'False'}.get(met, 'None') }\t" + v.replace("\n", " "))
+EOF
 }
 
 for s in "${STAGES[@]}"; do
     var="TIMEOUT_${s^^}"
     lim=${!var:-${LIMIT[$s]:-300}}
+    if [ -n "$DEADLINE" ]; then
+        left=$(( DEADLINE - ($(date +%s) - T_START) ))
+        if [ "$left" -lt 20 ]; then
+            verdict="DID NOT RUN, NO TARGET JUDGED: ${left}s left of the command's ${DEADLINE}s"
+            record "$s" 0 0 0 False None "$verdict"
+            SUMMARY_LINES+=("[$s] 0s: $verdict"); echo "[$s] 0s: $verdict"
+            pack
+            continue
+        fi
+        lim=$("$PY" -c "import sys; print(min(float(sys.argv[1]), float(sys.argv[2]) - 5))" \
+              "$lim" "$left")
+    fi
     t0=$(date +%s)
     echo "=== stage $s (limit ${lim}s) ==="
     # export -f lets `timeout` run the shell function in a child bash
@@ -112,37 +167,17 @@ for s in "${STAGES[@]}"; do
         >"$RAW/$s.log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - t0 ))
-    verdict=$("$PY" - "$RAW/$s.json" "$rc" "$s" <<'EOF'
-import json, os, sys
-path, rc, stage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-if rc in (124, 137):
-    why = "TIMEOUT"
-elif rc != 0:
-    why = f"CRASH (exit {rc})"
-else:
-    why = None
-if os.path.exists(path):
-    d = json.load(open(path))
-    v = d.get("verdict", "?")
-    print(f"{why}; last verdict: {v}" if why else v)
-else:
-    print(f"{why or 'NO RESULT'}: no {stage}.json (see {stage}.log)")
-EOF
-)
-    ok=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('ok', False))" \
-         "$RAW/$s.json" 2>/dev/null || echo False)
-    [ "$rc" -ne 0 ] && ok=False
-    "$PY" -c "import json,sys; print(json.dumps({'stage': sys.argv[1], 'rc': int(sys.argv[2]), 'seconds': int(sys.argv[3]), 'limit': float(sys.argv[4]), 'ok': sys.argv[5] == 'True', 'verdict': sys.argv[6]}))" \
-        "$s" "$rc" "$secs" "$lim" "$ok" "$verdict" >>"$RAW/stages.jsonl"
+    IFS=$'\t' read -r ran met verdict < <(verdict_of "$RAW/$s.json" "$rc" "$s")
+    record "$s" "$rc" "$secs" "$lim" "$ran" "$met" "$verdict"
     line="[$s] ${secs}s: $verdict"
     SUMMARY_LINES+=("$line")
     echo "$line"
-    [ "$ok" = "True" ] || tail -n 25 "$RAW/$s.log" | sed "s/^/    $s| /"
+    [ "$ran" = "True" ] || tail -n 25 "$RAW/$s.log" | sed "s/^/    $s| /"
     pack
 done
 
 echo
-echo "=== gpu_contact summary ($LABEL) -> $OUTDIR/contact-$LABEL.tar.gz ==="
+echo "=== gpu contact summary ($LABEL) -> $OUTDIR/contact-$LABEL.tar.gz ==="
 for l in "${SUMMARY_LINES[@]}"; do echo "$l"; done
 rm -rf "$RAW"
 exit 0

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                   planner=f"superneurons:compress={args.compress}" if args.compress else None)
         budget = plan(graph, batch, trace=False, **{k: v for k, v in kw.items()
                                                     if k != "planner"})["min_budget_bytes"]
-        torch_pairs = [("eager", 8), ("checkpoint", 14)]
+        torch_pairs = [("eager", 8), ("checkpoint", 14)] if args.torch else []
         torch_family = "resnet_cifar"
     else:
         family, batch = "resnet", args.batch

@@ -51,14 +51,18 @@ def parse_args(argv=None):
     p.add_argument("--torch-checkpoint-batch", type=int, default=None,
                    help="PyTorch+checkpoint_sequential's largest batch if already known (skips "
                    "its search)")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations per run (median)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed iterations per run, their median reported (default 5; smoke 1)")
+    p.add_argument("--warmup", type=int, default=None, help="default 2 (smoke 1)")
     p.add_argument("--runs", default=DEFAULT_RUNS,
                    help="comma-separated NAMEs: policy=superneurons or planner=SPEC (SPEC as "
                         "neuron train --planner takes it; ':' separates a planner's options)")
     p.add_argument("--replay", choices=["off", "tape", "graph"], default=None,
                    help="passed to the Executor where it takes it (default: its own default)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.iters = args.iters or (1 if args.smoke else 5)
+    args.warmup = args.warmup or (1 if args.smoke else 2)
+    return args
 
 
 def run_spec(name: str) -> dict:
@@ -174,7 +178,7 @@ def main(argv=None) -> int:
 
     if args.smoke:          # no OOM on the CPU: the "largest" batch is given, the budget tight
         from neuron.plan import plan
-        res["torch_eager"] = {"k": args.torch_batch or 2, "note": "smoke: not searched"}
+        res["torch_eager"] = {"k": 2, "note": "smoke: not searched (given batches ignored)"}
         budget = plan(graph, 2 * res["torch_eager"]["k"], policy="superneurons",
                       trace=False)["min_budget_bytes"]
     else:
