@@ -2,9 +2,9 @@
 
 nvidia-smi, the Python, NumPy, CuPy, cuDNN and PyTorch versions, where libcudnn.so.9 was loaded
 from, and ``check_headers()``: every enum, struct layout and prototype neuron hand-copied into its
-ctypes binding compared with the installed cuDNN headers. On the GPU the stage is ok when CuPy sees
-a GPU, cuDNN loads and the headers agree (or are missing, which is reported). With
-``--device cpu`` it records the same facts and is ok when it ran (there is no GPU to find).
+ctypes binding compared with the installed cuDNN headers. On the GPU its target is met when CuPy
+sees a GPU, cuDNN loads and the headers agree (or are missing, which is reported). With
+``--device cpu`` it records the same facts and judges nothing (there is no GPU to find).
 """
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ def main(argv=None) -> int:
         ok = None           # no GPU to find: nothing to judge
         verdict = (f"cpu: Python {info['python']}, GPU usable: {info['cuda_available']}, "
                    f"cuDNN {'loaded' if 'cudnn_version' in info else 'not found'}, {headers}")
-    write_stage(args.out, "env", ran=True, target_met=ok, detail=verdict, device=device_name(args.device),
+    write_stage(args.out, "env", ran=True, target_met=ok, detail=verdict,
+                device=device_name(args.device),
                 smoke=args.smoke, env=info)
     return 0
 

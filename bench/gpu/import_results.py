@@ -256,7 +256,7 @@ def import_nccl(found: dict, results: str) -> dict | None:
     """The nccl stage's measurement -> ``results/data_parallel_gpu.{json,md}`` (None: no such
     stage, or a failed one: nothing is written)."""
     rec = found.get("nccl")
-    if rec is None or not rec["json"].get("ok"):
+    if rec is None or not rec["json"].get("ran", rec["json"].get("ok")):
         if rec is not None:
             print(f"import_results: the nccl stage failed ({rec['json'].get('verdict')}); "
                   "data_parallel_gpu.json not written", file=sys.stderr)

@@ -190,7 +190,8 @@ def deterministic_across_policies(device, smoke) -> dict:
         if K is not None:
             K.deterministic = saved
     ok = all(r.get("bit_identical_to_first") for r in results.values())
-    return {"dtype": "float32", "model": f"resnet_cifar-{depth}", "batch": batch, "policies": results, "ok": ok}
+    return {"dtype": "float32", "model": f"resnet_cifar-{depth}", "batch": batch,
+            "policies": results, "ok": ok}
 
 
 def main(argv=None) -> int:

@@ -10,10 +10,11 @@ Without mpiexec the one rank starts directly and NCCL bootstraps without MPI
 (``make_comm("nccl", bootstrap="local")``).
 
 Writes ``<out>/nccl.json`` (the kit's contract plus ``probe``, ``result``: data_parallel's
-payload, and ``markdown``). ``ok`` means the three runs finished; the verdict gives the overhead
-of the data-parallel path at world size 1 and overlap against blocking.
+payload, and ``markdown``). ``ran`` means the three runs finished (no target is judged); the
+verdict gives the overhead of the data-parallel path at world size 1 and overlap against
+blocking.
 
-    bash bench/gpu/contact.sh $OUT nccl            # on the GPU machine (limit 240 s)
+    bash bench/gpu/contact.sh $OUT nccl            # on the GPU machine (limit 100 s)
 
 ``--smoke`` / ``--device cpu`` (CPU tests): MPI instead of NCCL, resnet_cifar depth 8 at batch
 4, one repeat of 2 iterations.
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
                f"{1e3 * dp1['seconds_per_iter']:.1f} vs blocking "
                f"{1e3 * blocking['seconds_per_iter']:.1f} ms/iter; "
                f"launcher {'mpiexec' if found['mpiexec'] else 'direct'}")
-    write_stage(args.out, "nccl", ran=True, target_met=None, detail=verdict, device=args.device, smoke=smoke,
+    write_stage(args.out, "nccl", ran=True, target_met=None, detail=verdict, device=args.device,
+                smoke=smoke,
                 device_name=device_name(args.device), result=payload, markdown=md, **fields)
     return 0
 

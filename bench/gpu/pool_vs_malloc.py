@@ -337,7 +337,8 @@ def main(argv=None):
     if train is not None:
         verdict += (f"; training arena {train.get('arena', float('nan')):.1f} img/s vs malloc "
                     f"{train.get('malloc', float('nan')):.1f}")
-    write_stage(args.out, "pool", ran=ran, target_met=target_met, detail=verdict, device=device_name(args.device),
+    write_stage(args.out, "pool", ran=ran, target_met=target_met, detail=verdict,
+                device=device_name(args.device),
                 smoke=args.smoke, malloc=what, rows=rows, train=train,
                 cupy=getattr(cp, "__version__", None))
 

@@ -15,7 +15,7 @@ bench/gpu/import_results.py turns them into bench/results/simulator_error.{json,
 list) and bench/results/profile_*.json. ``ran`` means every model was measured; ``target_met``
 whether the error is within the target (5% on a GPU, 10% on the CPU).
 
-    bash bench/gpu/contact.sh $OUT simulator       # on the GPU machine (limit 300 s)
+    bash bench/gpu/contact.sh $OUT simulator       # on the GPU machine (limit 150 s)
 
 ``--smoke`` (CPU tests): ResNet-20's little sibling (resnet_cifar depth 8) at 16x16, batch 2,
 one round, in seconds.
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     profiles = sorted({r["profile"] for r in rows})
     summary = dict(summary)
     met = summary.pop("target_met")
-    write_stage(args.out, "simulator", ran=ran, target_met=met, detail=detail, device=device_name(args.device),
+    write_stage(args.out, "simulator", ran=ran, target_met=met, detail=detail,
+                device=device_name(args.device),
                 smoke=args.smoke, rows=rows, provenance=prov, profiles=profiles, errors=errors,
                 target=target, repeat=repeat,
                 models=[f"{m[0]} b{m[1]} {m[2]}x{m[2]}" for m in models],

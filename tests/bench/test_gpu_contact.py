@@ -16,7 +16,8 @@ KIT = os.path.join(ROOT, "bench", "gpu")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-STAGE_KEYS = {"stage", "ran", "target_met", "verdict", "device", "date", "commit", "smoke", "command"}
+STAGE_KEYS = {"stage", "ran", "target_met", "verdict", "device", "date", "commit", "smoke",
+              "command"}
 
 
 def _run_stage(module, out, *extra, timeout=240):
