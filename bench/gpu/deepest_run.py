@@ -6,7 +6,9 @@ to the family's next depth), ``--batch``, in a ``--budget`` arena, superneurons 
 ``--offload-params`` and ``--compress N``: the superneurons planner with FreeLunch compression,
 parameters and optimizer state through the pool), with ``--replay`` passed to the Executor where
 it takes the argument. ``--warmup`` untimed iterations (algorithm choice, the recording), then
-``--iters`` timed ones: seconds per iteration, the tensors' peak against the plan's.
+``--iters`` timed ones: seconds per iteration (the median), the tensors' peak against the plan's.
+Where the Executor records its tape during an iteration after the first, give ``--warmup`` room
+for it, or the timed iteration is the recording one (the row keeps warmup and iters).
 
 PyTorch: ``--torch MODE:DEPTH,...`` (default eager 611 and checkpoint_sequential 2,153, the
 depths PyTorch reached under the same 12 GiB cap on the H100, 2026-11-23) timed for ``--iters``
@@ -109,7 +111,8 @@ def main(argv=None) -> int:
            "seconds_per_iter": r.get("seconds_per_iter"),
            "tensor_peak_bytes": r.get("tensor_peak_bytes"),
            "planned_tensor_peak_bytes": r.get("planned_tensor_peak_bytes"),
-           "fits": r.get("fits"), "error": r.get("error"), "detail": r}
+           "fits": r.get("fits"), "error": r.get("error"), "warmup": args.warmup,
+           "iters": args.iters, "detail": r}
     from bench._common import git_commit
     row["commit"] = git_commit()
     res["runs"].append(row)
