@@ -99,12 +99,16 @@ def main(argv=None) -> int:
         write_stage(args.out, args.name, ran=ran, target_met=target_met, detail=detail,
                     device=device_name(dev), smoke=args.smoke, **res)
 
+    replay = args.replay
+    if dev == "cpu" and replay == "graph":      # a CUDA graph is the GPU's; the CPU's is the tape
+        replay = "tape"
+        res["replay_note"] = "--replay graph asked on the CPU: tape requested instead"
     print(f"[{args.name}] neuron {family} depth {depth} batch {batch} in {budget / GIB:.2f} GiB, "
-          f"replay {args.replay}", flush=True)
+          f"replay {replay}", flush=True)
     r = TM.neuron_run(graph, batch, budget=budget, policy="superneurons",
                       offload_params=args.offload_params, planner=planner,
                       host_budget=default_host_cap(), iters=args.iters, warmup=args.warmup,
-                      device=dev, replay=args.replay)
+                      device=dev, replay=replay)
     row = {"device": device_name(dev), "date": now_utc(), "commit": None, "depth": depth,
            "batch": batch, "budget_bytes": budget, "offload_params": args.offload_params,
            "compress": args.compress, "replay": r.get("replay"),

@@ -268,6 +268,11 @@ def _write(args, rows, expected):
               + f"; {met}/{expected} at target (fp32 >= {TARGET['fp32']}, tf32 >= "
               f"{TARGET['tf32']})" + ("" if len(rows) == expected else
                                       f"; {len(rows)}/{expected} configurations done"))
+    missing = sorted({m for r in rows for m, v in (r.get("neuron") or {}).items()
+                      if not v.get("img_per_s")})
+    if missing:
+        detail += f"; neuron modes without a figure: {', '.join(missing)}" + (
+            "" if executor_has_replay() else " (the Executor has no replay argument)")
     write_stage(args.out, "throughput", ran=ran, target_met=target_met, detail=detail,
                 device=device_name(args.device), smoke=args.smoke, rows=rows,
                 executor_has_replay=executor_has_replay(),
