@@ -16,7 +16,7 @@ def git_commit() -> str:
     """HEAD, with -dirty when the tree has uncommitted changes. ``NEURON_SOURCE_COMMIT`` wins
     when set: a device machine receives the working tree with the .git of the session's start,
     so its own HEAD names an older commit (seen 2026-11-23); put the commit sent in the
-    command, e.g. ``NEURON_SOURCE_COMMIT=5cfa70a bash bench/gpu_contact.sh ...``."""
+    command, e.g. ``NEURON_SOURCE_COMMIT=5cfa70a bash bench/gpu/contact.sh ...``."""
     if os.environ.get("NEURON_SOURCE_COMMIT"):
         return os.environ["NEURON_SOURCE_COMMIT"]
     root = os.path.dirname(RESULTS)
@@ -66,12 +66,12 @@ def library_dirty() -> bool:
 
 
 def gpu_setup(script: str, plan_only: bool):
-    """(gpu_runs module, device description) for a GPU run, (None, None) with --plan-only;
+    """(bench.gpu.runs module, device description) for a GPU run, (None, None) with --plan-only;
     exits with a clear message when PyTorch or CUDA is missing."""
     if plan_only:
         return None, None
     try:
-        from bench import gpu_runs as TM
+        from bench.gpu import runs as TM
     except ImportError as e:
         sys.exit(f"{script}: the GPU path needs PyTorch and CuPy ({e}); use --plan-only without "
                  "a GPU")

@@ -17,8 +17,8 @@ model (each step between two synchronizations) is reported beside it.
     python bench/simulator_error.py --device cuda           # GPU (unverified in this session)
 
 On a GPU machine the contact kit runs the same measurement as its stage `simulator`
-(bench/gpu_simulator.py: ``bash bench/gpu_contact.sh $OUT simulator``), and
-bench/import_gpu_results.py writes its rows here as the "gpu" list.
+(bench/gpu/simulator.py: ``bash bench/gpu/contact.sh $OUT simulator``), and
+bench/gpu/import_results.py writes its rows here as the "gpu" list.
 
 Writes bench/results/simulator_error.{json,md}: {"cpu": [{"model", "policy", "simulated_s",
 "measured_s", "rel_error"}, ...], "gpu": [...]} (a device's list is kept from an earlier run
@@ -78,8 +78,7 @@ def markdown(payload) -> str:
 
 
 def _gpu_name() -> str:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from gpu_kit import device_name
+    from bench.gpu.kit import device_name
     return device_name("cuda")
 
 

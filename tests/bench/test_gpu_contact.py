@@ -12,17 +12,16 @@ import numpy as np
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-BENCH = os.path.join(ROOT, "bench")
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
+KIT = os.path.join(ROOT, "bench", "gpu")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-STAGE_KEYS = {"stage", "ok", "verdict", "device", "date", "commit", "smoke", "command"}
+STAGE_KEYS = {"stage", "ran", "target_met", "verdict", "device", "date", "commit", "smoke",
+              "command"}
 
 
-def _run_stage(script, out, *extra, timeout=240):
-    r = subprocess.run([sys.executable, os.path.join(BENCH, script), "--out", str(out),
+def _run_stage(module, out, *extra, timeout=240):
+    r = subprocess.run([sys.executable, "-m", f"bench.gpu.{module}", "--out", str(out),
                         "--device", "cpu", "--smoke", *extra], cwd=ROOT, capture_output=True,
                        text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -41,7 +40,7 @@ def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable)
     out = tmp_path / "out"
-    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(out), "env",
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(out), "env",
                         "nonsense", "install"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -53,7 +52,9 @@ def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
                                        "summary-env-nonsense-install.json"]
     summary = json.loads((out / "summary-env-nonsense-install.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
-    assert got["env"]["ok"] and got["install"]["ok"] and not got["nonsense"]["ok"]
+    assert got["env"]["ran"] and got["install"]["ran"] and not got["nonsense"]["ran"]
+    assert got["env"]["target_met"] is None         # on the CPU: no GPU to find, nothing judged
+    assert got["nonsense"]["verdict"].startswith("DID NOT RUN")
     with tarfile.open(out / "contact-env-nonsense-install.tar.gz") as t:
         names = {os.path.basename(n) for n in t.getnames()}
     assert {"env.json", "env.log", "install.json", "nonsense.log", "stages.jsonl"} <= names
@@ -62,47 +63,85 @@ def test_driver_runs_every_stage_packs_and_survives_a_crash(tmp_path):
 def test_a_stage_over_its_time_limit_is_reported_as_such(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable, TIMEOUT_ENV="0.05")
-    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path), "env"],
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(tmp_path), "env"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "[env]" in r.stdout and "TIMEOUT" in r.stdout, r.stdout
 
 
 def test_models_stage_contract(tmp_path):
-    _run_stage("gpu_models.py", tmp_path)
+    _run_stage("models", tmp_path)
     d = _stage_json(tmp_path, "models")
-    assert d["ok"] and d["deterministic"]["ok"]
+    assert d["ran"] and d["target_met"] and d["deterministic"]["ok"], d["verdict"]
+    assert d["dtype"] == "float64" and d["verdict"].startswith("RAN, TARGET MET: 2/2 models")
     for name, m in d["models"].items():
-        assert m["loss_rel_err"] == 0.0 and m["param_max_rel_err"] == 0.0, name
+        # CPU against CPU, both float64: the same function in the same order
+        assert m["loss_rel_err"] == 0.0 and m["update_max_rel_err"] == 0.0, name
+        assert m["dtype"] == "float64" and m["ok"], name
 
 
-def test_models_comparison_catches_a_wrong_kernel(monkeypatch):
-    """The tolerance is not vacuous: a ReLU backward 2% off fails it."""
-    import gpu_models
+def _wrong_kernel_run(monkeypatch, name, wrong):
+    """compare_one on the CPU with one kernel of the device under test replaced by ``wrong``."""
+    from bench.gpu import models as gpu_models
+
+    def wrong_device(kind, graph, batch):
+        dev = gpu_models._executor(graph, batch, "virtual", dtype=np.float64).simulate()
+        k = gpu_models.hash_dropout_kernels()
+        setattr(k, name, wrong)
+
+        class Wrong(type(gpu_models.reference_device(1))):
+            _k = k
+        return Wrong(dev["arena_bytes"])
+
+    monkeypatch.setattr(gpu_models, "_device_under_test", wrong_device)
+    return gpu_models.compare_one("resnet_cifar", 8, 2, (3, 16, 16), "cpu")
+
+
+def test_models_gate_fails_a_relu_gradient_1e5_off(monkeypatch):
+    """The float64 tolerance is tight: a ReLU backward 0.001% off fails it."""
+    from bench.gpu import models as gpu_models
     from neuron.kernels import numpy_ref
 
-    good = gpu_models.reference_device
+    def relu_backward(y, dy, dx, accumulate=False):
+        numpy_ref.relu_backward(y, dy, dx, accumulate)
+        dx *= 1 + 1e-5
 
-    def wrong_device(arena):
-        dev = good(arena)
-        k = gpu_models.hash_dropout_kernels()
-
-        def relu_backward(y, dy, dx):
-            numpy_ref.relu_backward(y, dy, dx)
-            dx *= np.float32(1.02)
-
-        k.relu_backward = relu_backward
-        type(dev)._k = k
-        return dev
-
-    monkeypatch.setattr(gpu_models, "_device_under_test", lambda kind, g, b: wrong_device(1 << 26))
-    r = gpu_models.compare_one("resnet_cifar", 8, 2, (3, 16, 16), "cpu")
-    monkeypatch.setattr(gpu_models, "reference_device", good)
+    r = _wrong_kernel_run(monkeypatch, "relu_backward", relu_backward)
     assert not r["ok"] and r["update_max_rel_err"] > gpu_models.UPDATE_TOL
     assert r["loss_rel_err"] == 0.0         # forward untouched
+    assert not gpu_models.within_tolerance(r["loss_rel_err"], r["update_max_rel_err"])
+
+
+def test_models_gate_fails_a_bn_gradient_68_percent_off(monkeypatch):
+    """The case that passed the float32 gate on the H100: a BN bias gradient 68% off."""
+    from bench.gpu import models as gpu_models
+    from neuron.kernels import numpy_ref
+
+    def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, *a, **kw):
+        numpy_ref.batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                                     *a, **kw)
+        dbeta *= 1.68
+
+    r = _wrong_kernel_run(monkeypatch, "batchnorm_backward", batchnorm_backward)
+    assert not r["ok"] and r["update_max_rel_err"] > 0.1, r
+    assert "bn" in r["worst_update"].lower() or "beta" in r["worst_update"], r["worst_update"]
+
+
+def test_models_verdict_says_ran_and_target_apart(tmp_path, monkeypatch):
+    from bench.gpu import models as gpu_models
+    monkeypatch.setattr(gpu_models, "compare_one", lambda *a: {
+        "ok": False, "loss_rel_err": 0.0, "update_max_rel_err": 0.5, "worst_update": "bn.beta",
+        "param_max_rel_err": 0.1})
+    monkeypatch.setattr(gpu_models, "deterministic_across_policies",
+                        lambda *a: {"ok": True})
+    gpu_models.main(["--out", str(tmp_path), "--device", "cpu", "--smoke"])
+    d = json.loads((tmp_path / "models.json").read_text())
+    assert d["ran"] is True and d["target_met"] is False
+    assert d["verdict"].startswith("RAN, TARGET NOT MET: 0/2 models within tolerance")
+    assert "update_max_rel_err 5.00e-01" in d["verdict"]
 
 
 def test_hash_dropout_reference_matches_the_gpu_mask():
-    import gpu_models
+    from bench.gpu import models as gpu_models
     from neuron.kernels.dropout_mask import dropout_mask_reference
     k = gpu_models.hash_dropout_kernels()
     x = np.ones((4, 50), np.float32)
@@ -114,25 +153,29 @@ def test_hash_dropout_reference_matches_the_gpu_mask():
 
 def test_throughput_stage_contract(tmp_path):
     pytest.importorskip("torch")
-    _run_stage("throughput.py", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
-               "--warmup", "1")
+    _run_stage("throughput", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
+               "--warmup", "1", "--modes", "off")
     d = _stage_json(tmp_path, "throughput")
-    assert d["ok"]
+    assert d["ran"], d["verdict"]
     (row,) = d["rows"]
     assert row["precision"] == "fp32" and row["neuron_over_pytorch"] > 0
-    assert len(row["neuron"]["runs_img_per_s"]) == 2 == len(row["pytorch"]["runs_img_per_s"])
+    assert row["target"] == 1.1 and row["target_met"] == (row["neuron_over_pytorch"] >= 1.1)
+    assert d["target_met"] == row["target_met"]
+    assert len(row["neuron"]["off"]["runs_img_per_s"]) == 2 == \
+        len(row["pytorch"]["runs_img_per_s"])
+    assert row["neuron"]["off"]["replay"] == "off" and row["neuron_mode"] == "off"
 
 
 def test_throughput_refuses_a_protocol_below_the_issue(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "throughput.py"), "--out",
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.throughput", "--out",
                         str(tmp_path), "--runs", "3"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "at least 5 runs" in r.stderr
 
 
 def test_pool_stage_trains_with_malloc_pool(tmp_path):
-    _run_stage("pool_vs_malloc.py", tmp_path)
+    _run_stage("pool_vs_malloc", tmp_path)
     d = _stage_json(tmp_path, "pool")
-    assert d["ok"], d["verdict"]
+    assert d["ran"] and d["target_met"] is None, d["verdict"]    # the 10x target is the GPU's
     assert d["train"]["arena"] > 0 and d["train"]["malloc"] > 0
     assert d["train"]["malloc_allocations"] > 0
     (row,) = d["rows"]
@@ -140,7 +183,7 @@ def test_pool_stage_trains_with_malloc_pool(tmp_path):
 
 
 def test_malloc_pool_keeps_the_arena_figure_when_malloc_fails(monkeypatch):
-    import pool_vs_malloc as P
+    from bench.gpu import pool_vs_malloc as P
     from neuron.models import build_model
 
     def broken(self, nbytes):
@@ -153,55 +196,53 @@ def test_malloc_pool_keeps_the_arena_figure_when_malloc_fails(monkeypatch):
     assert out["arena"] > 0 and "MemoryError" in out["malloc_error"]
 
 
-def test_pressure_stage_contract(tmp_path):
-    pytest.importorskip("torch")
-    _run_stage("gpu_pressure.py", tmp_path)
-    d = _stage_json(tmp_path, "pressure")
-    assert d["ok"], d["verdict"]
-    assert d["batch"] == 2 * d["torch_eager"]["k"]
-    nb = d["neuron_budget"]
-    assert nb["fits"] and nb["budget_bytes"] == d["budget_bytes"]
-    moved = nb["moved_per_iter"]
-    assert moved["offload_bytes"] + moved["prefetch_bytes"] >= 0
-    # the run's pool traffic next to its plan's: on the CPU the run follows the plan exactly
-    # (on a GPU a difference shows the schedule it really ran, e.g. unplanned evictions)
-    assert nb["pool_per_iter"] == nb["planned_pool_per_iter"]
-    assert {"evictions", "evicted_bytes", "compactions"} <= set(nb["pool_per_iter"])
-    # the planners run beside the policy by default, each following its own plan; at the
-    # policy's own minimum budget the superneurons planner fits (the policy's plan is one of its
-    # candidates), another planner may not (a row that says why)
-    assert set(d["planners"]) == {"superneurons", "capuchin"}
-    assert d["planners"]["superneurons"]["fits"]
-    for r in d["planners"].values():
-        if r["fits"]:
-            assert r["pool_per_iter"] == r["planned_pool_per_iter"], r
-        else:
-            assert r["error"].startswith("MemoryBudgetError: step "), r
-
-
 def test_hidden_fraction():
-    import gpu_pressure as G
+    from bench.gpu import pressure as G
     bw = {"h2d": 1e9, "d2h": 1e9}
     assert G.hidden_fraction(1.0, 1.0, 1e9, 0, bw) == 1.0          # nothing lost: all hidden
     assert G.hidden_fraction(2.0, 1.0, 1e9, 0, bw) == 0.0          # lost the whole copy time
     assert G.hidden_fraction(1.25, 1.0, 5e8, 5e8, bw) == pytest.approx(0.75)
     assert G.hidden_fraction(1.0, 1.0, 0, 0, bw) is None
+    # not clamped: a run that lost twice its copies' time says so
+    assert G.hidden_fraction(3.0, 1.0, 1e9, 0, bw) == pytest.approx(-1.0)
+
+
+def test_pressure_targets():
+    from bench.gpu import pressure as G
+    assert G.run_spec("policy=superneurons") == {"policy": "superneurons", "planner": None}
+    assert G.run_spec("planner=superneurons:compress=4") == {
+        "policy": "superneurons", "planner": "superneurons:compress=4"}
+    with pytest.raises(SystemExit, match="neither policy=NAME nor planner=SPEC"):
+        G.run_spec("capuchin")
+    good = {"seconds_per_iter": 1.05, "overhead": 0.05, "img_per_s": 300.0, "moved_bytes": 7,
+            "planned_moved_bytes": 7, "hidden_copy_fraction": 0.9}
+    t = G.targets({"planner=superneurons": good}, ckpt_img_per_s=200.0)
+    assert all(t.values()) and len(t) == 4
+    slow = dict(good, overhead=0.3, moved_bytes=8)
+    t = G.targets({"planner=superneurons": good, "policy=superneurons": slow}, 200.0)
+    assert not t["policy=superneurons overhead <= 25%"]
+    assert not t["policy=superneurons moved = planned"]
+    assert not G.targets({"planner=superneurons": good}, 250.0)[
+        "planner=superneurons >= 1.3x PyTorch+checkpoint"]
+    assert G.targets({"x": {"seconds_per_iter": None, "error": "e"}}, None) == {"x ran": False}
 
 
 @pytest.mark.slow
 def test_confirm_stage_contract(tmp_path):
     pytest.importorskip("torch")
-    _run_stage("gpu_confirm.py", tmp_path, timeout=400)
+    _run_stage("confirm", tmp_path, timeout=400)
     d = _stage_json(tmp_path, "confirm")
-    assert d["ok"], d["verdict"]
+    assert d["ran"] and d["target_met"], d["verdict"]
     for part in ("widest", "deepest"):
         p = d["parts"][part]
-        assert p["run"]["fits"] and p["peak"]["equal"], p
+        assert p["run"]["fits"] and p["peak"]["tensor_equal"], p
+        assert p["peak"]["arena_peak_bytes"] >= p["peak"]["tensor_peak_bytes"]
+    assert "tensor peak" in d["verdict"] and "arena peak" in d["verdict"]
     assert d["parts"]["torch_eager"]["depth"] and d["parts"]["torch_checkpoint"]["depth"]
 
 
 def test_junit_counts(tmp_path):
-    from gpu_kit import junit_counts
+    from bench.gpu.kit import junit_counts
     xml = tmp_path / "j.xml"
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
@@ -218,17 +259,18 @@ def test_junit_counts(tmp_path):
 
 def _fake_run(tmp_path):
     """A kit output folder as a GPU run would leave it: tarball + summary."""
-    from gpu_kit import write_stage
+    from bench.gpu.kit import write_stage
     raw = tmp_path / "raw"
     common = dict(device="NVIDIA H100 80GB HBM3", smoke=False)
-    write_stage(str(raw), "tests", True, "OK", tests={"passed": 90, "failed": 1, "skipped": 2,
-                                                      "errors": 0}, failures=[], **common)
-    write_stage(str(raw), "models", False, "FAIL", models={
+    write_stage(str(raw), "tests", ran=True, target_met=False, detail="90 passed, 1 failed",
+                tests={"passed": 90, "failed": 1, "skipped": 2, "errors": 0}, failures=[],
+                **common)
+    write_stage(str(raw), "models", ran=False, target_met=True, detail="6/7", models={
         "resnet50": {"loss_rel_err": 1e-6, "param_max_rel_err": 2e-7,
                      "update_max_rel_err": 1e-4, "ok": True},
         "vgg16": {"ok": False, "error": "CudnnError: x", "loss_rel_err": None,
                   "param_max_rel_err": None}}, **common)
-    write_stage(str(raw), "throughput", True, "OK", rows=[
+    write_stage(str(raw), "throughput", ran=True, target_met=False, detail="0/1", rows=[
         {"model": "resnet50", "batch": 64, "precision": "fp32", "neuron_over_pytorch": 0.9,
          "neuron": {"img_per_s": 900.0}, "pytorch": {"img_per_s": 1000.0}}], **common)
     (raw / "tests.log").write_text("log")
@@ -243,7 +285,7 @@ def _fake_run(tmp_path):
 def test_import_writes_the_contracts(tmp_path):
     src = _fake_run(tmp_path)
     res = tmp_path / "results"
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"), str(src),
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results", str(src),
                         "--results", str(res), "--no-readme-tables"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -257,13 +299,134 @@ def test_import_writes_the_contracts(tmp_path):
     t = json.loads((res / "throughput.json").read_text())
     assert t["configs"]["resnet50:64:fp32"]["neuron_over_pytorch"] == 0.9
     assert (res / "gpu_raw" / "tests.log").exists() and (res / "gpu_contact.md").exists()
+    st = c["stages"]
+    # ran and target met apart; ok (older readers) only where both hold
+    assert (st["tests"]["ran"], st["tests"]["target_met"], st["tests"]["ok"]) == \
+        (True, False, False)
+    assert (st["models"]["ran"], st["models"]["target_met"], st["models"]["ok"]) == \
+        (False, True, False)
+    assert "| tests | yes | NO |" in (res / "gpu_contact.md").read_text()
+
+
+def test_verdict_line_says_ran_and_target_apart():
+    from bench.gpu.kit import all_met, verdict_line
+    assert verdict_line(True, False, "0/6") == "RAN, TARGET NOT MET: 0/6"
+    assert verdict_line(True, True, "x") == "RAN, TARGET MET: x"
+    assert verdict_line(False, None, "x") == "DID NOT RUN, NO TARGET JUDGED: x"
+    assert all_met([True, None, True]) is True and all_met([True, False]) is False
+    assert all_met([None, None]) is None and all_met([]) is None
+
+
+def test_replay_argument_is_passed_only_where_the_executor_takes_it(monkeypatch):
+    from bench.gpu import kit
+    real = kit.executor_has_replay()
+    assert kit.executor_kwargs(None) == {}
+    assert kit.executor_kwargs("graph") == ({"replay": "graph"} if real else {})
+    monkeypatch.setattr(kit, "executor_has_replay", lambda: True)
+    assert kit.executor_kwargs("tape") == {"replay": "tape"}
+    assert kit.replay_of(type("E", (), {"replay": "graph"})()) == "graph"
+    monkeypatch.setattr(kit, "executor_has_replay", lambda: False)
+    assert kit.executor_kwargs("graph") == {} and kit.replay_of(object()) == "off"
+
+
+def test_table4_depths():
+    from bench.gpu.deepest_run import table4_depth
+    assert table4_depth(4292) == 4292 and table4_depth(10000) == 10001
+    assert table4_depth(4293) == 4295
+
+
+def test_profile_counts_device_activities_once_per_stream():
+    """The trace's CPU operators carry no device time here; every kernel is kept, per stream,
+    and overlapping streams are not double counted in the busy time."""
+    from bench.gpu.profile_step import device_time_table
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "ts": 0, "dur": 500},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5}]
+    for i in range(30):         # 30 distinct kernels on stream 7, 10 us each, back to back
+        ev.append({"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": 100 + 10 * i, "dur": 10,
+                   "args": {"stream": 7}})
+    ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 100, "dur": 100,
+               "args": {"stream": 13}})          # under stream 7's kernels: overlapping
+    t = device_time_table(ev, steps=2)
+    assert len(t["kernels"]) == 31
+    assert t["per_stream"]["7"]["ms_per_step"] == pytest.approx(0.15)
+    assert t["per_stream"]["13"]["ms_per_step"] == pytest.approx(0.05)
+    assert t["device_ms_per_step"] == pytest.approx(0.2)
+    assert t["busy_ms_per_step"] == pytest.approx(0.15)     # 100..400 us over 2 steps
+    assert t["kernels"][0]["name"] == "Memcpy DtoH"
+
+
+def test_a_command_deadline_stops_starting_stages(tmp_path):
+    env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
+               PYTHON=sys.executable, NEURON_KIT_DEADLINE_S="19")
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(tmp_path), "install"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "[install] 0s: DID NOT RUN, NO TARGET JUDGED: " in r.stdout, r.stdout
+    summary = json.loads((tmp_path / "summary-install.json").read_text())
+    assert summary["stages"][0]["ran"] is False
+
+
+def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
+    """Every stage of `first` and `second` on the CPU through the driver, then the importer's
+    contracts from what they wrote: throughput.json, deepest_gpu.json, pressure.json."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
+               PYTHON=sys.executable, NEURON_KIT_DEADLINE_S="900")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(out), "first", "second"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary-first-second.json").read_text())
+    got = {s["stage"]: s for s in summary["stages"]}
+    assert list(got) == ["throughput", "deepest", "replay_tests", "codec_tests", "pressure",
+                         "deepest_offload", "nccl", "simulator"]
+    for name, st in got.items():
+        assert st["ran"], (name, st["verdict"])
+        assert st["verdict"].startswith("RAN, "), st["verdict"]
+    assert got["codec_tests"]["target_met"] is None         # every GPU test skipped here
+    res = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results", str(out), "--results",
+                        str(res), "--no-readme-tables", "--allow-smoke"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t = json.loads((res / "throughput.json").read_text())
+    assert set(t["configs"]) == {"resnet_cifar:4:fp32", "resnet_cifar:4:tf32"}
+    for c in t["configs"].values():
+        assert c["neuron_over_pytorch"] > 0 and c["neuron_mode"] in ("off", "tape", "graph")
+        assert set(c["neuron_img_per_s_by_mode"]) == {"off", "tape", "graph"}
+    d = json.loads((res / "deepest_gpu.json").read_text())
+    assert len(d["runs"]) == 2 and len(d["pytorch"]) == 2
+    for row in d["runs"]:
+        assert {"device", "date", "commit", "depth", "batch", "budget_bytes", "offload_params",
+                "compress", "replay", "seconds_per_iter", "tensor_peak_bytes",
+                "planned_tensor_peak_bytes"} <= set(row)
+        assert row["seconds_per_iter"] > 0 and row["replay"] in ("off", "tape", "graph")
+        assert row["tensor_peak_bytes"] == row["planned_tensor_peak_bytes"]
+    assert {(r["offload_params"], r["compress"]) for r in d["runs"]} == {(False, None), (True, 4)}
+    assert {p["mode"] for p in d["pytorch"]} == {"eager", "checkpoint"}
+    assert all(p["seconds_per_iter"] > 0 for p in d["pytorch"])
+    p = json.loads((res / "pressure.json").read_text())
+    assert {"device", "date", "commit", "configs"} <= set(p)
+    (key, cfg), = p["configs"].items()
+    assert key == "resnet_cifar:4" and cfg["unbudgeted_s"] > 0
+    assert cfg["pytorch_checkpoint"]["batch"] == 2 and cfg["pytorch_checkpoint"]["img_per_s"] > 0
+    assert set(cfg["runs"]) == {"planner=superneurons", "policy=superneurons",
+                                "planner=capuchin", "planner=superneurons:compress=4"}
+    for name, run in cfg["runs"].items():
+        assert {"seconds_per_iter", "overhead", "img_per_s", "hidden_copy_fraction",
+                "moved_bytes", "planned_moved_bytes"} <= set(run), name
+        # on the CPU every run follows its plan exactly, bytes moved included
+        assert run["moved_bytes"] == run["planned_moved_bytes"], name
+    assert cfg["runs"]["policy=superneurons"]["moved_bytes"] > 0
+    c = json.loads((res / "gpu_contact.json").read_text())
+    assert set(c["stages"]) == set(got)
 
 
 def test_import_refuses_smoke_runs(tmp_path):
-    from gpu_kit import write_stage
-    write_stage(str(tmp_path), "tests", True, "OK", device="cpu", smoke=True,
+    from bench.gpu.kit import write_stage
+    write_stage(str(tmp_path), "tests", ran=True, target_met=True, detail="1 passed",
+                device="cpu", smoke=True,
                 tests={"passed": 1, "failed": 0, "skipped": 0, "errors": 0})
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"),
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results",
                         str(tmp_path), "--results", str(tmp_path / "res"),
                         "--no-readme-tables"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "smoke" in r.stderr
@@ -274,9 +437,9 @@ SIM_ROW_KEYS = {"model", "policy", "budget_bytes", "simulated_s", "measured_s", 
 
 
 def test_simulator_stage_contract(tmp_path):
-    _run_stage("gpu_simulator.py", tmp_path)
+    _run_stage("simulator", tmp_path)
     d = _stage_json(tmp_path, "simulator")
-    assert d["ok"], d["verdict"]
+    assert d["ran"], d["verdict"]
     assert [r["policy"] for r in d["rows"]] == ["liveness", "superneurons"]
     for r in d["rows"]:
         assert SIM_ROW_KEYS <= set(r), SIM_ROW_KEYS - set(r)
@@ -291,7 +454,7 @@ def test_simulator_stage_contract(tmp_path):
 
 
 def test_simulator_verdict():
-    import gpu_simulator as G
+    from bench.gpu import simulator as G
     rows = [{"rel_error": 0.071, "serial_rel_error": -0.182, "cost_model": "pipelined"},
             {"rel_error": -0.02, "serial_rel_error": 0.05, "cost_model": "pipelined"}]
     ok, v, s = G.verdict_of(rows, [], 0.05)
@@ -300,13 +463,13 @@ def test_simulator_verdict():
     ok, v, s = G.verdict_of(rows[1:], [{"model": "densenet121", "error": "x"}], 0.05)
     assert not ok and "target 5%: met" in v and "densenet121" in v and s["target_met"]
     ok, v, _ = G.verdict_of([], [{"model": "resnet50", "error": "OutOfMemoryError: y"}], 0.05)
-    assert not ok and v.startswith("FAIL") and "OutOfMemoryError" in v
+    assert not ok and v.startswith("no model measured") and "OutOfMemoryError" in v
 
 
 def test_driver_runs_the_simulator_stage(tmp_path):
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable)
-    r = subprocess.run(["bash", os.path.join(BENCH, "gpu_contact.sh"), str(tmp_path),
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(tmp_path),
                         "simulator"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0 and "[simulator]" in r.stdout, r.stdout + r.stderr
@@ -318,7 +481,7 @@ def test_driver_runs_the_simulator_stage(tmp_path):
 def test_import_simulator_stage_keeps_the_cpu_list(tmp_path):
     TESTS = {"passed": 90, "failed": 0, "skipped": 2, "errors": 0}
     raw = tmp_path / "raw"
-    _run_stage("gpu_simulator.py", raw)
+    _run_stage("simulator", raw)
     stage = json.loads((raw / "simulator.json").read_text())
     src = tmp_path / "fetched"
     src.mkdir()
@@ -336,7 +499,7 @@ def test_import_simulator_stage_keeps_the_cpu_list(tmp_path):
         {"device": "H100", "date": "2026-11-23", "commit": "abc", "tests": TESTS,
          "models": {}, "stages": {"tests": {
             "ok": True, "verdict": "OK"}}}))
-    cmd = [sys.executable, os.path.join(BENCH, "import_gpu_results.py"), str(src),
+    cmd = [sys.executable, "-m", "bench.gpu.import_results", str(src),
            "--results", str(res), "--no-readme-tables"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "smoke" in r.stderr           # a CPU smoke run is no GPU result
@@ -362,11 +525,11 @@ def test_the_models_and_simulator_stages_take_their_gpu_branches_on_the_standins
     """`--device cuda` through the kit's own code (make_device("cuda"), CUDA-event profiles,
     the pipelined clock, the GPU's cost-model entry), on the CPU: a crash there would cost a
     lent GPU's minutes. The numbers are the stand-ins' (NumPy), so only the contracts count."""
-    import gpu_models
-    import gpu_simulator
+    from bench.gpu import models as gpu_models
+    from bench.gpu import simulator as gpu_simulator
     assert gpu_models.main(["--out", str(tmp_path), "--device", "cuda", "--smoke"]) == 0
     d = _stage_json(tmp_path, "models")
-    assert d["ok"], d["verdict"]
+    assert d["ran"] and d["target_met"], d["verdict"]
     assert gpu_simulator.main(["--out", str(tmp_path), "--device", "cuda", "--smoke"]) == 0
     d = _stage_json(tmp_path, "simulator")
     assert d["errors"] == [] and [r["policy"] for r in d["rows"]] == ["liveness", "superneurons"]
@@ -378,9 +541,9 @@ def test_the_models_and_simulator_stages_take_their_gpu_branches_on_the_standins
 
 def test_nccl_stage_contract(tmp_path):
     # on the CPU the same path runs on MPI: plain, data-parallel at world size 1, blocking
-    _run_stage("gpu_nccl.py", tmp_path)
+    _run_stage("nccl", tmp_path)
     d = _stage_json(tmp_path, "nccl")
-    assert d["ok"], d["verdict"]
+    assert d["ran"] and d["target_met"] is None, d["verdict"]
     assert "world size 1" in d["verdict"] and "blocking" in d["verdict"]
     assert d["probe"]["mpi4py"].startswith("MPICH") and d["probe"]["mpiexec"]
     r = d["result"]
@@ -396,7 +559,7 @@ def test_nccl_stage_contract(tmp_path):
         {"device": "H100", "date": "2026-11-23", "commit": "abc", "models": {},
          "tests": {"passed": 1, "failed": 0, "skipped": 0, "errors": 0},
          "stages": {"tests": {"ok": True, "verdict": "OK"}}}))
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "import_gpu_results.py"),
+    r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results",
                         str(tmp_path), "--results", str(res), "--no-readme-tables",
                         "--allow-smoke"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -409,7 +572,7 @@ def test_nccl_stage_contract(tmp_path):
 def test_data_parallel_direct_launch_is_one_rank(capsys):
     # no launcher: the one rank starts as a plain process (MPI as a singleton here; NCCL on a
     # GPU bootstraps without MPI); more ranks than one need mpiexec
-    import data_parallel as DP
+    from bench import data_parallel as DP
     args = DP.parse_args(["--model", "resnet_cifar", "--depth", "8", "--batch", "2",
                           "--iters", "1", "--warmup", "1", "--launcher", "direct"])
     r = DP.launch(args, "dp", 1)
@@ -430,7 +593,7 @@ def test_local_bootstrap_is_a_world_of_one():
 
 def test_first_divergence_names_the_step_where_a_run_left_its_plan():
     pytest.importorskip("torch")
-    from gpu_runs import first_divergence
+    from bench.gpu.runs import first_divergence
     from neuron.executor import TraceRow
     plan = [TraceRow(i, f"l{i}", "F", 100 * i, i) for i in range(5)]
     assert first_divergence(plan, list(plan)) is None

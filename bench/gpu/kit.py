@@ -1,11 +1,15 @@
-"""Shared plumbing of the GPU contact kit (bench/gpu_contact.sh and its stage scripts).
+"""Shared plumbing of the GPU contact kit (bench/gpu/contact.sh and its stage scripts).
 
 Every stage script writes one JSON file ``<out>/<stage>.json`` with at least::
 
-    {"stage": ..., "ok": bool, "verdict": "one line", "device": ..., "date": ..., "commit": ...,
-     "smoke": bool, ...stage fields}
+    {"stage": ..., "ran": bool, "target_met": bool | None, "verdict": "one line",
+     "device": ..., "date": ..., "commit": ..., "smoke": bool, ...stage fields}
 
-and the shell driver prints its ``verdict``. The stage scripts also run on the CPU in a tiny
+``ran``: the stage measured everything it set out to (no part crashed, none skipped);
+``target_met``: whether those measurements meet the stage's target (None: the stage has no
+target, or nothing was measured to judge). The two are separate so that a stage that ran and
+missed every target reads as such: the verdict line starts with both (``verdict_line``), and the
+shell driver prints it. The stage scripts also run on the CPU in a tiny
 ``--smoke`` mode, so tests/bench/ exercises each stage's logic and JSON contract before any GPU
 minute is spent on it.
 """
@@ -19,7 +23,7 @@ import platform
 import sys
 import xml.etree.ElementTree as ET
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -56,10 +60,29 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_stage(out_dir: str, stage: str, ok: bool, verdict: str, *, device: str,
-                smoke: bool, **fields) -> dict:
+def verdict_line(ran: bool, target_met: bool | None, detail: str) -> str:
+    """'RAN, TARGET MET: detail' / 'RAN, TARGET NOT MET: ...' / 'RAN, NO TARGET: ...' /
+    'DID NOT RUN, ...': both facts first, never one word that could stand for either."""
+    target = {True: "TARGET MET", False: "TARGET NOT MET", None: "NO TARGET JUDGED"}[target_met]
+    return f"{'RAN' if ran else 'DID NOT RUN'}, {target}: {detail}"
+
+
+def all_met(flags) -> bool | None:
+    """A stage's target_met from its parts' (None for a part without a verdict): False if any
+    part missed, True if every judged part met, None if none was judged."""
+    flags = [f for f in flags if f is not None]
+    if not flags:
+        return None
+    return all(flags)
+
+
+def write_stage(out_dir: str, stage: str, *, ran: bool, target_met: bool | None, detail: str,
+                device: str, smoke: bool, **fields) -> dict:
     """Write <out_dir>/<stage>.json (contract in this module's docstring); returns the dict."""
-    payload = {"stage": stage, "ok": bool(ok), "verdict": verdict, "device": device,
+    if target_met is not None:
+        target_met = bool(target_met)
+    payload = {"stage": stage, "ran": bool(ran), "target_met": target_met,
+               "verdict": verdict_line(bool(ran), target_met, detail), "device": device,
                "date": now_utc(), "commit": git_commit(), "smoke": bool(smoke),
                "command": " ".join([os.path.basename(sys.executable), *sys.argv]), **fields}
     os.makedirs(out_dir, exist_ok=True)
@@ -67,8 +90,37 @@ def write_stage(out_dir: str, stage: str, ok: bool, verdict: str, *, device: str
     with open(path + ".tmp", "w") as f:
         json.dump(payload, f, indent=1, default=_jsonable)
     os.replace(path + ".tmp", path)
-    print(f"{stage}: {verdict}", flush=True)
+    print(f"{stage}: {payload['verdict']}", flush=True)
     return payload
+
+
+def executor_kwargs(replay: str | None) -> dict:
+    """``{"replay": replay}`` when the Executor takes a ``replay`` argument (the replay feature:
+    "off" | "tape" | "graph") and a mode was asked for, {} otherwise: the stages run with or
+    without it and record which mode ran (``replay_of``)."""
+    if replay is None or not executor_has_replay():
+        return {}
+    return {"replay": replay}
+
+
+def executor_has_replay() -> bool:
+    import inspect
+
+    from neuron.executor import Executor
+    return "replay" in inspect.signature(Executor.__init__).parameters
+
+
+def replay_of(executor) -> str:
+    """The replay mode an executor actually ran: its own record when it keeps one (``replay``
+    or ``replay_mode`` attribute), "off" for an Executor without the feature (the stages also
+    record ``executor_has_replay()`` beside it)."""
+    if not executor_has_replay():
+        return "off"
+    for attr in ("replay_mode", "replay"):
+        v = getattr(executor, attr, None)
+        if isinstance(v, str):
+            return v
+    return "unknown (Executor took replay= but exposes no mode)"
 
 
 def _jsonable(o):

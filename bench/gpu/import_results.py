@@ -1,6 +1,6 @@
-"""Import the outputs of bench/gpu_contact.sh into bench/results/.
+"""Import the outputs of bench/gpu/contact.sh into bench/results/.
 
-    python bench/import_gpu_results.py SRC... [--results DIR]
+    python -m bench.gpu.import_results SRC... [--results DIR]
 
 Each SRC is a folder the kit wrote (or that a device run's files were fetched into) holding
 ``contact-*.tar.gz`` and/or the stage files themselves, or a tarball. For every stage found (the
@@ -10,16 +10,26 @@ latest by date when several runs have it):
 * ``bench/results/gpu_contact.json`` is written with the readers' contract::
 
       {"device", "date", "commit", "tests": {passed, failed, skipped, errors},
-       "models": {name: {loss_rel_err, param_max_rel_err}}, "stages": {stage: verdict...}}
+       "models": {name: {loss_rel_err, param_max_rel_err, update_max_rel_err, ok}},
+       "stages": {stage: {ran, target_met, ok, verdict, date, commit, device, command}}}
 
-* ``bench/results/throughput.json`` with one ``neuron_over_pytorch`` per configuration
-  (``model:batch:precision``), and ``gpu_contact.md`` / ``throughput.md`` tables;
-* a ``simulator`` stage (bench/gpu_simulator.py) becomes the "gpu" list of
+  ``ok`` (kept for older readers) is ``ran and target_met is not False``. The stages imported
+  replace theirs; the file's other stages (an earlier command's) are kept;
+* ``bench/results/throughput.json``: ``configs[model:batch:precision]`` with
+  ``neuron_over_pytorch`` (the fastest replay mode that ran), per mode, and the target;
+  ``gpu_contact.md`` / ``throughput.md`` tables;
+* the ``deepest`` and ``deepest_offload`` stages (bench/gpu/deepest_run.py) add their rows to
+  ``bench/results/deepest_gpu.json``: ``runs: [{device, date, commit, depth, batch,
+  budget_bytes, offload_params, compress, replay, seconds_per_iter, tensor_peak_bytes,
+  planned_tensor_peak_bytes}]`` and ``pytorch: [{mode, depth, seconds_per_iter}]`` (issue 36);
+* the ``pressure`` stage becomes ``bench/results/pressure.json``: ``device, date, commit`` and
+  ``configs: {"<model>:<batch>": {unbudgeted_s, pytorch_checkpoint: {batch, img_per_s}, runs:
+  {NAME: {seconds_per_iter, overhead, img_per_s, hidden_copy_fraction, moved_bytes,
+  planned_moved_bytes}}}}`` (issue 37; other models' configs already there are kept);
+* a ``simulator`` stage (bench/gpu/simulator.py) becomes the "gpu" list of
   ``bench/results/simulator_error.{json,md}`` with its provenance (the "cpu" list is kept), and
   its profiles ``profile_<model>_b<batch>_<side>_<device>.json`` are copied into bench/results/;
-  a run of that stage alone (its own command) updates gpu_contact.json's ``stages.simulator``
-  and keeps the rest of the file (the earlier commands' results);
-* an ``nccl`` stage (bench/gpu_nccl.py) becomes ``bench/results/data_parallel_gpu.{json,md}``:
+* an ``nccl`` stage (bench/gpu/nccl.py) becomes ``bench/results/data_parallel_gpu.{json,md}``:
   bench/data_parallel.py's payload and table for the one-GPU NCCL path, with the probe;
 * ``bench/readme_tables.py`` (the README's tables from bench/results/*.json) is run if present.
 
@@ -36,11 +46,9 @@ import sys
 import tarfile
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ("env", "install", "tests", "models", "throughput", "pressure", "pool", "confirm",
-          "simulator", "nccl")
-#: stages that are a command of their own: importing one alone keeps gpu_contact.json's others
-STANDALONE = {"simulator", "nccl"}
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STAGES = ("env", "install", "tests", "models", "throughput", "deepest", "replay_tests",
+          "codec_tests", "pressure", "deepest_offload", "nccl", "simulator", "pool", "confirm")
 
 
 def collect(sources) -> dict[str, dict]:
@@ -57,7 +65,7 @@ def collect(sources) -> dict[str, dict]:
                 if name.endswith(".tar.gz"):
                     dirs.append(_untar(os.path.join(src, name)))
         else:
-            raise SystemExit(f"import_gpu_results: {src} is neither a folder nor a .tar.gz")
+            raise SystemExit(f"import_results: {src} is neither a folder nor a .tar.gz")
     for d in dirs:
         for stage in STAGES:
             path = os.path.join(d, f"{stage}.json")
@@ -95,11 +103,11 @@ def _untar(path) -> str:
 def contact_summary(found: dict) -> dict:
     """The contract of bench/results/gpu_contact.json."""
     if not found:
-        raise SystemExit("import_gpu_results: no stage results found")
+        raise SystemExit("import_results: no stage results found")
     first = found.get("tests") or found.get("env") or next(iter(found.values()))
     meta = first["json"]
     out = {"device": meta.get("device"), "date": meta.get("date"), "commit": meta.get("commit"),
-           "command": "bench/import_gpu_results.py <outputs of bash bench/gpu_contact.sh OUT "
+           "command": "bench/gpu/import_results.py <outputs of bash bench/gpu/contact.sh OUT "
                       + " ".join(s for s in STAGES if s in found) + ">",
            "tests": None, "models": {}, "stages": {}}
     t = found.get("tests", {}).get("json", {}).get("tests")
@@ -114,7 +122,11 @@ def contact_summary(found: dict) -> dict:
                                                      else {})}
     for stage, rec in found.items():
         j = rec["json"]
-        out["stages"][stage] = {"ok": j.get("ok"), "verdict": j.get("verdict"),
+        ran = j.get("ran", j.get("ok"))         # a run of the kit before ran/target_met: its ok
+        met = j.get("target_met")
+        out["stages"][stage] = {"ran": ran, "target_met": met,
+                                "ok": bool(ran) and met is not False,
+                                "verdict": j.get("verdict"),
                                 "date": j.get("date"), "commit": j.get("commit"),
                                 "device": j.get("device"), "command": j.get("command")}
     return out
@@ -128,14 +140,79 @@ def throughput_summary(found: dict) -> dict | None:
     configs = {}
     for r in j.get("rows", []):
         key = f"{r.get('model')}:{r.get('batch')}:{r.get('precision')}"
+        neuron = r.get("neuron") or {}
+        if "img_per_s" in neuron or "error" in neuron:      # a row before the replay modes
+            neuron = {"off": neuron}
+        best = r.get("neuron_mode") or ("off" if "off" in neuron else None)
+        errors = {f"neuron {m}": v["error"] for m, v in neuron.items() if v.get("error")}
+        if (r.get("pytorch") or {}).get("error"):
+            errors["pytorch"] = r["pytorch"]["error"]
         configs[key] = {"neuron_over_pytorch": r.get("neuron_over_pytorch"),
-                        "neuron_img_per_s": (r.get("neuron") or {}).get("img_per_s"),
+                        "neuron_mode": best,
+                        "neuron_over_pytorch_by_mode": r.get("neuron_over_pytorch_by_mode"),
+                        "neuron_img_per_s": (neuron.get(best) or {}).get("img_per_s"),
+                        "neuron_img_per_s_by_mode": {m: v.get("img_per_s")
+                                                     for m, v in neuron.items()},
+                        "replay_by_mode": {m: v.get("replay") for m, v in neuron.items()},
                         "pytorch_img_per_s": (r.get("pytorch") or {}).get("img_per_s"),
-                        "memory_bytes": r.get("memory_bytes"),
-                        "errors": {s: (r.get(s) or {}).get("error") for s in ("neuron", "pytorch")
-                                   if (r.get(s) or {}).get("error")} or None}
+                        "target": r.get("target"), "target_met": r.get("target_met"),
+                        "memory_bytes": r.get("memory_bytes"), "errors": errors or None}
     return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
             "command": j.get("command"), "protocol": j.get("protocol"), "configs": configs}
+
+
+DEEPEST_ROW = ("device", "date", "commit", "depth", "batch", "budget_bytes", "offload_params",
+               "compress", "replay", "seconds_per_iter", "tensor_peak_bytes",
+               "planned_tensor_peak_bytes")
+
+
+def deepest_summary(found: dict, old: dict | None) -> dict | None:
+    """The deepest stages' rows added to deepest_gpu.json's (a row of the same device, date and
+    configuration replaces its copy: importing twice changes nothing)."""
+    recs = [found[s] for s in ("deepest", "deepest_offload") if s in found]
+    if not recs:
+        return None
+    out = {"runs": list((old or {}).get("runs", [])), "pytorch": list((old or {}).get("pytorch",
+                                                                                     []))}
+
+    def put(lst, row, key):
+        lst[:] = [r for r in lst if tuple(r.get(k) for k in key) != tuple(row.get(k)
+                                                                             for k in key)]
+        lst.append(row)
+
+    for rec in recs:
+        j = rec["json"]
+        for r in j.get("runs", []):
+            row = {k: r.get(k) for k in DEEPEST_ROW}
+            row["commit"] = j.get("commit") or row["commit"]
+            row.update(fits=r.get("fits"), error=r.get("error"), stage=j.get("stage"),
+                       command=j.get("command"), verdict=j.get("verdict"))
+            put(out["runs"], row, ("device", "date", "depth", "offload_params", "compress",
+                                   "replay"))
+        for p in j.get("pytorch", []):
+            row = {"mode": p.get("mode"), "depth": p.get("depth"),
+                   "seconds_per_iter": p.get("seconds_per_iter"), "device": j.get("device"),
+                   "date": j.get("date"), "commit": j.get("commit"), "batch": (j.get("runs") or
+                                                                             [{}])[0].get("batch"),
+                   "budget_bytes": j.get("budget_bytes"), "error": p.get("error")}
+            put(out["pytorch"], row, ("device", "date", "mode", "depth"))
+    return out
+
+
+def pressure_summary(found: dict, old: dict | None) -> dict | None:
+    """The pressure stage's configs, over pressure.json's (other models' configs kept)."""
+    rec = found.get("pressure")
+    if rec is None or not rec["json"].get("configs"):
+        return None
+    j = rec["json"]
+    configs = dict((old or {}).get("configs", {}))
+    for key, c in j["configs"].items():
+        configs[key] = {**c, "device": j.get("device"), "date": j.get("date"),
+                        "commit": j.get("commit"), "budget_bytes": j.get("budget_bytes"),
+                        "torch_eager": j.get("torch_eager"), "targets": j.get("targets"),
+                        "verdict": j.get("verdict")}
+    return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
+            "command": j.get("command"), "configs": configs}
 
 
 def import_simulator(found: dict, results: str, commit: str | None = None) -> dict | None:
@@ -148,13 +225,12 @@ def import_simulator(found: dict, results: str, commit: str | None = None) -> di
     j = rec["json"]
     rows = j.get("rows") or []
     if not rows:
-        print(f"import_gpu_results: the simulator stage has no rows ({j.get('verdict')}); "
+        print(f"import_results: the simulator stage has no rows ({j.get('verdict')}); "
               "simulator_error.json left as it was", file=sys.stderr)
         return None
-    bench = os.path.join(ROOT, "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import simulator_error as SE
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench import simulator_error as SE
     prov = dict(j.get("provenance") or {})
     prov.setdefault("device", j.get("device"))
     if commit:
@@ -180,9 +256,9 @@ def import_nccl(found: dict, results: str) -> dict | None:
     """The nccl stage's measurement -> ``results/data_parallel_gpu.{json,md}`` (None: no such
     stage, or a failed one: nothing is written)."""
     rec = found.get("nccl")
-    if rec is None or not rec["json"].get("ok"):
+    if rec is None or not rec["json"].get("ran", rec["json"].get("ok")):
         if rec is not None:
-            print(f"import_gpu_results: the nccl stage failed ({rec['json'].get('verdict')}); "
+            print(f"import_results: the nccl stage failed ({rec['json'].get('verdict')}); "
                   "data_parallel_gpu.json not written", file=sys.stderr)
         return None
     j = rec["json"]
@@ -203,12 +279,15 @@ def _fmt(x, spec=".2e"):
 
 def markdown_contact(s: dict) -> str:
     lines = [f"# GPU contact: {s['device']}", "",
-             f"date {s['date']}, commit {s['commit']}", "", "| stage | ok | verdict |",
-             "|---|---|---|"]
+             f"date {s['date']}, commit {s['commit']}", "",
+             "| stage | ran | target met | verdict | date |", "|---|---|---|---|---|"]
     for stage in STAGES:
         if stage in s["stages"]:
             v = s["stages"][stage]
-            lines.append(f"| {stage} | {'yes' if v['ok'] else 'NO'} | {v['verdict']} |")
+            ran = v.get("ran", v.get("ok"))
+            met = {True: "yes", False: "NO", None: "-"}[v.get("target_met")]
+            lines.append(f"| {stage} | {'yes' if ran else 'NO'} | {met} | {v['verdict']} | "
+                         f"{(v.get('date') or '')[:10]} |")
     if s["tests"]:
         t = s["tests"]
         lines += ["", f"GPU tests: {t['passed']} passed, {t['failed']} failed, "
@@ -225,12 +304,14 @@ def markdown_contact(s: dict) -> str:
 def markdown_throughput(t: dict) -> str:
     lines = [f"# Training throughput, neuron vs PyTorch: {t['device']}", "",
              f"date {t['date']}, commit {t['commit']}, {t.get('protocol')}", "",
-             "| configuration | neuron img/s | PyTorch img/s | neuron / PyTorch |",
-             "|---|---:|---:|---:|"]
+             "| configuration | neuron img/s (mode) | PyTorch img/s | neuron / PyTorch | target |",
+             "|---|---:|---:|---:|---|"]
     for k, c in t["configs"].items():
-        lines.append(f"| {k} | {_fmt(c['neuron_img_per_s'], '.1f')} | "
+        met = {True: "met", False: "NOT met", None: "-"}[c.get("target_met")]
+        lines.append(f"| {k} | {_fmt(c['neuron_img_per_s'], '.1f')} ({c.get('neuron_mode')}) | "
                      f"{_fmt(c['pytorch_img_per_s'], '.1f')} | "
-                     f"{_fmt(c['neuron_over_pytorch'], '.2f')} |")
+                     f"{_fmt(c['neuron_over_pytorch'], '.2f')} | "
+                     f">= {c.get('target')}: {met} |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,7 +333,7 @@ def main(argv=None) -> int:
             rec["json"]["commit"] = args.commit
     smoke = [s for s, r in found.items() if r["json"].get("smoke")]
     if smoke and not args.allow_smoke:
-        raise SystemExit(f"import_gpu_results: stages {smoke} are CPU smoke runs, not GPU "
+        raise SystemExit(f"import_results: stages {smoke} are CPU smoke runs, not GPU "
                          "results (pass --allow-smoke to import them anyway)")
     raw = os.path.join(args.results, "gpu_raw")
     os.makedirs(raw, exist_ok=True)
@@ -261,17 +342,28 @@ def main(argv=None) -> int:
             shutil.copy2(path, os.path.join(raw, os.path.basename(path)))
     contact = contact_summary(found)
     contact_path = os.path.join(args.results, "gpu_contact.json")
-    if set(found) <= STANDALONE and os.path.exists(contact_path):
-        # a command of its own: the earlier commands' results stay, this stage's entry is added
-        with open(contact_path) as f:
-            kept = json.load(f)
+    kept = _load(contact_path)
+    if kept:
+        # the stages imported replace theirs; an earlier command's stages (and its tests and
+        # models figures, unless those stages are imported now) stay
         kept.setdefault("stages", {}).update(contact["stages"])
+        for k in ("tests", "test_failures", "models"):
+            if k in contact and (contact[k] or k not in kept):
+                kept[k] = contact[k]
+        if found.keys() & {"tests", "env"}:
+            kept.update({k: contact[k] for k in ("device", "date", "commit", "command")})
         contact = kept
     _dump(contact_path, contact)
     with open(os.path.join(args.results, "gpu_contact.md"), "w") as f:
         f.write(markdown_contact(contact))
     import_simulator(found, args.results, args.commit)
     import_nccl(found, args.results)
+    deep = deepest_summary(found, _load(os.path.join(args.results, "deepest_gpu.json")))
+    if deep is not None:
+        _dump(os.path.join(args.results, "deepest_gpu.json"), deep)
+    pr = pressure_summary(found, _load(os.path.join(args.results, "pressure.json")))
+    if pr is not None:
+        _dump(os.path.join(args.results, "pressure.json"), pr)
     tp = throughput_summary(found)
     if tp is not None:
         _dump(os.path.join(args.results, "throughput.json"), tp)
@@ -284,6 +376,13 @@ def main(argv=None) -> int:
             print(f"bench/readme_tables.py exited {r.returncode}", file=sys.stderr)
     print(markdown_contact(contact))
     return 0
+
+
+def _load(path) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def _dump(path, obj) -> None:

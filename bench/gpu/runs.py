@@ -14,11 +14,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench.torch_models import build, segments_for  # noqa: E402
+from bench.gpu.torch_models import build, segments_for
 
 __all__ = ["build", "segments_for", "require_cuda", "host_memory_bytes", "gpu_total_bytes",
            "cap_torch", "free_gpu", "torch_run", "torch_search", "neuron_run", "versions",
@@ -231,12 +231,16 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                offload_params: bool = False, host_budget: int | None = None,
                recompute_strategy: str = "cost", tensor_cache: bool = True,
                iters: int = 3, warmup: int = 1, trace: bool = False, seed: int = 0,
-               device: str = "cuda", chunks: int = 1, planner: str | None = None) -> dict:
+               device: str = "cuda", chunks: int = 1, planner: str | None = None,
+               replay: str | None = None, allow_tf32: bool = False) -> dict:
     """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
     ``budget`` bytes (None: the planned peak). SGD momentum 0.9 at BENCH_LR. TF32 off,
     convolution algorithms by measurement
-    (as bench/throughput.py). Returns times, the pool's measured peak next to the planned one,
-    bytes moved, and optionally the per-step trace; {"fits": False, "error"} on failure.
+    (as bench/gpu/throughput.py). Returns times, the pool's measured peak next to the planned one,
+    bytes moved against the plan's, the replay mode that ran (``replay``: passed to the Executor
+    only where it takes the argument, bench.gpu.kit.executor_kwargs), and optionally the per-step
+    trace; {"fits": False, "error"} on failure. ``seconds_per_iter`` is the median of the timed
+    iterations, each ended by a device synchronization.
     device="cpu" runs the same code on the CPU (to test this script's logic without a GPU)."""
     import numpy as np
 
@@ -244,14 +248,15 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
     from neuron.executor import Executor
     if device == "cuda":
         from neuron.kernels import cuda as K
-        K.allow_tf32 = False
+        K.allow_tf32 = allow_tf32
         K.deterministic = False
         K.conv_algo_search = "find"
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
     y = rng.integers(0, graph.outputs[0].shape[0], batch).astype(np.int64)
+    from bench.gpu.kit import executor_kwargs, median, replay_of
     out: dict = {"batch": batch, "policy": policy, "offload_params": offload_params,
-                 "budget_bytes": budget, "planner": planner}
+                 "budget_bytes": budget, "planner": planner, "replay_requested": replay}
     ex = None
     try:
         t0 = time.perf_counter()
@@ -259,17 +264,19 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                       offload_params=offload_params, host_budget=host_budget,
                       recompute_strategy=recompute_strategy, tensor_cache=tensor_cache,
                       optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed, chunks=chunks,
-                      planner=planner)
+                      planner=planner, **executor_kwargs(replay))
         out["setup_seconds"] = round(time.perf_counter() - t0, 2)
         for _ in range(max(1, warmup)):
             ex.train_step(x, y)
         _sync(ex.device)
         before = ex.pool.counters()
-        t0 = time.perf_counter()
+        times = []
         for _ in range(iters):
+            t0 = time.perf_counter()
             loss = ex.train_step(x, y)
-        _sync(ex.device)
-        dt = (time.perf_counter() - t0) / max(iters, 1)
+            _sync(ex.device)
+            times.append(time.perf_counter() - t0)
+        dt = median(times) if times else None
         after = ex.pool.counters()
         moved = {k: (after[k] - before[k]) / max(iters, 1)
                  for k in ("offload_bytes", "prefetch_bytes") if k in after}
@@ -282,7 +289,14 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
         if ex.planned and any(per_iter[k] != plan_counts[k] for k in per_iter):
             planned_rows = ex.simulate(ex.device.arena_bytes, trace=True)["trace"]
             divergence = first_divergence(planned_rows, ex.last_trace)
+        planned_moved = (sum((ex.planned or {}).get(k) or 0 for k in ("offload_bytes",
+                                                                      "prefetch_bytes"))
+                         if ex.planned else None)
+        overlap = getattr(ex, "last_overlap", None)     # the executor's own copy/compute record
         out.update(fits=True, seconds_per_iter=dt if iters else None,
+                   iteration_seconds=times, replay=replay_of(ex),
+                   moved_bytes=sum(moved.values()), planned_moved_bytes=planned_moved,
+                   overlap=overlap if isinstance(overlap, dict) else None,
                    img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
                    else None, peak_bytes=ex.pool.high_water,
                    planned_peak_bytes=(ex.planned or {}).get("peak_bytes"),

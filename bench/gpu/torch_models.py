@@ -1,9 +1,9 @@
 """PyTorch counterparts of the bench models (the GPU measurement helpers the table scripts
-share are in gpu_runs.py).
+share are in bench/gpu/runs.py).
 
 Only ``torch`` is assumed (the GPU machine has no torchvision), so every network is written out
 here with the same architecture as ``neuron.models`` (same layers, shapes and parameter counts;
-``python bench/torch_models.py`` checks the counts against neuron's on the CPU):
+``python -m bench.gpu.torch_models`` checks the counts against neuron's on the CPU):
 
 * ``resnet --depth D`` (SuperNeurons Table 4: bottleneck (6, 32, n3, 6)), ``resnet50/101/152``:
   torchvision's Bottleneck v1.5 (stride on the 3x3), no torchvision needed;
@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

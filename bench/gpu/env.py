@@ -2,9 +2,9 @@
 
 nvidia-smi, the Python, NumPy, CuPy, cuDNN and PyTorch versions, where libcudnn.so.9 was loaded
 from, and ``check_headers()``: every enum, struct layout and prototype neuron hand-copied into its
-ctypes binding compared with the installed cuDNN headers. On the GPU the stage is ok when CuPy sees
-a GPU, cuDNN loads and the headers agree (or are missing, which is reported). With
-``--device cpu`` it records the same facts and is ok when it ran (there is no GPU to find).
+ctypes binding compared with the installed cuDNN headers. On the GPU its target is met when CuPy
+sees a GPU, cuDNN loads and the headers agree (or are missing, which is reported). With
+``--device cpu`` it records the same facts and judges nothing (there is no GPU to find).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402 (bench/ on sys.path)
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
 PACKAGES = ("numpy", "cupy-cuda13x", "nvidia-cudnn-cu13", "torch", "pybind11", "setuptools",
             "pytest")
@@ -85,14 +85,15 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         ok = bool(info["cuda_available"] and "cudnn_version" in info
                   and (not hc["ran"] or not hc["mismatches"]))
-        verdict = (f"{'OK' if ok else 'FAIL'}: {device_name('cuda')}, cuDNN "
+        verdict = (f"{device_name('cuda')}, cuDNN "
                    f"{info.get('cudnn_version', 'missing')}, CuPy {info.get('cupy', 'missing')}, "
                    f"torch {info['torch'].get('version', 'missing')}, {headers}")
     else:
-        ok = True
-        verdict = (f"OK (cpu): Python {info['python']}, GPU usable: {info['cuda_available']}, "
+        ok = None           # no GPU to find: nothing to judge
+        verdict = (f"cpu: Python {info['python']}, GPU usable: {info['cuda_available']}, "
                    f"cuDNN {'loaded' if 'cudnn_version' in info else 'not found'}, {headers}")
-    write_stage(args.out, "env", ok, verdict, device=device_name(args.device),
+    write_stage(args.out, "env", ran=True, target_met=ok, detail=verdict,
+                device=device_name(args.device),
                 smoke=args.smoke, env=info)
     return 0
 

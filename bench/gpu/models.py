@@ -1,36 +1,36 @@
 """Stage `models` of the GPU contact kit: one training step of every model family on the device
-under test and on the CPU reference, from the same weights and data.
+under test and on the CPU reference, both in float64, from the same weights and data.
 
 For each model: the CPU executor (NumPy kernels) and the device executor start from the same
-initial state (loaded, not re-drawn) and take one SGD step (momentum 0.9) on the same batch.
-Compared: the loss, and every parameter after the step.
+float64 state (loaded, not re-drawn) and take one SGD step (momentum 0.9) on the same batch.
+cuDNN computes convolution, BN, pooling and softmax in double for double tensors, and neuron's
+own CUDA kernels are templated on the dtype, so both sides compute the same function in the same
+precision and the tolerance can be tight. Compared, and gated, exactly as printed:
 
-* ``loss_rel_err`` = |loss_dev - loss_cpu| / |loss_cpu|;
-* ``param_max_rel_err`` = max over parameter tensors of ||p_dev - p_cpu|| / ||p_cpu|| after the
-  step (the contract's figure);
-* ``update_max_rel_err`` = the same on the step's change p1 - p0 (the gradient's error, not
-  diluted by the unchanged weights): the strict test.
+* ``loss_rel_err`` = |loss_dev - loss_cpu| / |loss_cpu|, at most LOSS_TOL;
+* ``update_max_rel_err`` = max over parameter tensors of ||d_dev - d_cpu|| / ||d_cpu||, where
+  d = p1 - p0 is the step's change (on the first step of momentum SGD, -lr x the gradient: the
+  gradient's error, not diluted by the unchanged weights), at most UPDATE_TOL.
 
-Pass/fail is against a float64 CPU step from the same state: each parameter's float32 update
-must be within 2e-2 of the float64 update, or at most 4x as far from it as the CPU's own
-float32 update (a badly conditioned gradient, seen on the H100 2026-11-23: the CPU's float32
-ResNet-50 update of layer1.1.bn2.bias is itself 2.7% from float64). The CPU-vs-device figures
-below stay in the results as the contract's numbers.
+``param_max_rel_err`` (the same on the parameters after the step) is kept in the results (the
+contract's figure); it is never larger than the update's error times ||d|| / ||p||, so the gate
+on the update covers it.
 
-Tolerances (float32, TF32 off): loss 1e-4, update 2e-2. Why: float32 rounds at 6e-8; cuDNN and
-NumPy sum the conv products in different orders (up to C*kh*kw = 4608 terms per output), which
-gives ~1e-6 relative per layer, and the error grows with depth (~100 layers) to ~1e-5 on the loss;
-1e-4 leaves a 10x margin. Gradients are worse conditioned: a BN layer's backward subtracts two
-nearly equal means over the batch, so a small parameter gradient (a late BN beta at batch 2)
-can lose 3 decimal digits; 2e-2 of the tensor's norm still catches every wrong kernel (a wrong
-stride, axis or scale gives errors of order 1).
+Tolerances (float64): loss 1e-10, update 1e-7. Why: float64 rounds at 1.1e-16; cuDNN and NumPy
+sum a convolution's products in different orders (up to C*kh*kw = 4608 terms), ~1e-15 relative
+per layer, growing with depth (~100 layers) to ~1e-13 on the loss. Gradients are worse
+conditioned: a BN layer's backward subtracts two nearly equal means, and in float32 the worst
+parameter gradients seen (Inception-v4 and ResNet-50 BN biases at batch 2, H100 2026-11-23) lost
+5-6 of float32's 7 digits, i.e. an amplification of ~3e6 of the rounding unit; in float64 that is
+~4e-10, so 1e-7 leaves a 250x margin while any wrong kernel (a wrong stride, axis, scale or a
+gradient a fraction of a percent off) gives errors of 1e-5 to 1.
 
 Dropout: the device draws its masks from a counter hash (neuron.kernels.cuda's
 ``dropout_mask_reference``); the CPU reference here uses the same hash, so both drop the same
 units.
 
-Then, with ``deterministic=True``: two steps of a small network under several memory policies on
-the device; the parameters must be bit-identical across policies.
+Then, with ``deterministic=True``: two float32 steps of a small network under several memory
+policies on the device; the parameters must be bit-identical across policies.
 """
 from __future__ import annotations
 
@@ -40,13 +40,11 @@ import types
 
 import numpy as np
 
-from gpu_kit import device_name, rel_err, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import all_met, device_name, rel_err, stage_parser, write_stage
 
-LOSS_TOL = 1e-4
-UPDATE_TOL = 2e-2
-#: a parameter's update passes when it is within UPDATE_TOL of the float64 update, or no more
-#: than this many times further from it than neuron's own float32 CPU update is
-ACCURACY_RATIO = 4.0
+LOSS_TOL = 1e-10
+UPDATE_TOL = 1e-7
+DTYPE = np.float64
 LR = 0.01
 
 #: (name, depth, batch, in_shape or None) per family; the full GPU run
@@ -97,25 +95,31 @@ def _executor(graph, batch, device, policy="liveness", budget=None, dtype=np.flo
 
 def _device_under_test(kind, graph, batch):
     if kind == "cpu":       # the smoke run: the reference's own device type, same plan size
-        ex = _executor(graph, batch, "virtual")
+        ex = _executor(graph, batch, "virtual", dtype=DTYPE)
         return reference_device(ex.simulate()["arena_bytes"])
     return kind
+
+
+def within_tolerance(loss_rel_err: float, update_max_rel_err: float) -> bool:
+    """The gate, on exactly the two figures the stage prints."""
+    return bool(np.isfinite(loss_rel_err) and np.isfinite(update_max_rel_err)
+                and loss_rel_err <= LOSS_TOL and update_max_rel_err <= UPDATE_TOL)
 
 
 def compare_one(name, depth, batch, in_shape, device) -> dict:
     from neuron.models import build_model
     graph = build_model(name, depth=depth, in_shape=in_shape)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(np.float32)
+    x = rng.standard_normal((batch, *graph.inputs[0].shape)).astype(DTYPE)
     y = rng.integers(0, graph.outputs[0].shape[0], batch).astype(np.int64)
     t0 = time.perf_counter()
-    plan = _executor(graph, batch, "virtual").simulate()
-    ref = _executor(graph, batch, reference_device(plan["arena_bytes"]))
+    plan = _executor(graph, batch, "virtual", dtype=DTYPE).simulate()
+    ref = _executor(graph, batch, reference_device(plan["arena_bytes"]), dtype=DTYPE)
     state0 = ref.state_dict()
     loss_ref = ref.train_step(x, y)
     p_ref = ref.parameters()
     t_ref = time.perf_counter() - t0
-    dut = _executor(graph, batch, _device_under_test(device, graph, batch))
+    dut = _executor(graph, batch, _device_under_test(device, graph, batch), dtype=DTYPE)
     try:
         dut.load_state_dict(state0)
         t0 = time.perf_counter()
@@ -125,31 +129,24 @@ def compare_one(name, depth, batch, in_shape, device) -> dict:
     finally:
         if hasattr(dut.device, "close"):
             dut.device.close()
-    # the float64 step: how far each float32 update is from the exact one
-    plan64 = _executor(graph, batch, "virtual", dtype=np.float64).simulate()
-    ex64 = _executor(graph, batch, reference_device(plan64["arena_bytes"]), dtype=np.float64)
-    ex64.load_state_dict({k: v.astype(np.float64) for k, v in state0.items()})
-    ex64.train_step(x, y)
-    p64 = ex64.parameters()
-    per_param, beyond = {}, []
+    per_param = {}
     for k, p1 in p_ref.items():
-        exact = p64[k] - state0[k]
-        e_dev, e_cpu = rel_err(p_dev[k] - state0[k], exact), rel_err(p1 - state0[k], exact)
+        if p_dev[k].dtype != DTYPE:
+            raise TypeError(f"{name}: parameter {k} came back as {p_dev[k].dtype}, not float64: "
+                            "the device did not run the step in double")
         per_param[k] = (rel_err(p_dev[k], p1), rel_err(p_dev[k] - state0[k], p1 - state0[k]))
-        if e_dev > UPDATE_TOL and e_dev > ACCURACY_RATIO * e_cpu:
-            beyond.append({"param": k, "device_vs_float64": e_dev, "cpu_vs_float64": e_cpu})
     worst_p = max(per_param, key=lambda k: per_param[k][0])
     worst_u = max(per_param, key=lambda k: per_param[k][1])
-    loss_err = abs(loss_dev - loss_ref) / max(abs(loss_ref), 1e-30)
+    loss_err = (abs(loss_dev - loss_ref) / max(abs(loss_ref), 1e-300)
+                if np.isfinite(loss_dev) else float("inf"))
     upd = per_param[worst_u][1]
-    ok = bool(np.isfinite(loss_dev) and loss_err <= LOSS_TOL and not beyond)
-    return {"depth": depth, "batch": batch, "in_shape": list(graph.inputs[0].shape),
+    return {"dtype": "float64", "depth": depth, "batch": batch,
+            "in_shape": list(graph.inputs[0].shape),
             "loss_cpu": float(loss_ref), "loss_device": float(loss_dev),
             "loss_rel_err": float(loss_err), "param_max_rel_err": per_param[worst_p][0],
             "worst_param": worst_p, "update_max_rel_err": upd, "worst_update": worst_u,
-            "params": len(per_param), "less_accurate_than_cpu": beyond[:10], "ok": ok,
-            "seconds_cpu": round(t_ref, 2),
-            "seconds_device": round(t_dev, 2)}
+            "params": len(per_param), "ok": within_tolerance(loss_err, upd),
+            "seconds_cpu": round(t_ref, 2), "seconds_device": round(t_dev, 2)}
 
 
 def deterministic_across_policies(device, smoke) -> dict:
@@ -193,38 +190,54 @@ def deterministic_across_policies(device, smoke) -> dict:
         if K is not None:
             K.deterministic = saved
     ok = all(r.get("bit_identical_to_first") for r in results.values())
-    return {"model": f"resnet_cifar-{depth}", "batch": batch, "policies": results, "ok": ok}
+    return {"dtype": "float32", "model": f"resnet_cifar-{depth}", "batch": batch,
+            "policies": results, "ok": ok}
 
 
 def main(argv=None) -> int:
     args = stage_parser(__doc__).parse_args(argv)
     cases = SMOKE if args.smoke else FULL
-    models, failed = {}, []
+    models, crashed = {}, []
     for name, depth, batch, shape in cases:
         try:
             models[name] = compare_one(name, depth, batch, shape, args.device)
         except Exception as e:              # noqa: BLE001 (keep going: the next model may work)
-            models[name] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:500]}",
-                            "loss_rel_err": None, "param_max_rel_err": None}
+            models[name] = {"ok": None, "error": f"{type(e).__name__}: {str(e)[:500]}",
+                            "loss_rel_err": None, "param_max_rel_err": None,
+                            "update_max_rel_err": None}
+            crashed.append(name)
         r = models[name]
         print(f"  {name}: loss_rel_err {r.get('loss_rel_err')}, update_max_rel_err "
               f"{r.get('update_max_rel_err')} ({r.get('worst_update', r.get('error', ''))})",
               flush=True)
-        if not r["ok"]:
-            failed.append(name)
     try:
         det = deterministic_across_policies(args.device, args.smoke)
     except Exception as e:                  # noqa: BLE001
-        det = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}
-    ok = not failed and det["ok"]
-    verdict = (f"{'OK' if ok else 'FAIL'}: {len(models) - len(failed)}/{len(models)} models "
-               f"within tolerance (loss {LOSS_TOL:g}, update {UPDATE_TOL:g})"
-               + (f", failing: {', '.join(failed)}" if failed else "")
-               + f"; deterministic across policies: {'yes' if det['ok'] else 'NO'}")
-    write_stage(args.out, "models", ok, verdict, device=device_name(args.device),
-                smoke=args.smoke, tolerance={"loss_rel_err": LOSS_TOL,
-                                             "update_max_rel_err": UPDATE_TOL},
-                models=models, deterministic=det)
+        det = {"ok": None, "error": f"{type(e).__name__}: {str(e)[:500]}"}
+    measured = {k: m for k, m in models.items() if "error" not in m}
+    ran = not crashed and "error" not in det
+    target_met = all_met([m["ok"] for m in measured.values()] + [det.get("ok")])
+    outside = [k for k, m in measured.items() if not m["ok"]]
+    if measured:
+        wl = max(measured, key=lambda k: measured[k]["loss_rel_err"])
+        wu = max(measured, key=lambda k: measured[k]["update_max_rel_err"])
+        detail = (f"{len(measured) - len(outside)}/{len(cases)} models within tolerance, "
+                  f"float64 device vs float64 CPU: max loss_rel_err "
+                  f"{measured[wl]['loss_rel_err']:.2e} ({wl}; tolerance {LOSS_TOL:g}), max "
+                  f"update_max_rel_err {measured[wu]['update_max_rel_err']:.2e} ({wu} "
+                  f"{measured[wu]['worst_update']}; tolerance {UPDATE_TOL:g})")
+    else:
+        detail = f"0/{len(cases)} models compared"
+    if outside:
+        detail += f"; outside: {', '.join(outside)}"
+    if crashed:
+        detail += f"; crashed: {', '.join(crashed)}"
+    detail += ("; deterministic across policies: "
+               + {True: "yes", False: "NO", None: "not run"}[det.get("ok")])
+    write_stage(args.out, "models", ran=ran, target_met=target_met, detail=detail,
+                device=device_name(args.device), smoke=args.smoke,
+                tolerance={"loss_rel_err": LOSS_TOL, "update_max_rel_err": UPDATE_TOL},
+                dtype="float64", models=models, deterministic=det)
     return 0
 
 

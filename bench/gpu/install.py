@@ -3,7 +3,7 @@
 The GPU machine has no network, but it has the build tools (setuptools, pybind11, g++), so the
 heap extension is compiled there, in place, and stays in the working tree for later commands on
 the same machine (the kit rebuilds it first if a later command lands on a fresh one). The stage
-is ok when ``neuron.memory._heap`` imports afterwards and ``import neuron`` did not pull in CuPy.
+ran when ``neuron.memory._heap`` imports afterwards and ``import neuron`` did not pull in CuPy.
 ``--smoke`` skips pip (CI must not reinstall the package under test) and only checks the import.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from gpu_kit import ROOT, device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import ROOT, device_name, stage_parser, write_stage
 
 CHECK = ("import sys, neuron, neuron.memory._heap as h, neuron.kernels.cuda; "
          "assert 'cupy' not in sys.modules, 'import neuron pulled in cupy'; print(h.__file__)")
@@ -41,11 +41,13 @@ def main(argv=None) -> int:
         check = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, capture_output=True,
                                text=True)
     ok = check.returncode == 0
-    verdict = (f"OK: extension at {check.stdout.strip()}" if ok else
-               f"FAIL: {check.stderr.strip().splitlines()[-1] if check.stderr.strip() else '?'}")
+    why = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
+    verdict = (f"extension at {check.stdout.strip()}" if ok else
+               f"the extension does not import: {why}")
     if args.smoke:
         verdict += " (smoke: pip skipped)"
-    write_stage(args.out, "install", ok, verdict, device=device_name(args.device),
+    write_stage(args.out, "install", ran=ok, target_met=None, detail=verdict,
+                device=device_name(args.device),
                 smoke=args.smoke, steps=steps, python=sys.executable)
     return 0
 

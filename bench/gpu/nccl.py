@@ -9,11 +9,12 @@ buckets overlapping backward) and the same with a blocking all-reduce per layer,
 Without mpiexec the one rank starts directly and NCCL bootstraps without MPI
 (``make_comm("nccl", bootstrap="local")``).
 
-Writes ``<out>/nccl.json`` (gpu_kit's contract plus ``probe``, ``result``: data_parallel's
-payload, and ``markdown``). ``ok`` means the three runs finished; the verdict gives the overhead
-of the data-parallel path at world size 1 and overlap against blocking.
+Writes ``<out>/nccl.json`` (the kit's contract plus ``probe``, ``result``: data_parallel's
+payload, and ``markdown``). ``ran`` means the three runs finished (no target is judged); the
+verdict gives the overhead of the data-parallel path at world size 1 and overlap against
+blocking.
 
-    bash bench/gpu_contact.sh $OUT nccl            # on the GPU machine (limit 240 s)
+    bash bench/gpu/contact.sh $OUT nccl            # on the GPU machine (limit 100 s)
 
 ``--smoke`` / ``--device cpu`` (CPU tests): MPI instead of NCCL, resnet_cifar depth 8 at batch
 4, one repeat of 2 iterations.
@@ -23,9 +24,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
-import data_parallel as DP  # noqa: E402  (bench/ is on sys.path: gpu_kit's directory)
+from bench import data_parallel as DP
 
 PROBES = {
     "mpi4py": "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])",
@@ -69,7 +70,8 @@ def main(argv=None) -> int:
     try:
         payload, md = DP.measure(DP.parse_args(dp_argv))
     except SystemExit as e:         # data_parallel's own failure report (a rank's stderr)
-        write_stage(args.out, "nccl", False, f"FAIL: {str(e)[:300]}", device=args.device,
+        write_stage(args.out, "nccl", ran=False, target_met=None, detail=str(e)[:300],
+                    device=args.device,
                     smoke=smoke, **fields)
         return 1
     over = payload["dp_path_overhead"]
@@ -79,7 +81,8 @@ def main(argv=None) -> int:
                f"{1e3 * dp1['seconds_per_iter']:.1f} vs blocking "
                f"{1e3 * blocking['seconds_per_iter']:.1f} ms/iter; "
                f"launcher {'mpiexec' if found['mpiexec'] else 'direct'}")
-    write_stage(args.out, "nccl", True, verdict, device=args.device, smoke=smoke,
+    write_stage(args.out, "nccl", ran=True, target_met=None, detail=verdict, device=args.device,
+                smoke=smoke,
                 device_name=device_name(args.device), result=payload, markdown=md, **fields)
     return 0
 

@@ -8,14 +8,14 @@ round-robin with the profiling rounds, and compare each measured iteration with 
 the simulated clock. Each row also has ``simulated_serial_s`` / ``serial_rel_error``: the older
 serial model (every step between two synchronizations) on the same profile.
 
-Writes ``<out>/simulator.json`` (gpu_kit's contract plus ``rows``, ``provenance``, ``profiles``,
-``errors``, ``target``, ``max_abs_rel_error``, ``max_abs_serial_rel_error``, ``target_met``) and
+Writes ``<out>/simulator.json`` (the kit's contract plus ``rows``, ``provenance``, ``profiles``,
+``errors``, ``target``, ``max_abs_rel_error``, ``max_abs_serial_rel_error``) and
 the profiles beside it as ``<out>/profile_<model>_b<batch>_<side>_<device>.json``;
-bench/import_gpu_results.py turns them into bench/results/simulator_error.{json,md} (the "gpu"
-list) and bench/results/profile_*.json. ``ok`` means every model was measured; whether the error
-is within the target (5% on a GPU, 10% on the CPU) is in the verdict and ``target_met``.
+bench/gpu/import_results.py turns them into bench/results/simulator_error.{json,md} (the "gpu"
+list) and bench/results/profile_*.json. ``ran`` means every model was measured; ``target_met``
+whether the error is within the target (5% on a GPU, 10% on the CPU).
 
-    bash bench/gpu_contact.sh $OUT simulator       # on the GPU machine (limit 300 s)
+    bash bench/gpu/contact.sh $OUT simulator       # on the GPU machine (limit 150 s)
 
 ``--smoke`` (CPU tests): ResNet-20's little sibling (resnet_cifar depth 8) at 16x16, batch 2,
 one round, in seconds.
@@ -26,9 +26,9 @@ import os
 import sys
 import time
 
-from gpu_kit import device_name, stage_parser, write_stage  # noqa: E402
+from bench.gpu.kit import device_name, stage_parser, write_stage
 
-import simulator_error as SE  # noqa: E402  (bench/ is on sys.path: gpu_kit's directory)
+from bench import simulator_error as SE
 
 #: --smoke: (name, batch, side, build_model kwargs)
 SMOKE = [("resnet_cifar", 2, 16, {"depth": 8})]
@@ -36,11 +36,11 @@ TARGET = {"cuda": 0.05, "cpu": 0.10}
 
 
 def verdict_of(rows, errors, target: float) -> tuple[bool, str, dict]:
-    """(ok, verdict line, summary fields) of a run's rows."""
+    """(ran, detail line, summary fields with ``target_met``) of a run's rows."""
     if not rows:
         why = "; ".join(f"{e['model']}: {e['error']}" for e in errors)[:300]
-        return False, f"FAIL: no model measured ({why or 'no models'})", {
-            "max_abs_rel_error": None, "max_abs_serial_rel_error": None, "target_met": False}
+        return False, f"no model measured ({why or 'no models'})", {
+            "max_abs_rel_error": None, "max_abs_serial_rel_error": None, "target_met": None}
     worst = max(abs(r["rel_error"]) for r in rows)
     serial = [abs(r["serial_rel_error"]) for r in rows if r.get("serial_rel_error") is not None]
     worst_serial = max(serial) if serial else None
@@ -78,9 +78,12 @@ def main(argv=None) -> int:
     rows, prov = SE.measure(models, repeat, args.device, args.out, clock="cpu",
                             deadline=t0 + args.deadline, errors=errors)
     target = TARGET[args.device]
-    ok, verdict, summary = verdict_of(rows, errors, target)
+    ran, detail, summary = verdict_of(rows, errors, target)
     profiles = sorted({r["profile"] for r in rows})
-    write_stage(args.out, "simulator", ok, verdict, device=device_name(args.device),
+    summary = dict(summary)
+    met = summary.pop("target_met")
+    write_stage(args.out, "simulator", ran=ran, target_met=met, detail=detail,
+                device=device_name(args.device),
                 smoke=args.smoke, rows=rows, provenance=prov, profiles=profiles, errors=errors,
                 target=target, repeat=repeat,
                 models=[f"{m[0]} b{m[1]} {m[2]}x{m[2]}" for m in models],
