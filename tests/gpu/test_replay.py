@@ -1,0 +1,76 @@
+"""GPU: the tape and the CUDA graph replay the planned iteration with the bits of eager
+execution (tests/test_tape.py and tests/test_cuda_graph.py check the same on the CPU and the
+stand-ins; here CUDA's own stream capture runs), and a replayed iteration costs the host little.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _train(replay, steps=6, lr_schedule=False, **kw):
+    import neuron as nn
+    from neuron.executor import Executor
+    from neuron.models import build_model
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
+    rng = np.random.default_rng(0)
+    ex = Executor(g, 8, device="cuda", seed=1, replay=replay,
+                  optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), **kw)
+    losses = []
+    for i in range(steps):
+        if lr_schedule:
+            ex.optimizer.lr = 0.05 / (1 + i)
+        losses.append(ex.train_step(rng.standard_normal((8, 3, 16, 16)).astype(np.float32),
+                                    rng.integers(0, 10, 8)))
+    return losses, ex.state_dict(), ex
+
+
+@pytest.mark.parametrize("mode", ["tape", "graph"])
+@pytest.mark.parametrize("kw", [{}, {"lr_schedule": True}, {"chunks": 2}],
+                         ids=["plain", "lr_schedule", "chunks"])
+def test_replay_gives_the_bits_of_eager_execution_on_the_gpu(mode, kw):
+    l_off, s_off, _ = _train("off", **kw)
+    l_rep, s_rep, ex = _train(mode, **kw)
+    assert l_rep == l_off
+    assert all(s_off[k].tobytes() == s_rep[k].tobytes() for k in s_off)
+    r = ex.replay
+    assert r["eager_because"] is None and r["tape_because"] is None, r
+    assert r["ran"] == mode and r["replayed_iterations"] >= 3, r
+
+
+def test_replay_under_a_budget_moves_what_eager_moves():
+    from neuron.models import build_model
+    from neuron.plan import plan
+    g = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
+    budget = int(plan(g, 8, policy="liveness", search_min=False)["peak_bytes"] * 0.5)
+    kw = {"planner": "superneurons", "offload_params": True, "budget": budget}
+    l_off, s_off, off = _train("off", **kw)
+    l_rep, s_rep, ex = _train("graph", **kw)
+    assert l_rep == l_off
+    assert all(s_off[k].tobytes() == s_rep[k].tobytes() for k in s_off)
+    assert ex.pool.counters() == off.pool.counters()
+    assert ex.replay["eager_because"] is None, ex.replay
+
+
+def test_host_time_of_a_replayed_iteration():
+    """Prints the host's time per iteration for each mode (the kit gates the 1 ms target on
+    ResNet-50; this only checks that graph replay costs the host less than eager)."""
+    import cupy as cp
+    host = {}
+    for mode in ("off", "tape", "graph"):
+        _, _, ex = _train(mode, steps=4)
+        x = np.zeros((8, 3, 16, 16), np.float32)
+        y = np.zeros(8, np.int64)
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            ex.train_step(x, y)
+            times.append(time.perf_counter() - t0)
+        host[mode] = min(times)
+    print({k: f"{v * 1e3:.2f} ms" for k, v in host.items()})
+    assert host["graph"] < host["off"]
