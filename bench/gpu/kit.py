@@ -116,10 +116,10 @@ def replay_of(executor) -> str:
     record ``executor_has_replay()`` beside it)."""
     if not executor_has_replay():
         return "off"
-    for attr in ("replay_mode", "replay"):
-        v = getattr(executor, attr, None)
-        if isinstance(v, str):
-            return v
+    r = getattr(executor, "replay", None)       # {"ran": off|tape|graph, ...}
+    if isinstance(r, dict) and "ran" in r:
+        why = r.get("eager_because") or r.get("tape_because")
+        return r["ran"] + (f" ({why})" if why else "")
     return "unknown (Executor took replay= but exposes no mode)"
 
 

@@ -324,7 +324,10 @@ def test_replay_argument_is_passed_only_where_the_executor_takes_it(monkeypatch)
     assert kit.executor_kwargs("graph") == ({"replay": "graph"} if real else {})
     monkeypatch.setattr(kit, "executor_has_replay", lambda: True)
     assert kit.executor_kwargs("tape") == {"replay": "tape"}
-    assert kit.replay_of(type("E", (), {"replay": "graph"})()) == "graph"
+    ran = {"ran": "tape", "eager_because": None, "tape_because": "no capture"}
+    assert kit.replay_of(type("E", (), {"replay": ran})()) == "tape (no capture)"
+    ran.update(ran="graph", tape_because=None)
+    assert kit.replay_of(type("E", (), {"replay": ran})()) == "graph"
     monkeypatch.setattr(kit, "executor_has_replay", lambda: False)
     assert kit.executor_kwargs("graph") == {} and kit.replay_of(object()) == "off"
 
