@@ -14,6 +14,15 @@ from neuron.plan import plan
 from stream_model import StreamModelDevice
 
 
+def pending(pool) -> set:
+    """Copies no one has waited for yet that are still fenced: the next tenant of a free block
+    waits for the copies out of it, a copy back from the host for the one that sent it."""
+    out = {id(e) for e in pool.outbound.values()}
+    if pool.fences is not None:
+        out.update(id(e) for _, _, evs in pool.fences._free.values() for e in evs)
+    return out
+
+
 def chain():
     x = nn.Input((2, 16, 16), name="data")
     h = nn.Conv2d(8, 1, bias=False, name="stem")(x)
@@ -50,7 +59,7 @@ def test_late_copies_train_like_synchronous_ones():
     dev = ex.device
     c = ex.pool.counters()
     assert c["prefetches"] > 0 and c["offloads"] > 0
-    assert dev.events and all(ev.waited for ev in dev.events)   # no kernel raced a copy
+    assert dev.events and all(ev.waited for ev in dev.events if id(ev) not in pending(ex.pool))
     assert not ex.pool.inflight                 # every prefetch was consumed or settled
     assert len(ex.pool.deferred) < c["prefetches"]      # buffers came back for reuse
 
@@ -107,7 +116,8 @@ def test_compressed_swaps_on_a_codec_stream_train_like_synchronous_ones(planner,
         assert not pool.staged and not pool.inflight and not pool.draining
         assert pool.used_bytes == sum(pool.heap.round(t.nbytes) for t in pool.live.values())
         assert pool.high_water == ex.planned["peak_bytes"]        # staging in the plan
-    assert late.device.events and all(ev.waited for ev in late.device.events)  # no race
+    assert late.device.events and all(ev.waited for ev in late.device.events
+                                      if id(ev) not in pending(late.pool))      # no race
 
 
 def test_the_stream_model_shows_host_reads_and_writes_that_do_not_wait():
