@@ -228,6 +228,8 @@ class Pool:
         else:
             self.lru[t.id] = t
         self._account_tensor(t, 1)
+        if self.fences is not None:     # written, if at all, by the running step's kernels
+            self.fences.last_use[t.id] = self.fences.epoch
         return self.device.view(off, t.shape, t.dtype)
 
     def budget_error(self, t, step=None, nbytes: int | None = None):
