@@ -496,6 +496,12 @@ class CudaDevice(Device):
         return done
 
     # ---- overlap timing (memory/overlap.py): off unless a timeline is attached --------------
+    def timed_event(self):
+        return self._cp.cuda.Event()
+
+    def elapsed_ms(self, start, end) -> float:
+        return float(self._cp.cuda.get_elapsed_time(start, end))
+
     #: a memory.overlap.Timeline collecting each copy's and each step's CUDA-event interval
     timeline = None
 

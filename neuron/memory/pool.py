@@ -14,6 +14,7 @@ copy stream.
 from __future__ import annotations
 
 import enum
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -90,6 +91,12 @@ class Pool:
         # tensors on the host whose copy out of the arena may be in flight: id -> its event
         # (a copy back waits for it: the copy streams of the two directions are not ordered)
         self.outbound: dict[int, object] = {}
+        # CUDA-event times of copies and steps (memory/overlap.py), where the device keeps them
+        self.overlap = None
+        if self.fences is not None and hasattr(device, "timeline") and \
+                os.environ.get("NEURON_OVERLAP", "1") != "0":
+            from .overlap import Timeline
+            self.overlap = device.timeline = Timeline(device)
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
             attach(self._h if self.fences is not None else self.heap)
@@ -294,9 +301,12 @@ class Pool:
         self.held.append(offset)
 
     def release_held(self) -> None:
+        """At the end of an iteration: the held raw regions go."""
         for off in self.held:
             self.free_bytes(off)
         self.held.clear()
+        if self.overlap is not None:
+            self.overlap.iteration_end()
 
     # ---- residency --------------------------------------------------------------------
     def view(self, t: TensorInfo):
@@ -321,6 +331,8 @@ class Pool:
     def unlock(self, ids) -> None:
         """The step that used ``ids`` has queued its kernels."""
         if self.fences is not None:
+            if self.overlap is not None:
+                self.overlap.step_end()
             f = self.fences
             f.step_end(ids)
             if f.filled:            # compute waited for these copies in this step
@@ -411,6 +423,8 @@ class Pool:
         if type(self).alloc is not Pool.alloc:
             for t in tensors:
                 self.alloc(t, step)
+            if self.overlap is not None:
+                self.overlap.step_start()
             return
         offset, host, live, lru, h = self.offset, self.host, self.live, self.lru, self._h
         b = self._block
@@ -430,6 +444,8 @@ class Pool:
             live[tid] = t
             lru[tid] = t
             self._account_tensor(t, 1)
+        if self.overlap is not None:    # the step's waits are issued: its kernels come next
+            self.overlap.step_start()
 
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru

@@ -70,6 +70,15 @@ class TrafficCheck:
         self.iterations += 1
         return diff is None
 
+    def wrap(self, step_fn):
+        """``step_fn`` (a training step) with the check around it."""
+        def step(*a, **k):
+            self.begin()
+            out = step_fn(*a, **k)
+            self.end()
+            return out
+        return step
+
     def report(self) -> dict:
         return {"planned": summary(self.planned), "ran": summary(self.last),
                 "iterations_checked": self.iterations, "mismatches": len(self.mismatches),
