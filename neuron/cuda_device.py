@@ -531,27 +531,29 @@ class CudaDevice(Device):
             self.timeline.add(kind, timing, done, nbytes)
 
     # ---- the FreeLunch codec on its own stream (memory/compressed_swap.py) ------------------
-    def encode(self, codec, src, dst, after=None):
-        """Encode ``src`` into ``dst`` (the staging block) on the codec stream, after the
-        compute queued so far (the producer) and ``after`` (the copy out of ``dst`` of the
-        last slice encoded into it); returns its event. ``src`` may be reused once it is
-        done, and the copy to the host waits for it (``offload(after=)``)."""
-        return self._on_codec_stream(codec.encode_into, src, dst, after)
+    def encode(self, codec, src, dst, after=None, fence=None):
+        """Encode ``src`` into ``dst`` (the staging block) on the codec stream, after
+        ``fence`` (the producer's kernel and the staging block's last users; None: all
+        compute queued so far) and ``after`` (the copy out of ``dst`` of the last slice
+        encoded into it); returns its event. ``src`` may be reused once it is done, and the
+        copy to the host waits for it (``offload(after=)``)."""
+        return self._on_codec_stream(codec.encode_into, src, dst, after, fence)
 
-    def decode(self, codec, src, dst, after=None):
-        """Decode ``src`` (the staging block) into ``dst`` on the codec stream, after the
-        compute queued so far (``dst``'s previous tenant) and ``after`` (the copy that filled
-        ``src``); returns its event, for the reader's kernel to wait on."""
-        return self._on_codec_stream(codec.decode, src, dst, after)
+    def decode(self, codec, src, dst, after=None, fence=None):
+        """Decode ``src`` (the staging block) into ``dst`` on the codec stream, after
+        ``fence`` (``dst``'s previous tenant; None: all compute queued so far) and ``after``
+        (the copy that filled ``src``); returns its event, for the reader's kernel to wait
+        on."""
+        return self._on_codec_stream(codec.decode, src, dst, after, fence)
 
-    def _on_codec_stream(self, fn, src, dst, after):
-        cp, s = self._cp, self.codec_stream
-        s.wait_event(self.compute_stream.record())
+    def _on_codec_stream(self, fn, src, dst, after, fence=None):
+        s = self.codec_stream
+        self._waits(s, fence)
         if after is not None:
             self._waits(s, after)
         with s:                         # the codec's kernels launch on the current stream
             fn(src, dst)
-        return s.record(cp.cuda.Event(disable_timing=True))
+        return s.record(self._copy_event(s, None))
 
     def compute_wait(self, event) -> None:
         """Make later compute work wait for ``event`` (device-side; the host does not block)."""

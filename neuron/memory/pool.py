@@ -629,9 +629,9 @@ class Pool:
         t, off, ev, staging, _ = entry
         if self.fences is not None:     # its next tenant waits for the copy (claim)
             evs = () if ev is None else (ev,)
-            if staging:                 # a compressed offload's (memory/compressed_swap.py)
-                self._account(_WS, -self._h.size_of(off))
-                self._h.free(off, None, evs)
+            if staging:                 # a compressed offload's (memory/compressed_swap.py):
+                self._account(_WS, -self._h.size_of(off))    # no kernel of compute used it
+                self._h.free(off, -1, evs)
             else:
                 self._account_tensor(t, -1)
                 self._h.free(off, self.fences.tensor_epoch(t.id), evs)

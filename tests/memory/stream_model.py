@@ -139,17 +139,15 @@ class StreamModelDevice(CpuDevice):
         self.wait(self._h2d(buf, view, int(nbytes)))
 
     # ---- the codec stream ------------------------------------------------------------------
-    def encode(self, codec, src, dst, after=None):
-        if after is not None:               # the codec stream waits for a copy out of dst
-            after.waited = True
+    def encode(self, codec, src, dst, after=None, fence=None):
+        deps = _copy_deps(after) + _copy_deps(fence)    # a copy out of dst, its last users
         codec.encode_into(src, dst)
-        return self._op("codec", [after])
+        return self._op("codec", deps)
 
-    def decode(self, codec, src, dst, after=None):
-        if after is not None:               # the codec stream waits for the copy that fills src
-            after.waited = True
+    def decode(self, codec, src, dst, after=None, fence=None):
+        deps = _copy_deps(after) + _copy_deps(fence)    # the copy that fills src, ...
         codec.decode(src, dst)
-        return self._op("codec", [after])
+        return self._op("codec", deps)
 
     # ---- waiting ---------------------------------------------------------------------------
     def compute_wait(self, ev):
@@ -171,3 +169,13 @@ class StreamModelDevice(CpuDevice):
         for q in self._queues.values():
             if q:
                 self._complete(q[-1])
+
+
+def pending(pool) -> set:
+    """Ids of the copies and codec work no one waited for yet that are still fenced: the next
+    tenant of a free block waits for what reads it, a copy back from the host for the copy
+    that sent the tensor there."""
+    out = {id(e) for e in pool.outbound.values()}
+    if pool.fences is not None:
+        out.update(id(e) for _, _, evs in pool.fences._free.values() for e in evs)
+    return out

@@ -11,16 +11,7 @@ import neuron as nn
 from neuron.devices import CpuDevice
 from neuron.executor import Executor
 from neuron.plan import plan
-from stream_model import StreamModelDevice
-
-
-def pending(pool) -> set:
-    """Copies no one has waited for yet that are still fenced: the next tenant of a free block
-    waits for the copies out of it, a copy back from the host for the one that sent it."""
-    out = {id(e) for e in pool.outbound.values()}
-    if pool.fences is not None:
-        out.update(id(e) for _, _, evs in pool.fences._free.values() for e in evs)
-    return out
+from stream_model import StreamModelDevice, pending
 
 
 def chain():

@@ -20,7 +20,8 @@ from planner_training import resnet8_budget  # noqa: E402
 def _run(S, cuda_kw, iters=2):
     """Train resnet_cifar 8 (8x8, batch 4) under 0.5 of its liveness peak on the stand-in
     CudaDevice with every stream logging; each step's kernels are one logged kernel touching
-    the blocks of the step's tensors, its workspace and the CuPy temporaries it took."""
+    the blocks of the step's tensors, its workspace and the CuPy temporaries it took; each
+    encode or decode is one on the codec stream touching its source and destination."""
     from neuron.cuda_device import CudaDevice
     from cuda_standins.stream_check import check
     graph, batch, budget = resnet8_budget(0.5, size=8, batch=4)
@@ -51,6 +52,14 @@ def _run(S, cuda_kw, iters=2):
                 ranges.append((ptr, ptr + pool.heap.round(ws.nbytes)))
             S.launch(step.name, ranges)
         ex._compute = logged
+        on_codec = dev._on_codec_stream
+
+        def codec_logged(fn, src, dst, after, fence=None):
+            def run(a, b):                  # on the codec stream: a kernel over both
+                fn(a, b)
+                S.launch("codec", [(v.data.ptr, v.data.ptr + v.nbytes) for v in (a, b)])
+            return on_codec(run, src, dst, after, fence)
+        dev._on_codec_stream = codec_logged
         rng = np.random.default_rng(0)
         for _ in range(iters):
             x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
@@ -62,7 +71,8 @@ def _run(S, cuda_kw, iters=2):
 
 
 RUNS = [{"policy": "superneurons"}, {"planner": "vdnn"}, {"planner": "capuchin"},
-        {"planner": "superneurons", "offload_params": True}]
+        {"planner": "superneurons", "offload_params": True}, {"planner": "vdnn:compress=2"},
+        {"planner": "superneurons:compress=4", "offload_params": True}]
 
 
 @pytest.mark.parametrize("kw", RUNS, ids=lambda kw: ",".join(f"{v}" for v in kw.values()))
