@@ -80,9 +80,14 @@ def against_free(run: dict, free: dict, bw) -> dict:
     """A budgeted run against the unbudgeted one: the share of its copies hidden and how much
     slower it is (both runs fitted)."""
     moved = run.get("moved_per_iter", {})
-    return {"hidden_copy_fraction": hidden_fraction(
+    measured = ((run.get("overlap") or {}).get("median") or {}).get("hidden_fraction")
+    # measured from CUDA events (memory/overlap.py) where the run has them; the clamped
+    # derivation only for runs that do not
+    return {"hidden_copy_fraction": measured if measured is not None else hidden_fraction(
                 run["seconds_per_iter"], free["seconds_per_iter"],
                 moved.get("offload_bytes", 0), moved.get("prefetch_bytes", 0), bw),
+            "hidden_copy_fraction_source": "cuda events" if measured is not None else
+            "derived (clamped)",
             "slowdown_vs_free": run["seconds_per_iter"] / free["seconds_per_iter"] - 1.0}
 
 

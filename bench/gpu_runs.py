@@ -265,9 +265,15 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
             ex.train_step(x, y)
         _sync(ex.device)
         before = ex.pool.counters()
+        timeline = getattr(ex.pool, "overlap", None)     # CUDA-event copy/compute times
+        if timeline is not None:
+            timeline.clear()
+        from neuron.memory.traffic import TrafficCheck
+        traffic = TrafficCheck(ex) if ex.planned else None   # moves against the plan's
+        step = traffic.wrap(ex.train_step) if traffic else ex.train_step
         t0 = time.perf_counter()
         for _ in range(iters):
-            loss = ex.train_step(x, y)
+            loss = step(x, y)
         _sync(ex.device)
         dt = (time.perf_counter() - t0) / max(iters, 1)
         after = ex.pool.counters()
@@ -293,6 +299,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                    moved_per_iter=moved, pool_per_iter=per_iter,
                    planned_pool_per_iter=plan_counts if ex.planned else None,
                    divergence=divergence,
+                   overlap=timeline.report() if timeline is not None else None,
+                   traffic=traffic.report() if traffic is not None else None,
                    device_memory=(ex.device.memory_info()
                                   if hasattr(ex.device, "memory_info") else None))
         if trace:

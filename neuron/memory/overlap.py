@@ -78,6 +78,10 @@ class Timeline:
         self._copies: list = []         # [(kind, start event, end event, bytes)]
         self._open = None
 
+    def clear(self) -> None:
+        """Forget the iterations measured so far (e.g. the warm-up)."""
+        self._iterations.clear()
+
     def add(self, kind: str, start, end, nbytes: int) -> None:
         self._copies.append((kind, start, end, int(nbytes)))
 
