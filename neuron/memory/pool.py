@@ -8,8 +8,11 @@ least-recently-used order until it can (only if the policy allows eviction). Pre
 host tensor back ahead of its use when that fits without evicting anything.
 
 The executor only speaks to this interface, so a policy changes what the pool does, never the
-executor's plumbing. On the CPU copies are synchronous; the GPU device does the same through its
-copy stream.
+executor's plumbing. On the CPU copies are synchronous. On the GPU they run on a stream per
+direction, ordered per block (memory/fences.py): a copy waits for the kernels that touch its
+block, a kernel for the copies that touch its block, and a miss waits on the GPU, never on the
+host. The decisions (what moves, when, where) are the same on every device, so a run moves what
+its plan moves (memory/traffic.py checks it per iteration).
 """
 from __future__ import annotations
 
