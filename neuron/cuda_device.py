@@ -12,11 +12,16 @@ images, and whatever cuDNN allocates internally. That is why construction measur
 memory before and after creating the handles and leaves ``headroom_bytes`` unallocated.
 
 Streams. Kernels run on ``compute_stream`` (made CuPy's current stream; the cuDNN handle
-follows the current stream). Offloads (device to pinned host) and prefetches (host to device)
-run on ``copy_stream``, ordered against compute with events, so transfers overlap compute; a
-third, ``codec_stream``, (de)compresses FreeLunch's compressed swaps (``encode``/``decode``).
-The rule the runtime must keep: an arena block whose contents are being offloaded may be reused
-only after the offload's event completed (``is_done(event)`` / ``wait(event)``).
+follows the current stream). Offloads (device to pinned host) run on ``d2h_stream`` and
+prefetches (host to device) on ``h2d_stream``, so the two directions run at once (full duplex)
+and both overlap compute; ``codec_stream`` (de)compresses FreeLunch's compressed swaps
+(``encode``/``decode``) and ``snapshot_stream`` carries the step guard's copies (undo.py), so
+they never queue ahead of a prefetch. Each copy waits for exactly the events it is given
+(``after``): the pool passes the fences of the copy's block (memory/fences.py), recorded on
+compute with ``record_compute``, so a copy never waits for compute it does not depend on.
+Without ``after`` a copy waits for all compute queued so far (the safe default for callers that
+know no better). An arena block whose contents are being offloaded may be reused only after
+the offload's event: its next tenant waits for it (``compute_wait`` or a copy's ``after``).
 
 CuPy's own temporaries (reduction scratch, ``cupy.asarray`` of host data, ...) are routed into the
 arena with ``cupy.cuda.set_allocator``: the Pool attaches its heap (``attach_heap``) when it is
@@ -46,6 +51,7 @@ MiB = 1 << 20
 
 DEFAULT_HEADROOM = 512 * MiB       # cuDNN/cuBLAS workspaces and engines created after start-up
 _VIEW_CACHE = 1 << 15             # cached arena views (see CudaDevice.view)
+COPY_EVENTS = 1024                 # completion events per copy stream, reused round-robin
 DEFAULT_SCRATCH = 0                # CuPy temporaries come from the pool's heap (inside the budget)
 ARENA_ALIGN = 256                  # what the heap hands out; cuDNN and vector loads need it
 
@@ -288,8 +294,10 @@ class CudaDevice(Device):
         cp.get_default_memory_pool().free_all_blocks()
         free_before, self.total_bytes = cp.cuda.runtime.memGetInfo()
         self.compute_stream = cp.cuda.Stream(non_blocking=True)
-        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.d2h_stream = cp.cuda.Stream(non_blocking=True)       # offloads
+        self.h2d_stream = cp.cuda.Stream(non_blocking=True)       # prefetches and misses
         self.codec_stream = cp.cuda.Stream(non_blocking=True)     # FreeLunch (de)compression
+        self.snapshot_stream = cp.cuda.Stream(non_blocking=True)  # the step guard's copies
         self._prev_stream = cp.cuda.get_current_stream()
         self.compute_stream.use()
         try:
@@ -300,6 +308,7 @@ class CudaDevice(Device):
         whole = ArenaLayout(self.arena.ptr, self.arena_bytes + self.scratch_bytes)
         self.layout, self.scratch_layout = whole.split(self.arena_bytes)
         self._views: dict = {}
+        self._copy_events: dict = {}        # stream pointer -> [its event ring, next index]
 
         self.allocator = ArenaAllocator()
         self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
@@ -432,10 +441,19 @@ class CudaDevice(Device):
             return np.array(a, copy=True)
         return self._cp.asnumpy(a, stream=self.compute_stream)   # waits for the compute stream
 
+    @property
+    def streams(self) -> tuple:
+        return (self.compute_stream, self.d2h_stream, self.h2d_stream, self.codec_stream,
+                self.snapshot_stream)
+
+    @property
+    def copy_stream(self):
+        """The offload stream (callers from before the two directions had a stream each)."""
+        return self.d2h_stream
+
     def synchronize(self) -> None:
-        self.compute_stream.synchronize()
-        self.copy_stream.synchronize()
-        self.codec_stream.synchronize()
+        for s in self.streams:
+            s.synchronize()
 
     # ---- transfers ------------------------------------------------------------------------
     # The Pool's interface (host_allocator, copy_to_host, copy_to_device) is synchronous: the
@@ -446,7 +464,7 @@ class CudaDevice(Device):
         return pinned_empty
 
     def copy_to_host(self, view, buf, nbytes: int) -> None:
-        self.wait(self._d2h(view, buf, int(nbytes)))
+        self.wait(self._d2h(self.d2h_stream, view, buf, int(nbytes)))
 
     def copy_to_device(self, buf, view, nbytes: int) -> None:
         self.wait(self._h2d(buf, view, int(nbytes), compute_waits=True))
@@ -458,72 +476,144 @@ class CudaDevice(Device):
                              f"(got {host_buf.nbytes}, contiguous={host_buf.flags.c_contiguous})")
         return int(host_buf.__array_interface__["data"][0])
 
+    # ---- events ---------------------------------------------------------------------------
+    def new_event(self):
+        """An event for the pool's fences (reused: recorded again and again)."""
+        return self._cp.cuda.Event(disable_timing=True)
+
+    def record_compute(self, event):
+        """Record ``event`` on the compute stream now (it completes with the kernels queued so
+        far); returns it."""
+        return self.compute_stream.record(event)
+
+    def _waits(self, stream, after) -> None:
+        """``stream`` waits for ``after``: None, all compute queued so far; else the event(s)."""
+        if after is None:
+            stream.wait_event(self.compute_stream.record())
+        elif isinstance(after, (list, tuple)):
+            for ev in after:
+                stream.wait_event(ev)
+        else:
+            stream.wait_event(after)
+
     def offload(self, src_view, host_buf, after=None):
         """Copy ``src_view`` (contiguous, in the arena) into ``host_buf`` (pinned, e.g. from
-        the pool's HostPool) on the copy stream, after everything already queued on compute (the
-        producer of the data) and after the event ``after`` (an encode on the codec stream).
-        Returns the event that completes with the copy: the arena block may be freed or
-        overwritten only once ``is_done(event)``."""
-        return self._d2h(src_view, host_buf, src_view.nbytes, after)
+        the pool's HostPool) on the offload stream, after ``after`` (an event or a list: the
+        last kernel that used the block, an encode on the codec stream; None: all compute
+        queued so far). Returns the event that completes with the copy: the arena block may
+        be overwritten only after it (its next tenant waits for it)."""
+        return self._d2h(self.d2h_stream, src_view, host_buf, src_view.nbytes, after)
 
-    def _d2h(self, src_view, host_buf, nbytes, after=None):
+    def snapshot(self, src_view, host_buf, after=None):
+        """As :meth:`offload`, on the step guard's own stream (undo.py): a snapshot never
+        queues ahead of an offload or a prefetch."""
+        return self._d2h(self.snapshot_stream, src_view, host_buf, src_view.nbytes, after)
+
+    def _d2h(self, stream, src_view, host_buf, nbytes, after=None):
         cp = self._cp
         if not src_view.flags.c_contiguous or nbytes > src_view.nbytes:
             raise ValueError("offload needs a contiguous device view of at least nbytes")
         dst = self._host_ptr(host_buf, nbytes)
-        ready = self.compute_stream.record()
-        self.copy_stream.wait_event(ready)
-        if after is not None:
-            self.copy_stream.wait_event(after)
+        self._waits(stream, after)
+        timing = self._timing_start(stream)
         cp.cuda.runtime.memcpyAsync(dst, src_view.data.ptr, nbytes,
-                                    cp.cuda.runtime.memcpyDeviceToHost, self.copy_stream.ptr)
-        return self.copy_stream.record(cp.cuda.Event(disable_timing=True))
+                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        done = stream.record(self._copy_event(stream, timing))
+        self._timing_end(timing, "d2h", nbytes, done)
+        return done
 
-    def prefetch(self, host_buf, dst_view, compute_waits: bool = True):
-        """Copy ``host_buf`` into ``dst_view`` on the copy stream; returns its event.
+    def prefetch(self, host_buf, dst_view, compute_waits: bool = True, after=None):
+        """Copy ``host_buf`` into ``dst_view`` on the prefetch stream; returns its event.
 
-        The copy first waits for the work already queued on compute: ``dst_view`` is usually a
-        block just allocated, whose previous tenant compute may still be reading. With
+        The copy first waits for ``after`` (the last kernel that used the block, copies still
+        reading it, the copy that filled ``host_buf``; None: all compute queued so far). With
         ``compute_waits`` (default) compute waits for the copy before any later kernel; pass
         False and call :meth:`compute_wait` right before the first kernel that reads the tensor
         to let the compute in between overlap the transfer."""
-        return self._h2d(host_buf, dst_view, dst_view.nbytes, compute_waits)
+        return self._h2d(host_buf, dst_view, dst_view.nbytes, compute_waits, after)
 
-    def _h2d(self, host_buf, dst_view, nbytes, compute_waits):
-        cp = self._cp
+    def _h2d(self, host_buf, dst_view, nbytes, compute_waits, after=None):
+        cp, stream = self._cp, self.h2d_stream
         if not dst_view.flags.c_contiguous or nbytes > dst_view.nbytes:
             raise ValueError("prefetch needs a contiguous device view of at least nbytes")
         src = self._host_ptr(host_buf, nbytes)
-        self.copy_stream.wait_event(self.compute_stream.record())
+        self._waits(stream, after)
+        timing = self._timing_start(stream)
         cp.cuda.runtime.memcpyAsync(dst_view.data.ptr, src, nbytes,
-                                    cp.cuda.runtime.memcpyHostToDevice, self.copy_stream.ptr)
-        done = self.copy_stream.record(cp.cuda.Event(disable_timing=True))
+                                    cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        done = stream.record(self._copy_event(stream, timing))
+        self._timing_end(timing, "h2d", nbytes, done)
         if compute_waits:
             self.compute_stream.wait_event(done)
         return done
 
+    # ---- overlap timing (memory/overlap.py): off unless a timeline is attached --------------
+    def timed_event(self):
+        return self._cp.cuda.Event()
+
+    def elapsed_ms(self, start, end) -> float:
+        return float(self._cp.cuda.get_elapsed_time(start, end))
+
+    #: a memory.overlap.Timeline collecting each copy's and each step's CUDA-event interval
+    timeline = None
+
+    def _timing_start(self, stream):
+        if self.timeline is None:
+            return None
+        return stream.record(self._cp.cuda.Event())
+
+    def iteration_start(self) -> None:
+        """Every iteration takes its copies' events from the start of the rings, so it uses the
+        same events as the one before it (what lets a tape stand for the next iteration). A
+        reused event completes later than the one it replaces: a waiter waits longer, never
+        less."""
+        for ring in self._copy_events.values():
+            ring[1] = 0
+
+    def _copy_event(self, stream, timing):
+        """A copy's completion event: from a ring per stream, reused round-robin (one that is
+        recorded again completes later, with a later copy of the same stream: whoever still
+        waits for it waits longer, never too little); a fresh timed one under a timeline."""
+        if timing is not None:
+            return self._cp.cuda.Event()
+        ring = self._copy_events.get(stream.ptr)
+        if ring is None:
+            ring = self._copy_events[stream.ptr] = [[], 0]
+        events, i = ring
+        if len(events) < COPY_EVENTS:
+            events.append(self._cp.cuda.Event(disable_timing=True))
+        ev = events[i]
+        ring[1] = (i + 1) % COPY_EVENTS
+        return ev
+
+    def _timing_end(self, timing, kind, nbytes, done) -> None:
+        if timing is not None:
+            self.timeline.add(kind, timing, done, nbytes)
+
     # ---- the FreeLunch codec on its own stream (memory/compressed_swap.py) ------------------
-    def encode(self, codec, src, dst, after=None):
-        """Encode ``src`` into ``dst`` (the staging block) on the codec stream, after the
-        compute queued so far (the producer) and ``after`` (the copy out of ``dst`` of the
-        last slice encoded into it); returns its event. ``src`` may be reused once it is
-        done, and the copy to the host waits for it (``offload(after=)``)."""
-        return self._on_codec_stream(codec.encode_into, src, dst, after)
+    def encode(self, codec, src, dst, after=None, fence=None):
+        """Encode ``src`` into ``dst`` (the staging block) on the codec stream, after
+        ``fence`` (the producer's kernel and the staging block's last users; None: all
+        compute queued so far) and ``after`` (the copy out of ``dst`` of the last slice
+        encoded into it); returns its event. ``src`` may be reused once it is done, and the
+        copy to the host waits for it (``offload(after=)``)."""
+        return self._on_codec_stream(codec.encode_into, src, dst, after, fence)
 
-    def decode(self, codec, src, dst, after=None):
-        """Decode ``src`` (the staging block) into ``dst`` on the codec stream, after the
-        compute queued so far (``dst``'s previous tenant) and ``after`` (the copy that filled
-        ``src``); returns its event, for the reader's kernel to wait on."""
-        return self._on_codec_stream(codec.decode, src, dst, after)
+    def decode(self, codec, src, dst, after=None, fence=None):
+        """Decode ``src`` (the staging block) into ``dst`` on the codec stream, after
+        ``fence`` (``dst``'s previous tenant; None: all compute queued so far) and ``after``
+        (the copy that filled ``src``); returns its event, for the reader's kernel to wait
+        on."""
+        return self._on_codec_stream(codec.decode, src, dst, after, fence)
 
-    def _on_codec_stream(self, fn, src, dst, after):
-        cp, s = self._cp, self.codec_stream
-        s.wait_event(self.compute_stream.record())
+    def _on_codec_stream(self, fn, src, dst, after, fence=None):
+        s = self.codec_stream
+        self._waits(s, fence)
         if after is not None:
-            s.wait_event(after)
+            self._waits(s, after)
         with s:                         # the codec's kernels launch on the current stream
             fn(src, dst)
-        return s.record(cp.cuda.Event(disable_timing=True))
+        return s.record(self._copy_event(s, None))
 
     def compute_wait(self, event) -> None:
         """Make later compute work wait for ``event`` (device-side; the host does not block)."""
@@ -543,7 +633,7 @@ class CudaDevice(Device):
 
     def side_streams(self) -> tuple:
         """The streams work is forked to from the compute stream (joined at a capture's end)."""
-        return (self.copy_stream, self.codec_stream)
+        return self.streams[1:]
 
     def capture(self, work):
         """``work()``'s stream operations as a CUDA graph, captured on the compute stream; the
@@ -606,7 +696,7 @@ class CudaDevice(Device):
     def order_after(self, event) -> None:
         """Make later work on every stream wait for ``event``: what a replay does where the
         recorded run found the event done (neuron/tape.py)."""
-        for s in (self.compute_stream, self.copy_stream, self.codec_stream):
+        for s in self.streams:
             s.wait_event(event)
 
     @staticmethod

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .tape import TIMELINE_OPS
+
 
 class GraphUnavailable(RuntimeError):
     """The tape cannot become a CUDA graph on this device (the reason says why)."""
@@ -88,6 +90,8 @@ class GraphReplay:
                 fn = getattr(dev, name + "_captured", fn)
             elif name == "nonfinite_flag_read":
                 fn = _nothing                   # read after the launch
+            elif name in TIMELINE_OPS:
+                fn = _nothing                   # no timing events inside a graph
             out.append((fn, args, kw, flags))
         return out
 

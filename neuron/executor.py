@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import threading
 from dataclasses import dataclass
 
@@ -158,9 +159,9 @@ class Executor:
             if not self.planned["fits"]:
                 raise self.planned["error"]
             self.device = make_device(device, budget or self.planned["arena_bytes"])
+        self._replay = self._replay_for(replay)
         self._new_pool()
         self._step_flag = self.device.step_flag() if self.device.computes else None
-        self._replay = self._replay_for(replay)
         self._staging = None                # the fixed buffers a replayed batch is written to
         self._k = None                      # the kernels a recorded iteration calls
 
@@ -258,6 +259,13 @@ class Executor:
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
         self.pool.compact_first = self.policy.compact_first
+        if getattr(self, "_replay", None) is not None and os.environ.get("NEURON_OVERLAP") != "1":
+            # the copy/compute timeline times each copy with an event of its own, so no two
+            # iterations use the same events and no tape is trusted under a budget: measuring
+            # overlap (NEURON_OVERLAP=1, or replay off) means running eagerly
+            self.pool.overlap = None
+            if getattr(self.device, "timeline", None) is not None:
+                self.device.timeline = None
         if self.decisions is not None and self.decisions.compress:    # FreeLunch COMPRESS
             from .memory.codecs import get_codec
             self.pool.codecs = {i: get_codec(r) for i, r in self.decisions.compress.items()}
@@ -421,15 +429,20 @@ class Executor:
             if undo is None:
                 undo = self._undo_record = UndoRecord(self.device, self.pool, self._step_flag)
             tape = replay.start(self.iteration, self.pool) if replay is not None else None
+            log = self.pool.log
             with tape.recording(self.device) if tape is not None else contextlib.nullcontext():
                 if tape is not None:        # the step's kernels and the guard's, on the tape
                     ctx.tape = undo.tape = tape
                     self._k = undo.kernels = tape.kernels(self.device.kernels)
+                    self.pool.log = []      # its moves, which a replay makes again
                 try:
                     self._guarded_run(undo, ctx)
                 finally:
                     if tape is not None:
                         undo.tape, undo.kernels, self._k = None, self.device.kernels, None
+                        tape.pool_log, self.pool.log = self.pool.log, log
+                        if log is not None:
+                            log.extend(tape.pool_log)
             if replay is not None:
                 replay.last_ran = "off"
                 if tape is not None:
@@ -489,6 +502,8 @@ class Executor:
                 undo.restore(tape.saved_before(len(tape.ops)))
             raise failed
         replay.repeat_traffic(tape, self.pool)
+        if self.pool.log is not None:       # the pool's event log of the recorded iteration
+            self.pool.log.extend(tape.pool_log)
         replay.replayed += 1
         replay.last_ran = "graph" if graph is not None and replay.graph is graph else "tape"
         self.iteration += 1

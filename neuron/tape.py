@@ -23,7 +23,11 @@ from .recording import Varying
 
 #: device methods that issue work (copies, codecs, stream ordering): recorded like kernels
 DEVICE_OPS = ("copy_to_host", "copy_to_device", "move", "encode", "decode", "offload",
-              "prefetch", "compute_wait", "order_after", "wait", "synchronize")
+              "prefetch", "snapshot", "compute_wait", "record_compute", "order_after", "wait",
+              "synchronize")
+#: the device's copy/compute timeline (memory/overlap.py): its events are device work too, so
+#: a replayed iteration is measured like an eager one
+TIMELINE_OPS = ("step_start", "step_end", "iteration_end")
 #: device methods whose answer is a run-time decision: is_done(event) found True lets the pool
 #: reuse what the event's copy read; a replay cannot ask, so it orders later work after the
 #: event instead (device.order_after): the same guarantee, given on the device
@@ -78,17 +82,21 @@ class Tape:
         self.saved: list[tuple] = []        # (block, op index after which its snapshot is done)
         self.counters: dict[str, int] = {}  # the pool's traffic of the recorded iteration
         self.temporaries: list = []         # (bytes, pointer) of the device's temporaries
+        self.pool_log: list = []            # the pool's events (its moves) while recording
         self.start_state = None             # the pool's state it was recorded from
         self.diverged: str | None = None    # why it cannot be replayed
         self._produced: dict[int, int] = {}  # id(result) -> op index
         self._keep: list = []               # results alive while recording (ids stay unique)
         self._results: list = []
+        self._inside = False                # an operation is running (its own calls are not)
 
     # ---- recording ---------------------------------------------------------------------
     def kernels(self, kernels) -> RecordingKernels:
         return RecordingKernels(kernels, self)
 
     def call(self, fn, args, kwargs):
+        if self._inside:                    # called by a recorded operation: part of it
+            return fn(*args, **kwargs)
         conv, flags = self._convert(args)
         kconv, kflags = self._convert(kwargs) if kwargs else (kwargs, 0)
         flags |= kflags
@@ -96,7 +104,11 @@ class Tape:
             real_args, real_kw = self._resolve(conv, kconv, self.iteration, self._results)
         else:
             real_args, real_kw = args, kwargs
-        result = fn(*real_args, **real_kw)
+        self._inside = True
+        try:
+            result = fn(*real_args, **real_kw)
+        finally:
+            self._inside = False
         index = len(self.ops)
         self.ops.append((fn, conv, kconv, flags))
         self._results.append(result)
@@ -174,18 +186,22 @@ class Tape:
                 fn = getattr(device, name, None)
                 if fn is None:
                     continue
-                patched.append((name, vars(device).get(name)))
+                patched.append((name, vars(device).get(name), device))
                 setattr(device, name, op(fn) if name in DEVICE_OPS else decision(fn, name))
+            timeline = getattr(device, "timeline", None)
+            for name in TIMELINE_OPS if timeline is not None else ():
+                patched.append((name, vars(timeline).get(name), timeline))
+                setattr(timeline, name, op(getattr(timeline, name)))
             device.recording_tape = self        # recording.unrecordable reports to it
             with device.recording_temporaries(self.temporaries):
                 yield self
         finally:
             vars(device).pop("recording_tape", None)
-            for name, old in patched:
+            for name, old, obj in patched:
                 if old is None:
-                    delattr(device, name)
+                    delattr(obj, name)
                 else:
-                    setattr(device, name, old)
+                    setattr(obj, name, old)
             self._keep.clear()
             self._produced.clear()
             self._results = []

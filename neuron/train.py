@@ -13,6 +13,7 @@ from .data import Dataset, iterate, steps_per_epoch
 from .errors import NeuronError, TrainingStopped, UsageError
 from .executor import Executor
 from .interrupt import StopRequest
+from .memory.traffic import TrafficCheck
 
 
 def lr_at(step: int, total: int, base: float, schedule: str, warmup: int = 0) -> float:
@@ -102,6 +103,9 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     world = dp.world_size if dp is not None else 1
     gbatch = ex.batch * world
     step_fn = ex.train_step if dp is None else lambda x, y: dp.train_step(*dp.shard(x, y))
+    traffic = TrafficCheck(ex) if ex.planned and dp is None else None   # moves == the plan's
+    if traffic is not None:
+        step_fn = traffic.wrap(step_fn)
     progress = progress and (dp is None or dp.rank == 0)
     writer = dp is None or dp.rank == 0
     per_epoch = steps_per_epoch(train, gbatch)
@@ -194,6 +198,10 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
               "arena_bytes": ex.device.arena_bytes, "data_wait_seconds": round(data_wait, 3)}
     if hasattr(train, "loader_stats"):
         result["loader"] = train.loader_stats()
+    if traffic is not None:
+        result["traffic"] = traffic.report()
+    if getattr(ex.pool, "overlap", None) is not None:     # CUDA-event copy/compute times
+        result["overlap"] = ex.pool.overlap.report()
     if stop.requested or failure is not None:
         if not checkpoint:
             state = f"state of iteration {ex.iteration} not saved (no --checkpoint given)"

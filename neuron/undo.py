@@ -9,8 +9,9 @@ in the arena, so the arena budget does not grow; each block's host buffer is all
 reused every step.
 
 Finiteness is accumulated into one device-side flag (a kernel per written tensor, no host sync)
-and read once, at the end of the step. On a CUDA device the snapshot copy runs on the copy
-stream and the update kernel waits for it on the GPU, so the host never blocks per layer.
+and read once, at the end of the step. On a CUDA device the snapshot copy runs on a stream of
+its own (never ahead of the pool's copies), after the block's last kernel only, and the update
+kernel waits for it on the GPU, so the host never blocks per layer.
 """
 from __future__ import annotations
 
@@ -48,7 +49,12 @@ class UndoRecord:
             buf = self._buffers[block.id] = self.device.host_allocator()(block.nbytes)
         view = self.pool.view(block)
         dev = self.device
-        if getattr(dev, "async_copies", False):
+        fences = getattr(self.pool, "fences", None)
+        if fences is not None and hasattr(dev, "snapshot"):
+            # the guard's own stream, after the last kernel that used the block (and the copy
+            # that filled it): never ahead of a prefetch; the update waits for it on the GPU
+            dev.compute_wait(dev.snapshot(view, buf, after=fences.tensor_fence(block.id)))
+        elif getattr(dev, "async_copies", False):
             # copy stream; later compute (the update) waits for the copy on the GPU
             dev.compute_wait(dev.offload(view, buf))
         else:

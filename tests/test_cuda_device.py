@@ -97,13 +97,36 @@ def test_an_offload_copies_after_its_producer_and_the_encode(gpu):
     assert before(producer, encode)
     later = S.launch("later compute")
     ev = dev.offload(_bytes(dev, 0x2000, 32), np.zeros(32, np.uint8), after=encoded)
-    copy = _last(dev.copy_stream, "d2h")
+    copy = _last(dev.d2h_stream, "d2h")
     assert before(producer, copy) and before(encode, copy)
-    assert before(later, copy)                      # after all compute queued so far
+    assert not before(later, copy)                  # only what it is given to wait for
     dev.compute_wait(ev)
     reuse = S.launch("a kernel overwriting the block")
     assert before(copy, reuse)
     assert not before(copy, later)
+    dev.offload(_bytes(dev, 0x2000, 32), np.zeros(32, np.uint8))    # no fence given:
+    assert before(reuse, _last(dev.d2h_stream, "d2h"))              # all compute so far
+
+
+def test_the_two_directions_the_codec_and_the_snapshots_have_a_stream_each(gpu):
+    dev, S = gpu
+    before = S.happens_before
+    streams = {id(s) for s in dev.streams}
+    assert len(streams) == 5 and dev.copy_stream is dev.d2h_stream
+    first = S.launch("the block's last kernel")
+    fence = dev.record_compute(dev.new_event())
+    unrelated = S.launch("a kernel that touches neither block")
+    out = dev.offload(_bytes(dev, 0x1000, 32), np.zeros(32, np.uint8), after=[fence])
+    back = dev.prefetch(np.zeros(32, np.uint8), _bytes(dev, 0x2000, 32), compute_waits=False,
+                        after=[fence])
+    snap = dev.snapshot(_bytes(dev, 0x3000, 32), np.zeros(32, np.uint8), after=[fence])
+    d2h, h2d = _last(dev.d2h_stream, "d2h"), _last(dev.h2d_stream, "h2d")
+    shot = _last(dev.snapshot_stream, "d2h")
+    for c in (d2h, h2d, shot):
+        assert before(first, c) and not before(unrelated, c)
+    assert not before(d2h, h2d) and not before(h2d, d2h)       # full duplex
+    assert not before(shot, h2d) and not before(shot, d2h)     # snapshots queue apart
+    assert out is not back and back is not snap
 
 
 def test_a_prefetch_and_its_decode_come_before_the_reader_and_after_the_last_tenant(gpu):
@@ -111,7 +134,7 @@ def test_a_prefetch_and_its_decode_come_before_the_reader_and_after_the_last_ten
     before = S.happens_before
     tenant = S.launch("the block's previous tenant")
     copied = dev.prefetch(np.zeros(32, np.uint8), _bytes(dev, 0x3000, 32), compute_waits=False)
-    copy = _last(dev.copy_stream, "h2d")
+    copy = _last(dev.h2d_stream, "h2d")
     assert before(tenant, copy)
     between = S.launch("compute that overlaps the copy")
     assert not before(copy, between)
@@ -127,7 +150,7 @@ def test_a_prefetch_and_its_decode_come_before_the_reader_and_after_the_last_ten
     reader = S.launch("reader")
     assert before(decode, reader) and before(copy, reader)
     dev.prefetch(np.zeros(32, np.uint8), _bytes(dev, 0x5000, 32))     # compute_waits=True
-    plain = _last(dev.copy_stream, "h2d")
+    plain = _last(dev.h2d_stream, "h2d")
     assert before(plain, S.launch("a reader that waits for nothing itself"))
 
 
@@ -135,9 +158,10 @@ def test_synchronous_copies_wait_on_the_host_and_synchronize_covers_every_stream
     dev, _ = gpu
     dev.copy_to_host(_bytes(dev, 0x1000, 16), np.zeros(16, np.uint8), 16)
     dev.copy_to_device(np.zeros(16, np.uint8), _bytes(dev, 0x1000, 16), 16)
-    events = [op[1] for op in dev.copy_stream.ops if op[0] == "record"]
+    events = [op[1] for s in (dev.d2h_stream, dev.h2d_stream) for op in s.ops
+              if op[0] == "record"]
     assert len(events) == 2 and all(ev.synced for ev in events)
-    streams = (dev.compute_stream, dev.copy_stream, dev.codec_stream)
+    streams = dev.streams
     dev.synchronize()
     assert all(s.synced for s in streams)
     data = np.random.default_rng(0).integers(0, 256, 0x300, dtype=np.uint8)

@@ -11,7 +11,7 @@ largest batch under a 12 GiB cap (issue 37).
 4. PyTorch with ``checkpoint_sequential`` at its own largest batch under the cap (searched, or
    ``--torch-checkpoint-batch``): img/s.
 
-Hidden copy fraction: the executor's own measurement where it gives one (``last_overlap``: CUDA
+Hidden copy fraction: measured where the run has it (``overlap``, memory/overlap.py: CUDA
 event times of copies and compute); otherwise derived, unclamped, and labelled so:
 1 - (t_budget - t_free) / t_copy, t_copy = moved bytes / measured pinned bandwidth of each
 direction (negative: the run lost more than its copies' time; above 1: it ran faster than
@@ -115,7 +115,8 @@ def run_row(run: dict, free: dict, bw) -> dict:
     if not run.get("fits"):
         return {"error": run.get("error", "did not run"), "seconds_per_iter": None}
     moved = run.get("moved_per_iter", {})
-    measured = (run.get("overlap") or {}).get("hidden_copy_fraction")
+    # measured from CUDA events (memory/overlap.py) where the run has them
+    measured = ((run.get("overlap") or {}).get("median") or {}).get("hidden_fraction")
     row = {"seconds_per_iter": run["seconds_per_iter"], "img_per_s": run["img_per_s"],
            "moved_bytes": run["moved_bytes"], "planned_moved_bytes": run["planned_moved_bytes"],
            "replay": run.get("replay"), "overhead": None, "hidden_copy_fraction": measured,

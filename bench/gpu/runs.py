@@ -270,10 +270,16 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
             ex.train_step(x, y)
         _sync(ex.device)
         before = ex.pool.counters()
+        timeline = getattr(ex.pool, "overlap", None)     # CUDA-event copy/compute times
+        if timeline is not None:
+            timeline.clear()
+        from neuron.memory.traffic import TrafficCheck
+        traffic = TrafficCheck(ex) if ex.planned else None   # moves against the plan's
+        step = traffic.wrap(ex.train_step) if traffic else ex.train_step
         times = []
         for _ in range(iters):
             t0 = time.perf_counter()
-            loss = ex.train_step(x, y)
+            loss = step(x, y)
             _sync(ex.device)
             times.append(time.perf_counter() - t0)
         dt = median(times) if times else None
@@ -292,11 +298,9 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
         planned_moved = (sum((ex.planned or {}).get(k) or 0 for k in ("offload_bytes",
                                                                       "prefetch_bytes"))
                          if ex.planned else None)
-        overlap = getattr(ex, "last_overlap", None)     # the executor's own copy/compute record
         out.update(fits=True, seconds_per_iter=dt if iters else None,
                    iteration_seconds=times, replay=replay_of(ex),
                    moved_bytes=sum(moved.values()), planned_moved_bytes=planned_moved,
-                   overlap=overlap if isinstance(overlap, dict) else None,
                    img_per_s=batch / dt if iters else None, final_loss=float(loss) if iters
                    else None, peak_bytes=ex.pool.high_water,
                    planned_peak_bytes=(ex.planned or {}).get("peak_bytes"),
@@ -307,6 +311,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                    moved_per_iter=moved, pool_per_iter=per_iter,
                    planned_pool_per_iter=plan_counts if ex.planned else None,
                    divergence=divergence,
+                   overlap=timeline.report() if timeline is not None else None,
+                   traffic=traffic.report() if traffic is not None else None,
                    device_memory=(ex.device.memory_info()
                                   if hasattr(ex.device, "memory_info") else None))
         if trace:

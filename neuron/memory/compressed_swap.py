@@ -45,6 +45,9 @@ import numpy as np
 
 from ..errors import MemoryBudgetError
 from ..recording import unrecordable
+from .tensors import KIND_INDEX, Kind
+
+_WS = KIND_INDEX[Kind.WORKSPACE]
 
 
 def _staging(pool, n: int, t, step) -> tuple[int, object]:
@@ -58,6 +61,48 @@ def _staging(pool, n: int, t, step) -> tuple[int, object]:
         raise
     view = pool.device.view(off, (n,), np.uint8) if pool.device.computes else None
     return off, view
+
+
+def _claimed(pool, take):
+    """``take()`` (an allocation whose first tenant is a copy or a codec kernel, not compute)
+    -> (its result, the fences that tenant waits for: the block's last kernel and the copies
+    still reading it; None without fences, where the device waits for all compute)."""
+    h = pool._h
+    if pool.fences is None:
+        return take(), None
+    h.copy_tenant = True
+    try:
+        r = take()
+    finally:
+        h.copy_tenant = False
+    epoch, events = h.claimed
+    ev = pool.fences.compute_event(epoch)
+    return r, ([ev] if ev is not None else []) + list(events)
+
+
+def _fenced(fence) -> dict:
+    """encode/decode's ``fence`` argument where there is one (devices without fences wait for
+    all compute, and take none)."""
+    return {} if fence is None else {"fence": fence}
+
+
+def _free_after(pool, off, events, staging: bool, t=None) -> None:
+    """Free a block that ``events`` (codec kernels, copies) still read: with fences its next
+    tenant waits for them; without, compute waits now."""
+    events = [e for e in events if e is not None]
+    if pool.fences is None:
+        for ev in events:
+            pool.device.compute_wait(ev)
+        if staging:
+            pool.free_bytes(off)
+        else:
+            pool._h.free(off)
+        return
+    if staging:                     # only codec kernels and copies touched it, no compute
+        pool._account(_WS, -pool._h.size_of(off))
+        pool._h.free(off, -1, events)
+    else:
+        pool._h.free(off, pool.fences.tensor_epoch(t.id), events)
 
 
 #: an eviction whose staging block free space cannot hold encodes in at most this many slices
@@ -84,14 +129,16 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
     # cascade. An eviction (compute waits for its copy anyway) may encode slice by slice
     # through a smaller one; where there is none, t goes to the host as it is.
     saved, pool.evict_enabled = pool.evict_enabled, False
+    claim = None
     try:
-        c, (st_off, staging) = num, _staging(pool, n, t, None)
+        c, ((st_off, staging), claim) = num, _claimed(pool, lambda: _staging(pool, n, t, None))
     except MemoryBudgetError as e:
         if not e.staging:
             raise
         c = 0 if defer else _slice_elements(pool, codec, num)
         if c:
-            st_off, staging = _staging(pool, codec.nbytes(c), t, None)
+            (st_off, staging), claim = _claimed(
+                pool, lambda: _staging(pool, codec.nbytes(c), t, None))
     finally:
         pool.evict_enabled = saved
     if not c:
@@ -102,6 +149,12 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
     dev = pool.device
     encoded = copied = None
     copies = []
+    fence = None
+    if pool.fences is not None:     # the producer's kernel and the staging block's last users
+        fence = pool.fences.tensor_fence(t.id) + claim
+        pre = pool.inflight.pop(t.id, None) if pool.inflight else None
+        if pre is not None:
+            fence.append(pre)
     flat = dev.view(off, t.shape, t.dtype).reshape(-1) if dev.computes else None
     for lo in range(0, num, c):
         hi = min(num, lo + c)
@@ -109,7 +162,7 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
         if dev.computes:
             # a slice waits for the copies of the last one out of the staging block (the
             # copy stream runs them in order: the last one's event covers them)
-            encoded = dev.encode(codec, flat[lo:hi], staging[:m], after=copied)
+            encoded = dev.encode(codec, flat[lo:hi], staging[:m], after=copied, **_fenced(fence))
             for a, b, k in [(0, 0, n)] if c == num else codec.pieces(lo, hi, num):
                 if pool.async_copies:
                     copied = dev.offload(staging[a:a + k], buf[b:b + k], after=encoded)
@@ -120,15 +173,15 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
             pool.log.append(("encode", t.id, (hi - lo) * t.dtype.itemsize + m))
             pool.log.append(("offload_async" if defer else "offload", t.id, m))
     if defer:   # t's block is free once encoded; the staging block is kept for the copy
-        if encoded is not None:
-            dev.compute_wait(encoded)
         pool.draining.append((t, st_off, copied, True, until))
-    else:
-        for ev in copies:               # later kernels may overwrite either block
-            dev.compute_wait(ev)
-        pool.free_bytes(st_off)
+    else:                           # later tenants of either block wait for the copies
+        _free_after(pool, st_off, copies, True)
     pool._account_tensor(t, -1)
-    pool._h.free(off)
+    _free_after(pool, off, [encoded], False, t)
+    if pool.fences is not None:
+        pool.fences.filled.pop(t.id, None)
+        if copied is not None:
+            pool.outbound[t.id] = copied    # a copy back from buf waits for it
     del pool.live[t.id]
     pool.lru.pop(t.id, None)
     pool.pinned.discard(t.id)
@@ -147,12 +200,15 @@ def stage_compressed(pool, t, codec) -> bool:
     if not pool._h.can_alloc(n):
         return False
     _, buf = pool.host[t.id]
-    st_off, staging = _staging(pool, n, t, None)
+    (st_off, staging), fence = _claimed(pool, lambda: _staging(pool, n, t, None))
     copied = None
     dev = pool.device
     if dev.computes:
-        if pool.async_copies:       # after the compute queued so far (the block's last tenant)
-            copied = dev.prefetch(buf[:n], staging, compute_waits=False)
+        if pool.async_copies:       # after the block's last tenant and the copy that filled buf
+            if fence is not None:
+                out = pool.outbound.pop(t.id, None)
+                fence += [out] if out is not None else []
+            copied = dev.prefetch(buf[:n], staging, compute_waits=False, after=fence)
         else:
             dev.copy_to_device(buf, staging, n)
     pool.reading.pop(t.id, None)    # an earlier copy from buf: this one is behind it (FIFO)
@@ -173,7 +229,7 @@ def decode_staged(pool, t, step, codec) -> None:
     st_off, copied = pool.staged[t.id]
     pool.lru.pop(t.id, None)
     try:
-        off = pool._take(t.nbytes or 1, t, step)
+        off, fence = _claimed(pool, lambda: pool._take(t.nbytes or 1, t, step))
     except MemoryBudgetError:
         drop_staged(pool, t)
         return bring_back_compressed(pool, t, step, codec)
@@ -185,20 +241,28 @@ def decode_staged(pool, t, step, codec) -> None:
     pool.lru[t.id] = t
     pool._account_tensor(t, 1)
     dev = pool.device
+    decoded = None
     if dev.computes:
         staging = dev.view(st_off, (n,), np.uint8)
         view = dev.view(off, t.shape, t.dtype)
         if pool.async_copies:
-            # after the copy into the staging block and the compute queued so far (the new
-            # block's last tenant); the reader and the staging block's next tenant wait for it
-            dev.compute_wait(dev.decode(codec, staging, view, after=copied))
+            # after the copy into the staging block and the new block's last users; the
+            # reader and the staging block's next tenant wait for it
+            decoded = dev.decode(codec, staging, view, after=copied, **_fenced(fence))
+            dev.compute_wait(decoded)
             pool.deferred.append((copied, buf))         # reused once its copy is done
         else:
             dev.decode(codec, staging, view)
             pool.host_pool.put(buf)
     else:
         pool.host_pool.put(buf)
-    pool.free_bytes(st_off)
+    if pool.fences is not None:
+        pool.fences.last_use[t.id] = -1     # the decode, waited for by compute, filled it
+        if decoded is not None:
+            pool.fences.filled[t.id] = decoded
+        _free_after(pool, st_off, [decoded], True)
+    else:
+        pool.free_bytes(st_off)
     if pool.log is not None:
         pool.log.append(("decode", t.id, t.nbytes + n))
 
@@ -208,9 +272,8 @@ def drop_staged(pool, t) -> None:
     block goes, after the copy into it (its next tenant may overwrite it)."""
     st_off, copied = pool.staged.pop(t.id)
     if copied is not None:
-        pool.device.compute_wait(copied)
         pool.reading[t.id] = copied     # the copy may still read the host buffer
-    pool.free_bytes(st_off)
+    _free_after(pool, st_off, [copied], True)     # its next tenant waits for the copy
     pool.lru.pop(t.id, None)
     if pool.log is not None:
         pool.log.append(("drop", t.id, 0))
@@ -222,7 +285,7 @@ def bring_back_compressed(pool, t, step, codec) -> None:
     at once. With no room for a staging block: decoded on the host, the whole tensor copied."""
     _, buf = pool.host[t.id]
     n = codec.nbytes(int(np.prod(t.shape)))
-    off = pool._take(t.nbytes or 1, t, step)
+    off, fence = _claimed(pool, lambda: pool._take(t.nbytes or 1, t, step))     # the decode's
     del pool.host[t.id]
     pool.reading.pop(t.id, None)        # the copies below are behind it on the copy stream
     pool.offset[t.id] = off
@@ -230,17 +293,22 @@ def bring_back_compressed(pool, t, step, codec) -> None:
     pool.lru[t.id] = t
     pool._account_tensor(t, 1)
     try:
-        st_off, staging = _staging(pool, n, t, step)
+        (st_off, staging), copy_fence = _claimed(pool, lambda: _staging(pool, n, t, step))
     except MemoryBudgetError as e:
         if e.staging:                   # a miss must not fail where a plain one would not
             return _decode_on_host(pool, t, off, buf, n, codec)
         raise
     dev = pool.device
+    decoded = None
     if dev.computes:
         view = dev.view(off, t.shape, t.dtype)
         if pool.async_copies:
-            copied = dev.prefetch(buf[:n], staging, compute_waits=False)
-            dev.compute_wait(dev.decode(codec, staging, view, after=copied))
+            if copy_fence is not None:  # and after the copy that filled buf
+                out = pool.outbound.pop(t.id, None)
+                copy_fence += [out] if out is not None else []
+            copied = dev.prefetch(buf[:n], staging, compute_waits=False, after=copy_fence)
+            decoded = dev.decode(codec, staging, view, after=copied, **_fenced(fence))
+            dev.compute_wait(decoded)
             pool.deferred.append((copied, buf))         # reused once its copy is done
         else:
             dev.copy_to_device(buf, staging, n)
@@ -248,7 +316,11 @@ def bring_back_compressed(pool, t, step, codec) -> None:
             pool.host_pool.put(buf)
     else:
         pool.host_pool.put(buf)
-    pool.free_bytes(st_off)
+    if pool.fences is not None:
+        pool.fences.last_use[t.id] = -1
+        if decoded is not None:
+            pool.fences.filled[t.id] = decoded
+    _free_after(pool, st_off, [decoded], True)
     pool.prefetch_bytes += n
     pool.prefetch_count += 1
     if pool.log is not None:
@@ -260,6 +332,7 @@ def _decode_on_host(pool, t, off, buf, n, codec) -> None:
     """A miss with no room for a staging block: decode on the host (NumPy) and copy the whole
     tensor into its block, as an uncompressed bring-back does."""
     dev = pool.device
+    pool.outbound.pop(t.id, None)       # waited for below, on the host
     if dev.computes:
         # the copy that filled buf may still be running: its eviction made only compute wait
         # for it, and the host reads buf now (the rare path: a whole-tensor copy follows anyway)

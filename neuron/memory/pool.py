@@ -8,17 +8,22 @@ least-recently-used order until it can (only if the policy allows eviction). Pre
 host tensor back ahead of its use when that fits without evicting anything.
 
 The executor only speaks to this interface, so a policy changes what the pool does, never the
-executor's plumbing. On the CPU copies are synchronous; the GPU device does the same through its
-copy stream.
+executor's plumbing. On the CPU copies are synchronous. On the GPU they run on a stream per
+direction, ordered per block (memory/fences.py): a copy waits for the kernels that touch its
+block, a kernel for the copies that touch its block, and a miss waits on the GPU, never on the
+host. The decisions (what moves, when, where) are the same on every device, so a run moves what
+its plan moves (memory/traffic.py checks it per iteration).
 """
 from __future__ import annotations
 
 import enum
+import os
 from collections import OrderedDict
 
 import numpy as np
 
 from ..errors import MemoryBudgetError
+from .fences import BlockFences, FencedHeap
 from .heap import Heap
 from .host import HostPool
 from .tensors import KIND_INDEX, Kind, TensorInfo
@@ -79,9 +84,25 @@ class Pool:
         # id -> a call that waits for it (None in the plan, where nothing is in flight)
         self.collectives: dict[int, object] = {}
         self.host_pool.reclaim = self._reclaim_host
+        # fences per block (memory/fences.py) where copies run on streams of their own: a copy
+        # waits for the kernels that touch its block, a kernel for the copies that touch its
+        # block, nothing else
+        self.fences = None
+        if self.async_copies and hasattr(device, "record_compute"):
+            self.fences = BlockFences(device)
+            self._h = FencedHeap(self._h, self.fences)
+        # tensors on the host whose copy out of the arena may be in flight: id -> its event
+        # (a copy back waits for it: the copy streams of the two directions are not ordered)
+        self.outbound: dict[int, object] = {}
+        # CUDA-event times of copies and steps (memory/overlap.py), where the device keeps them
+        self.overlap = None
+        if self.fences is not None and hasattr(device, "timeline") and \
+                os.environ.get("NEURON_OVERLAP", "1") != "0":
+            from .overlap import Timeline
+            self.overlap = device.timeline = Timeline(device)
         attach = getattr(device, "attach_heap", None)
         if attach is not None:  # CuPy temporaries come out of the same budget (CudaDevice)
-            attach(self.heap)
+            attach(self._h if self.fences is not None else self.heap)
         # planned offloads whose arena block is kept until their copy is done (by the plan's
         # clock: Decisions.release_after), so that the copy overlaps compute instead of
         # stalling it: (tensor, offset, event, whether the block is a compressed offload's
@@ -151,6 +172,9 @@ class Pool:
         (raw regions such as a baseline's held workspaces stay where they are)."""
         h, dev = self._h, self.device
         self.compactions += 1
+        copy_tenant = getattr(h, "copy_tenant", False)
+        if copy_tenant:
+            h.copy_tenant = False           # the moves are compute's: kernels wait on claims
         for tid, off in sorted(self.offset.items(), key=lambda kv: kv[1]):
             t = self.live[tid]
             h.free(off)
@@ -163,8 +187,12 @@ class Pool:
                 dev.move(off, new, t.nbytes)
                 self.offset[tid] = new
                 self.moved_bytes += t.nbytes
+                if self.fences is not None:     # the move used it in the running step
+                    self.fences.last_use[tid] = self.fences.epoch
                 if self.log is not None:
                     self.log.append(("compact", tid, t.nbytes))
+        if copy_tenant:
+            h.copy_tenant = True
 
     def _rounded(self, nbytes: int) -> int:
         b = self._block
@@ -210,6 +238,8 @@ class Pool:
         else:
             self.lru[t.id] = t
         self._account_tensor(t, 1)
+        if self.fences is not None:     # written, if at all, by the running step's kernels
+            self.fences.last_use[t.id] = self.fences.epoch
         return self.device.view(off, t.shape, t.dtype)
 
     def budget_error(self, t, step=None, nbytes: int | None = None):
@@ -230,7 +260,7 @@ class Pool:
 
     def free(self, t: TensorInfo) -> None:
         """Drop a tensor wherever it is."""
-        if self.inflight:
+        if self.inflight and self.fences is None:
             self._settle(t)
         if t.id in self.collectives:
             self._settle_collective(t.id)
@@ -238,7 +268,10 @@ class Pool:
         if t.id in self.offset:
             off = self.offset.pop(t.id)
             self._account_tensor(t, -1)
-            self._h.free(off)
+            if self.fences is not None:
+                self._fenced_free(t, off)
+            else:
+                self._h.free(off)
             del self.live[t.id]
             self.lru.pop(t.id, None)
         elif t.id in self.host:
@@ -246,6 +279,7 @@ class Pool:
                 from .compressed_swap import drop_staged
                 drop_staged(self, t)
             buf = self.host.pop(t.id)[1]
+            self.outbound.pop(t.id, None)   # a later copy into buf follows it on its stream
             ev = self.reading.pop(t.id, None) if self.reading else None
             if ev is None:
                 self.host_pool.put(buf)
@@ -270,9 +304,17 @@ class Pool:
         self.held.append(offset)
 
     def release_held(self) -> None:
+        """At the end of an iteration: the held raw regions go."""
         for off in self.held:
             self.free_bytes(off)
         self.held.clear()
+        if self.overlap is not None:
+            self.overlap.iteration_end()
+        if self.fences is not None:
+            self.fences.iteration_start()
+            start = getattr(self.device, "iteration_start", None)
+            if start is not None:
+                start()
 
     # ---- residency --------------------------------------------------------------------
     def view(self, t: TensorInfo):
@@ -295,6 +337,15 @@ class Pool:
         self.locked.update(ids)
 
     def unlock(self, ids) -> None:
+        """The step that used ``ids`` has queued its kernels."""
+        if self.fences is not None:
+            if self.overlap is not None:
+                self.overlap.step_end()
+            f = self.fences
+            f.step_end(ids)
+            if f.filled:            # compute waited for these copies in this step
+                for i in ids:
+                    f.filled.pop(i, None)
         self.locked.difference_update(ids)
         lru = self.lru
         for i in ids:
@@ -335,6 +386,15 @@ class Pool:
             self.device.wait(ev)
             hp.put(buf)
 
+    def _fenced_free(self, t: TensorInfo, off: int) -> None:
+        """Free t's block with its fences: its last kernel (the running step's if the step
+        uses it) and a prefetch into it that no kernel waited for."""
+        f = self.fences
+        ev = self.inflight.pop(t.id, None) if self.inflight else None
+        f.filled.pop(t.id, None)
+        epoch = f.epoch if t.id in self.locked else f.tensor_epoch(t.id)
+        self._h.free(off, epoch, () if ev is None else (ev,))
+
     def _settle(self, t: TensorInfo) -> None:
         """Before a prefetched block is freed or moved: order compute after its copy."""
         ev = self.inflight.pop(t.id, None)
@@ -371,6 +431,8 @@ class Pool:
         if type(self).alloc is not Pool.alloc:
             for t in tensors:
                 self.alloc(t, step)
+            if self.overlap is not None:
+                self.overlap.step_start()
             return
         offset, host, live, lru, h = self.offset, self.host, self.live, self.lru, self._h
         b = self._block
@@ -390,11 +452,14 @@ class Pool:
             live[tid] = t
             lru[tid] = t
             self._account_tensor(t, 1)
+        if self.overlap is not None:    # the step's waits are issued: its kernels come next
+            self.overlap.step_start()
 
     def free_all(self, tensors) -> None:
         offset, h, live, lru = self.offset, self._h, self.live, self.lru
+        fenced = self.fences is not None
         for t in tensors:
-            if self.inflight:
+            if self.inflight and not fenced:
                 self._settle(t)
             if t.id in self.collectives:
                 self._settle_collective(t.id)
@@ -404,7 +469,10 @@ class Pool:
                 self.free(t)
                 continue
             self._account_tensor(t, -1)
-            h.free(off)
+            if fenced:
+                self._fenced_free(t, off)
+            else:
+                h.free(off)
             del live[t.id]
             lru.pop(t.id, None)
             self.locked.discard(t.id)
@@ -432,14 +500,39 @@ class Pool:
             return bring_back_compressed(self, t, step, self.codecs[t.id])
         _, buf = self.host[t.id]
         n = t.nbytes or 1
-        off = self._take(n, t, step)
+        fences = self.fences
+        if fences is not None:      # the copy, not compute, is the block's first tenant
+            self._h.copy_tenant = True
+            try:
+                off = self._take(n, t, step)
+            finally:
+                self._h.copy_tenant = False
+        else:
+            off = self._take(n, t, step)
         del self.host[t.id]
         self.offset[t.id] = off
         self.live[t.id] = t
         self.lru[t.id] = t
         self._account_tensor(t, 1)
         view = self.device.view(off, t.shape, t.dtype)
-        if ahead and self.async_copies:
+        if fences is not None:
+            # after the block's last kernel and the copies still reading it, and after the
+            # copy that filled buf; a prefetch: the consumer's kernel waits on the event
+            # (ensure_all); a miss: compute waits on the GPU at once, the host never does
+            epoch, after = self._h.claimed
+            fence = fences.compute_event(epoch)
+            after = ([fence] if fence is not None else []) + after
+            out = self.outbound.pop(t.id, None)
+            if out is not None:
+                after.append(out)
+            ev = self.device.prefetch(buf[:t.nbytes], view, compute_waits=not ahead,
+                                      after=after)
+            if ahead:
+                self.inflight[t.id] = ev
+            fences.filled[t.id] = ev
+            fences.last_use[t.id] = -1
+            self.deferred.append((ev, buf))
+        elif ahead and self.async_copies:
             # a prefetch: the copy stream works while compute runs the current step; the
             # consumer's kernel waits on the event (ensure_all), the buffer is reused once done
             ev = self.device.prefetch(buf[:t.nbytes], view, compute_waits=False)
@@ -481,7 +574,8 @@ class Pool:
         if t.id in self.codecs:         # through a staging block, on the codec stream
             from .compressed_swap import offload_compressed
             return offload_compressed(self, t, self.codecs[t.id], defer, until)
-        if self.inflight:
+        fences = self.fences
+        if self.inflight and fences is None:
             self._settle(t)
         if self.collectives:
             self._settle_collective(t.id)
@@ -489,7 +583,20 @@ class Pool:
         off = self.offset.pop(t.id)
         view = self.device.view(off, t.shape, t.dtype)
         ev = None
-        if self.async_copies:
+        epoch = -1
+        if fences is not None:
+            # after the last kernel that used t (and the copy that filled it, if none did);
+            # nothing else. The block's next tenant waits for this copy (claim), not compute
+            # now: an eviction stalls no kernel that does not touch the block
+            after = fences.tensor_fence(t.id)
+            pre = self.inflight.pop(t.id, None) if self.inflight else None
+            if pre is not None:
+                after.append(pre)
+            epoch = fences.epoch if t.id in self.locked else fences.tensor_epoch(t.id)
+            ev = self.device.offload(view, buf[:t.nbytes], after=after)
+            fences.filled.pop(t.id, None)
+            self.outbound[t.id] = ev
+        elif self.async_copies:
             # copy stream, after the producer; unless deferred, compute waits for the copy on
             # the GPU before any later kernel (which may overwrite the block), so the host
             # never blocks and the block can be reused at once
@@ -502,7 +609,10 @@ class Pool:
             self.draining.append((t, off, ev, False, until))
         else:
             self._account_tensor(t, -1)
-            self._h.free(off)
+            if fences is not None:
+                self._h.free(off, epoch, (ev,))
+            else:
+                self._h.free(off)
         del self.live[t.id]
         self.lru.pop(t.id, None)
         self.pinned.discard(t.id)
@@ -525,13 +635,22 @@ class Pool:
 
     def _release(self, entry) -> None:
         t, off, ev, staging, _ = entry
-        if ev is not None:
-            self.device.compute_wait(ev)
-        if staging:                 # a compressed offload's (memory/compressed_swap.py)
-            self.free_bytes(off)
+        if self.fences is not None:     # its next tenant waits for the copy (claim)
+            evs = () if ev is None else (ev,)
+            if staging:                 # a compressed offload's (memory/compressed_swap.py):
+                self._account(_WS, -self._h.size_of(off))    # no kernel of compute used it
+                self._h.free(off, -1, evs)
+            else:
+                self._account_tensor(t, -1)
+                self._h.free(off, self.fences.tensor_epoch(t.id), evs)
         else:
-            self._account_tensor(t, -1)
-            self._h.free(off)
+            if ev is not None:
+                self.device.compute_wait(ev)
+            if staging:
+                self.free_bytes(off)
+            else:
+                self._account_tensor(t, -1)
+                self._h.free(off)
         if self.log is not None:
             self.log.append(("drain", t.id, 0))
 

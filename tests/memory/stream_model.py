@@ -39,6 +39,21 @@ class Event:
         self.host_target = None     # a copy to the host: (buffer view, the bytes it will hold)
 
 
+class ComputeMark:
+    """An event recorded on compute (``record_compute``): kernels run at once here, so it is
+    complete when recorded."""
+    waited = complete = True
+
+
+def _copy_deps(after) -> list:
+    """The model's copy events among ``after`` (None, one event or a list), marked waited."""
+    evs = [] if after is None else list(after) if isinstance(after, (list, tuple)) else [after]
+    out = [e for e in evs if isinstance(e, Event)]
+    for e in out:
+        e.waited = True
+    return out
+
+
 class StreamModelDevice(CpuDevice):
     """``polls``: how many ``is_done`` calls report an event as still running (10**6: done only
     when waited for)."""
@@ -68,26 +83,37 @@ class StreamModelDevice(CpuDevice):
                 e.on_complete()
 
     # ---- copies ----------------------------------------------------------------------------
+    def new_event(self):
+        return ComputeMark()
+
+    def record_compute(self, ev):
+        return ev
+
     def offload(self, view, buf, after=None):
         return self._d2h(view, buf, view.nbytes, after)
 
+    snapshot = offload
+
     def _d2h(self, view, buf, nbytes, after=None):
-        if after is not None:               # the copy stream waits for the encode
-            after.waited = True
+        deps = _copy_deps(after)            # e.g. the encode, a prefetch into the block
         data = view.reshape(-1).view(np.uint8)[:nbytes].copy()     # read after the producer
         target = buf[:nbytes]
         target[...] = POISON                # what a host read sees before the copy completes
 
         def land():
             target[...] = data
-        ev = self._op("copy", [after], land)
+        ev = self._op("copy", deps, land)
         ev.host_target = (target, data)
         return ev
 
-    def prefetch(self, buf, view, compute_waits=True):
-        return self._h2d(buf, view, view.nbytes)
+    def prefetch(self, buf, view, compute_waits=True, after=None):
+        ev = self._h2d(buf, view, view.nbytes, after)
+        if compute_waits:
+            ev.waited = True
+        return ev
 
-    def _h2d(self, buf, view, nbytes):
+    def _h2d(self, buf, view, nbytes, after=None):
+        deps = _copy_deps(after)
         src = buf[:nbytes].copy()
         lo, hi = _span(buf[:nbytes])
         for e in self._queues["copy"]:      # earlier copies to this buffer come first (FIFO)
@@ -104,7 +130,7 @@ class StreamModelDevice(CpuDevice):
             if not np.array_equal(read, src):
                 raise AssertionError("a host buffer was written while a copy from it was still "
                                      "running (reused before its event completed)")
-        return self._op("copy", (), check)
+        return self._op("copy", deps, check)
 
     def copy_to_host(self, view, buf, nbytes):
         self.wait(self._d2h(view, buf, int(nbytes)))
@@ -113,17 +139,15 @@ class StreamModelDevice(CpuDevice):
         self.wait(self._h2d(buf, view, int(nbytes)))
 
     # ---- the codec stream ------------------------------------------------------------------
-    def encode(self, codec, src, dst, after=None):
-        if after is not None:               # the codec stream waits for a copy out of dst
-            after.waited = True
+    def encode(self, codec, src, dst, after=None, fence=None):
+        deps = _copy_deps(after) + _copy_deps(fence)    # a copy out of dst, its last users
         codec.encode_into(src, dst)
-        return self._op("codec", [after])
+        return self._op("codec", deps)
 
-    def decode(self, codec, src, dst, after=None):
-        if after is not None:               # the codec stream waits for the copy that fills src
-            after.waited = True
+    def decode(self, codec, src, dst, after=None, fence=None):
+        deps = _copy_deps(after) + _copy_deps(fence)    # the copy that fills src, ...
         codec.decode(src, dst)
-        return self._op("codec", [after])
+        return self._op("codec", deps)
 
     # ---- waiting ---------------------------------------------------------------------------
     def compute_wait(self, ev):
@@ -145,3 +169,13 @@ class StreamModelDevice(CpuDevice):
         for q in self._queues.values():
             if q:
                 self._complete(q[-1])
+
+
+def pending(pool) -> set:
+    """Ids of the copies and codec work no one waited for yet that are still fenced: the next
+    tenant of a free block waits for what reads it, a copy back from the host for the copy
+    that sent the tensor there."""
+    out = {id(e) for e in pool.outbound.values()}
+    if pool.fences is not None:
+        out.update(id(e) for _, _, evs in pool.fences._free.values() for e in evs)
+    return out

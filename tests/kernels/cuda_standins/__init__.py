@@ -71,3 +71,4 @@ def uninstall():
     _Cuda.allocator = None
     _Stream._current.clear()
     _Stream._logging = False
+    _Stream.issued = []

@@ -31,9 +31,14 @@ class MemoryPointer:
         self.mem, self.ptr = mem, mem.ptr + int(offset)
 
 
-class _Event:
-    done = True
+def _observed(stream, pos):
+    """The host learned that the operation at (stream, pos) and all before it completed: what
+    it issues from now on happens after them (logged as ("host", (stream, pos)) in issued)."""
+    if _Stream._logging and stream is not None and stream.ops is not None and pos >= 0:
+        _Stream.issued.append(("host", (stream, pos)))
 
+
+class _Event:
     def __init__(self, disable_timing=False):
         self.t = None
         self.stream = self.pos = None       # where it was recorded: stream.ops[pos]
@@ -46,17 +51,28 @@ class _Event:
     def record(self, stream=None):
         (stream or _Cuda.get_current_stream()).record(self)
 
+    @property
+    def done(self):                     # every operation ran when issued
+        _observed(self.stream, self.pos)
+        return True
+
     def synchronize(self):
         self.synced = True
+        _observed(self.stream, self.pos)
 
 
 class _Stream:
     """A stream runs each operation when it is issued. One made after log_streams() also keeps
     what was issued to it, in order, in ``ops``: ("record", event), ("wait", event, the
     (stream, index) of the record it waits for, None if none), (kind, dst, src, nbytes) for a
-    memcpyAsync of kind "h2d", "d2h" or "d2d", ("kernel", name) for launch(name)."""
+    memcpyAsync of kind "h2d", "d2h" or "d2d", ("kernel", name, ranges) for launch(name,
+    ranges) (the [lo, hi) device address ranges it reads or writes). ``issued`` holds every
+    logged operation as (stream, index) in the order the host issued them, across streams,
+    and ("host", (stream, index)) where the host learned that operation complete (an event's
+    ``done`` or ``synchronize``, a stream's ``synchronize``)."""
     _current = []
     _logging = False
+    issued: list = []
     _by_ptr = weakref.WeakValueDictionary()     # memcpyAsync names its stream by pointer
 
     def __init__(self, null=False, non_blocking=False):
@@ -68,6 +84,7 @@ class _Stream:
     def _log(self, *op):
         if self.ops is not None:
             self.ops.append(op)
+            _Stream.issued.append((self, len(self.ops) - 1))
 
     def record(self, event=None):
         ev = (event or _Event())._stamp()
@@ -80,6 +97,8 @@ class _Stream:
 
     def synchronize(self):
         self.synced = True
+        if self.ops:
+            _observed(self, len(self.ops) - 1)
 
     def use(self):
         _Stream._current[:] = [self]
@@ -94,13 +113,15 @@ class _Stream:
 def log_streams():
     """Streams made from now on (until uninstall()) log the operations issued to them."""
     _Stream._logging = True
+    _Stream.issued = []
 
 
-def launch(name):
-    """A kernel ``name`` issued now, on the current stream, into its log: returns the
-    operation, (stream, index in its ops)."""
+def launch(name, ranges=()):
+    """A kernel ``name`` issued now, on the current stream, into its log, touching the device
+    address ranges ``ranges`` ([(lo, hi)], read or written): returns the operation, (stream,
+    index in its ops)."""
     s = _Cuda.get_current_stream()
-    s._log("kernel", name)
+    s._log("kernel", name, tuple(ranges))
     return s, len(s.ops) - 1
 
 
