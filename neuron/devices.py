@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -79,7 +81,7 @@ class CpuDevice(Device):
 
     def view(self, offset: int, shape, dtype):
         dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = math.prod(shape) * dtype.itemsize       # np.prod costs ~5 us a call
         return self.buffer[offset:offset + n].view(dtype).reshape(shape)
 
     def move(self, src: int, dst: int, nbytes: int) -> None:
