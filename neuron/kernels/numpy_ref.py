@@ -489,9 +489,10 @@ def _axpy(a, alpha, b, out):
     identical to an FMA except for astronomically rare double-rounding
     ties); other dtypes use plain arithmetic."""
     if out.dtype == np.float32:
-        # the product in float64 (exact), then the sum in float64 rounded once into out
-        r = np.multiply(b, np.float64(np.float32(alpha)), dtype=np.float64)
-        np.add(r, a, out=out, dtype=np.float64, casting="same_kind")
+        r = b.astype(np.float64)
+        r *= np.float64(np.float32(alpha))
+        r += a
+        np.copyto(out, r, casting="same_kind")
     else:
         np.add(a, alpha * b, out=out)
 
