@@ -45,5 +45,6 @@ def test_tiny_run_writes_both_figures_and_the_ratio(tmp_path):
     assert d["neuron_over_pytorch"] == best["over_pytorch"]
     assert abs(best["img_per_s"] / d["pytorch_img_per_s"] - d["neuron_over_pytorch"]) < 1e-2
     assert d["target_met"] == (d["neuron_over_pytorch"] >= 0.8)
+    assert best["over_pytorch_paired_median"] > 0
     assert "load_average_at_start" in d["provenance"]
     assert "neuron / PyTorch" in open(name + ".md").read()
