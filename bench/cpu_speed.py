@@ -53,6 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--name", default="cpu_speed", help="results file name (without suffix)")
+    p.add_argument("--note", default=None, help="a remark kept in the JSON and the table")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.iters < 1 or args.warmup < 0:
         p.error("--rounds and --iters must be >= 1, --warmup >= 0")
@@ -195,6 +196,7 @@ def main(argv=None) -> int:
                      "order": "alternating per round"},
         "replay": {"supported": replay_supported, "requested": wanted, "measured": modes,
                    "note": note},
+        "note": args.note,
         "neuron": neuron, "pytorch": res["pytorch"],
         "neuron_mode": best, "neuron_img_per_s": neuron[best]["img_per_s"],
         "pytorch_img_per_s": torch_rate, "neuron_over_pytorch": ratio,
@@ -217,7 +219,8 @@ def main(argv=None) -> int:
           f"{res['pytorch']['step_ms']:.1f} | 1.00 |\n\n"
           f"neuron / PyTorch = {ratio:.2f} (replay {best}; the median of the per-round "
           f"ratios: {neuron[best]['over_pytorch_paired_median']:.2f}); target >= {TARGET}: "
-          f"{'met' if ratio >= TARGET else 'not met'}.\n" + (f"\nNote: {note}.\n" if note else ""))
+          f"{'met' if ratio >= TARGET else 'not met'}.\n" + (f"\nNote: {note}.\n" if note else "")
+          + (f"\n{args.note}\n" if args.note else ""))
     write(args.name, payload, md)
     return 0
 
