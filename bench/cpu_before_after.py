@@ -61,8 +61,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="NumPy BLAS threads")
     args = p.parse_args(argv)
     prov = provenance(device="CPU (x86_64, 2 cores), training on the CPU")
-    from threadpoolctl import threadpool_limits
+    import numpy  # noqa: F401  (threadpoolctl limits only the libraries already loaded)
+    from threadpoolctl import threadpool_info, threadpool_limits
     threadpool_limits(args.threads, user_api="blas")
+    blas = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    if blas != [args.threads]:
+        sys.exit(f"cpu_before_after: NumPy's BLAS threads are {blas}, not [{args.threads}]")
     from neuron import devices
     from neuron.data import load_dataset
     from neuron.executor import Executor
