@@ -125,20 +125,24 @@ def torch_stepper(args, shape, classes):
     return sum(p.numel() for p in model.parameters()), step
 
 
-def run(step, batches, iters, k0) -> tuple[float, float]:
-    """(seconds for ``iters`` steps, last loss); batches cycle from index k0."""
-    t = time.perf_counter()
+def run(step, batches, iters, k0) -> tuple[float, float, float]:
+    """(seconds for ``iters`` steps, the process's CPU seconds in them, last loss); batches
+    cycle from index k0."""
+    t, c = time.perf_counter(), time.process_time()
     loss = float("nan")
     for i in range(iters):
         x, y = batches[(k0 + i) % len(batches)]
         loss = step(x, y)
-    return time.perf_counter() - t, float(loss)
+    return time.perf_counter() - t, time.process_time() - c, float(loss)
 
 
-def summary(seconds: list[float], iters: int, batch: int) -> dict:
+def summary(seconds: list[float], cpu: list[float], iters: int, batch: int) -> dict:
+    """img/s and ms/step (medians over rounds), and the CPU ms per step: with one thread per
+    side it is close to the step time on an idle machine, whatever the load."""
     rates = [batch * iters / s for s in seconds]
     med = statistics.median(rates)
     return {"img_per_s": round(med, 1), "step_ms": round(1000 * batch / med, 2),
+            "cpu_ms_per_step": round(1000 * statistics.median(cpu) / iters, 2),
             "runs_img_per_s": [round(r, 1) for r in rates]}
 
 
@@ -164,15 +168,17 @@ def main(argv=None) -> int:
         sys.exit(f"cpu_speed: the networks differ: parameter counts {counts}")
     first_loss = {}
     for name, step in sides.items():              # warm-up (not timed)
-        first_loss[name] = run(step, batches, max(args.warmup, 1), 0)[1]
+        first_loss[name] = run(step, batches, max(args.warmup, 1), 0)[2]
     secs = {name: [] for name in sides}
+    cpus = {name: [] for name in sides}
     last_loss = {}
     order = list(sides)
     for r in range(args.rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
-            s, last_loss[name] = run(sides[name], batches, args.iters, r * args.iters)
+            s, c, last_loss[name] = run(sides[name], batches, args.iters, r * args.iters)
             secs[name].append(s)
-    res = {name: summary(v, args.iters, args.batch) for name, v in secs.items()}
+            cpus[name].append(c)
+    res = {name: summary(v, cpus[name], args.iters, args.batch) for name, v in secs.items()}
     torch_rate = res["pytorch"]["img_per_s"]
     # per round, the two sides ran back to back: the median of those ratios is the least
     # sensitive to the machine's load drifting between rounds
@@ -205,8 +211,8 @@ def main(argv=None) -> int:
                  "last": {k: round(v, 4) for k, v in last_loss.items()}},
     }
     rows = "\n".join(f"| neuron, replay {m} | {neuron[m]['img_per_s']:,.0f} | "
-                     f"{neuron[m]['step_ms']:.1f} | {neuron[m]['over_pytorch']:.2f} |"
-                     for m in modes)
+                     f"{neuron[m]['step_ms']:.1f} | {neuron[m]['cpu_ms_per_step']:.1f} | "
+                     f"{neuron[m]['over_pytorch']:.2f} |" for m in modes)
     blas = ", ".join(f"{b['library']} {b['num_threads']}" for b in threads["numpy_blas"])
     md = (f"# CPU training speed, quick-start model ({prov['date']}, commit {prov['commit']})\n\n"
           f"resnet_cifar depth {args.depth} on 8x8 digits, batch {args.batch}, SGD lr {args.lr} "
@@ -214,9 +220,10 @@ def main(argv=None) -> int:
           f"torch {threads['torch']}, NumPy BLAS {blas or 'none found'}; median of "
           f"{args.rounds} rounds of {args.iters} steps, the sides alternating; load average "
           f"{prov['load_average_at_start']} at start.\n\n"
-          "| side | img/s | ms/step | / PyTorch |\n|---|---:|---:|---:|\n" + rows +
-          f"\n| PyTorch {torch.__version__} eager | {torch_rate:,.0f} | "
-          f"{res['pytorch']['step_ms']:.1f} | 1.00 |\n\n"
+          "| side | img/s | ms/step | CPU ms/step | / PyTorch |\n|---|---:|---:|---:|---:|\n"
+          + rows + f"\n| PyTorch {torch.__version__} eager | {torch_rate:,.0f} | "
+          f"{res['pytorch']['step_ms']:.1f} | {res['pytorch']['cpu_ms_per_step']:.1f} | "
+          "1.00 |\n\n"
           f"neuron / PyTorch = {ratio:.2f} (replay {best}; the median of the per-round "
           f"ratios: {neuron[best]['over_pytorch_paired_median']:.2f}); target >= {TARGET}: "
           f"{'met' if ratio >= TARGET else 'not met'}.\n" + (f"\nNote: {note}.\n" if note else "")

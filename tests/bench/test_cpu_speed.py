@@ -41,6 +41,7 @@ def test_tiny_run_writes_both_figures_and_the_ratio(tmp_path):
     assert d["replay"]["measured"] == list(d["neuron"])
     for side in list(d["neuron"].values()) + [d["pytorch"]]:
         assert side["img_per_s"] > 0 and len(side["runs_img_per_s"]) == 2
+        assert side["cpu_ms_per_step"] > 0
     best = d["neuron"][d["neuron_mode"]]
     assert d["neuron_over_pytorch"] == best["over_pytorch"]
     assert abs(best["img_per_s"] / d["pytorch_img_per_s"] - d["neuron_over_pytorch"]) < 1e-2
