@@ -91,13 +91,19 @@ class CpuDevice(Device):
 
     @property
     def kernels(self):
-        from .kernels import numpy_ref
-        return numpy_ref
+        # imported on first use, then kept: an import statement costs ~3 us, a step asks ~1,500 times
+        k = CpuDevice._numpy_ref
+        if k is None:
+            from .kernels import numpy_ref as k
+            CpuDevice._numpy_ref = k
+        return k
+
+    _numpy_ref = None
 
     def view(self, offset: int, shape, dtype):
-        dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return self.buffer[offset:offset + n].view(dtype).reshape(shape)
+        # one ndarray constructor (~1 us) instead of slice, view and reshape (~4 us, with
+        # np.prod ~9 us); a step builds ~1,000 views
+        return np.ndarray(shape, dtype, buffer=self.buffer, offset=offset)
 
     def move(self, src: int, dst: int, nbytes: int) -> None:
         # NumPy detects the overlap and copies through a temporary

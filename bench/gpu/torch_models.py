@@ -110,11 +110,12 @@ def table4_blocks(depth: int) -> list[int]:
     return [6, 32, n3, 6]
 
 
-def cifar_resnet(depth: int, num_classes=10) -> nn.Sequential:
+def cifar_resnet(depth: int, num_classes=10, in_channels=3) -> nn.Sequential:
     n, rem = divmod(depth - 2, 6)
     if rem or n < 1:
         raise ValueError(f"resnet_cifar: depth must be 6n+2, got {depth}")
-    mods = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True)]
+    mods = [nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16),
+            nn.ReLU(inplace=True)]
     cin = 16
     for i, planes in enumerate((16, 32, 64)):
         for j in range(n):

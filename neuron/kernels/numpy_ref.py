@@ -65,6 +65,35 @@ def _bn_axes(x):
     raise ValueError("batchnorm expects a 2-D or 4-D input")
 
 
+def _rows(a):
+    """a (N, C, ...) as (N, C*...): a view when a is C-contiguous, else None."""
+    return a.reshape(a.shape[0], -1) if a.flags.c_contiguous else None
+
+
+def _channel_op(op, a, v, out):
+    """out = op(a, v[channel]) for per-channel values v (C,). On contiguous arrays v is laid
+    out once per sample (C*H*W values), so the ufunc's inner loop runs over a whole sample
+    instead of one row of W values."""
+    n, c = a.shape[0], a.shape[1]
+    rest = a.size // max(n * c, 1)
+    a2, o2 = _rows(a), _rows(out)
+    if a2 is not None and o2 is not None:
+        op(a2, np.repeat(v, rest) if rest > 1 else v, out=o2)
+    else:
+        op(a, v.reshape((1, c) + (1,) * (a.ndim - 2)), out=out)
+
+
+def _channel_sum(a):
+    """Per-channel sum over every axis but 1 (in a's dtype)."""
+    return np.einsum("nci->c", a.reshape(a.shape[0], a.shape[1], -1))
+
+
+def _channel_dot(a, b):
+    """Per-channel sum of a*b over every axis but 1, without an a*b temporary."""
+    n, c = a.shape[0], a.shape[1]
+    return np.einsum("nci,nci->c", a.reshape(n, c, -1), b.reshape(n, c, -1))
+
+
 def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
                             save_mean, save_invstd, momentum, eps, update_running):
     """Training-mode BN.  Normalizes with the biased batch variance; if
@@ -72,13 +101,22 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
     (1-momentum)*running + momentum*batch (unbiased variance for running_var).
     save_mean / save_invstd (C,) receive the batch mean and 1/sqrt(var+eps).
     gamma/beta may be None (affine=False)."""
-    axes, bshape = _bn_axes(x)
+    _bn_axes(x)
     m = x.size // x.shape[1]
-    mean = np.mean(x, axis=axes)
-    np.subtract(x, mean.reshape(bshape), out=y)             # y = x - mean
-    var = np.mean(np.square(y), axis=axes)                  # biased variance
-    bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
-                        running_mean, running_var, momentum, update_running)
+    mean = _channel_sum(x) / m
+    _channel_op(np.subtract, x, mean, y)                    # y = x - mean
+    var = _channel_dot(y, y) / m                            # biased variance
+    invstd = 1.0 / np.sqrt(var + eps)
+    if save_mean is not None:
+        save_mean[...] = mean
+    if save_invstd is not None:
+        save_invstd[...] = invstd
+    scale = invstd if gamma is None else invstd * gamma
+    _channel_op(np.multiply, y, scale, y)
+    if beta is not None:
+        _channel_op(np.add, y, beta, y)
+    if update_running:
+        update_running_stats(running_mean, running_var, mean, var, m, momentum)
 
 
 def bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
@@ -128,34 +166,37 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
                        accumulate=False):
     """Training-mode BN backward (batch statistics depend on x). ``eps`` is the layer's: the
     saved inverse std already contains it here, but cuDNN's backward takes it again. With
-    ``accumulate`` dx is added to."""
-    axes, bshape = _bn_axes(x)
+    ``accumulate`` dx is added to.
+
+    With d = x - mean and A = gamma*invstd:  dx = A*dy + B*d + C per channel, where
+    B = -A*invstd*sum(dy*xhat)/m and C = -A*sum(dy)/m (the usual
+    gamma*invstd*(dy - mean(dy) - xhat*mean(dy*xhat)), in three passes over the data)."""
+    _bn_axes(x)
     m = x.size // x.shape[1]
-    mean = save_mean.reshape(bshape)
-    invstd = save_invstd.reshape(bshape)
-    sum_dy = np.sum(dy, axis=axes)
-    # xhat lives in dx unless dx aliases dy (in-place backward)
+    sum_dy = _channel_sum(dy)
+    # d = x - mean lives in dx unless dx aliases dy (in-place backward) or is added to
     inplace = dx is not None and (accumulate or np.may_share_memory(dx, dy))
-    xhat = dx if (dx is not None and not inplace) else np.empty_like(x)
-    np.subtract(x, mean, out=xhat)
-    xhat *= invstd
-    sum_dy_xhat = np.sum(dy * xhat, axis=axes)
+    d = dx if (dx is not None and not inplace) else np.empty_like(x)
+    _channel_op(np.subtract, x, save_mean, d)
+    sum_dy_xhat = _channel_dot(dy, d) * save_invstd
     if dgamma is not None:
         dgamma[...] = sum_dy_xhat
     if dbeta is not None:
         dbeta[...] = sum_dy
     if dx is None:
         return
-    # dx = gamma*invstd * (dy - mean(dy) - xhat*mean(dy*xhat))
-    xhat *= (-sum_dy_xhat / m).reshape(bshape)
-    xhat += dy
-    xhat -= (sum_dy / m).reshape(bshape)
-    g = save_invstd if gamma is None else gamma * save_invstd
-    xhat *= g.reshape(bshape)
+    a = save_invstd if gamma is None else gamma * save_invstd
+    _channel_op(np.multiply, d, (-a * save_invstd) * (sum_dy_xhat / m), d)    # B*d
+    _channel_op(np.add, d, -a * (sum_dy / m), d)                              # + C
+    if inplace and not accumulate:          # dx is dy: dy is read once more, elementwise
+        _channel_op(np.multiply, dy, a, dx)
+        np.add(dx, d, out=dx)
+        return
+    ady = np.empty_like(d)
+    _channel_op(np.multiply, dy, a, ady)
+    np.add(d, ady, out=d)
     if accumulate:
-        np.add(dx, xhat, out=dx)
-    elif xhat is not dx:
-        np.copyto(dx, xhat)
+        np.add(dx, d, out=dx)
 
 
 # --------------------------------------------------------------------------
@@ -168,7 +209,11 @@ def relu_forward(x, y):
 
 def relu_backward(y, dy, dx, accumulate=False):
     t = _grad_target(dx, accumulate)
-    np.multiply(dy, y > 0, out=t)
+    if t is dx and np.may_share_memory(dx, dy):
+        np.multiply(dy, y > 0, out=t)
+    else:                       # the mask as 1.0/0.0 in t: a float*float multiply, same bits
+        np.greater(y, 0, out=t)
+        np.multiply(t, dy, out=t)
     _grad_finish(dx, t, accumulate)
 
 

@@ -19,6 +19,9 @@ CONV_CASES = [
     (2, 6, 5, 5, 3, 1, 1, (2, 2), (0, 0), (1, 1), 3, True),    # grouped 1x1 s2
     (1, 2, 5, 6, 3, 2, 3, (1, 1), (0, 1), (1, 1), 1, True),    # even/rect kernel
     (1, 2, 4, 4, 2, 3, 3, (3, 3), (3, 3), (2, 2), 1, True),    # taps entirely in padding
+    (2, 4, 6, 5, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, True),    # stride 1: dx by correlation
+    (1, 4, 7, 6, 2, 3, 2, (1, 1), (3, 1), (1, 2), 2, False),   # ... grouped, dilated, dy cropped
+    (2, 4, 5, 5, 4, 1, 1, (1, 1), (1, 1), (1, 1), 1, False),   # padded 1x1
 ]
 
 
@@ -46,6 +49,37 @@ def test_conv_gradcheck(case):
     assert_grad(numgrad(loss, w), dw)
     if bias:
         assert_grad(numgrad(loss, b), db)
+
+
+def test_conv_dx_routes_are_both_tested():
+    """dx by correlation of dy (stride 1, kernel > 1x1, dy's columns fit the workspace) and by
+    scatter-adding column gradients: CONV_CASES covers both."""
+    from neuron.kernels.numpy_conv import _dx_by_correlation
+    routes = set()
+    for n, c, h, w, k, kh, kw, s, p, d, g, _ in CONV_CASES:
+        ho, wo = K.conv2d_out_hw(h, w, kh, kw, s, p, d)
+        routes.add(_dx_by_correlation(k, c, kh, kw, h, w, ho, wo, s))
+    assert routes == {True, False}
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_same_bits_every_call_with_or_without_workspace(case):
+    """A replayed step must reproduce an eager one exactly, and a policy that gives the
+    convolution no workspace must compute what one that does computes."""
+    _, _, _, _, _, _, _, s, p, d, g, bias = case
+    x, w, b, yshape, ws = _conv_setup(case, np.float32)
+    dy = rng(3).standard_normal(yshape).astype(np.float32)
+    runs = []
+    for workspace in (ws, None, ws):
+        y = np.empty(yshape, np.float32)
+        dx, dw = garbage(x.shape, np.float32), garbage(w.shape, np.float32)
+        db = np.empty(b.shape, np.float32) if bias else None
+        K.conv2d_forward(x, w, b, y, s, p, d, g, workspace)
+        K.conv2d_backward(x, w, dy, dx, dw, db, s, p, d, g, workspace)
+        runs.append([y, dx, dw] + ([db] if bias else []))
+    for other in runs[1:]:
+        for a, o in zip(runs[0], other):
+            np.testing.assert_array_equal(a, o)
 
 
 def test_conv_backward_partial_outputs():
