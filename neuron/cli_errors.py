@@ -9,9 +9,11 @@ import signal
 import sys
 
 # import name -> what to install
-_PACKAGES = {"sklearn": "scikit-learn (pip install scikit-learn, or neuron[examples])",
-             "matplotlib": "matplotlib (pip install 'neuron[plot]')",
-             "cupy": "CuPy for CUDA 13 (pip install 'neuron[cuda]')",
+_PACKAGES = {"sklearn": "scikit-learn (pip install scikit-learn)",
+             "matplotlib": "matplotlib (pip install 'neuron-arena[plot]', or in a checkout "
+                           "pip install -e '.[plot]')",
+             "cupy": "CuPy for CUDA 13 (pip install 'neuron-arena[cuda]', or in a checkout "
+                     "pip install -e '.[cuda]')",
              "tqdm": "tqdm (pip install tqdm)"}
 
 USAGE, RUNTIME = 2, 1

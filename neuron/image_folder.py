@@ -37,7 +37,7 @@ def _pil():
         from PIL import Image, UnidentifiedImageError
     except ImportError as e:
         raise ImportError("--dataset folder:DIR decodes images with Pillow: "
-                          "pip install 'neuron[images]'") from e
+                          "pip install 'neuron-arena[images]'") from e
     return Image, UnidentifiedImageError
 
 

@@ -86,8 +86,8 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     """Train ``ex`` on ``train``; returns a summary dict (losses, accuracy, speed, memory).
 
     With ``checkpoint``, the state is written atomically every ``checkpoint_every`` iterations
-    (default: once per epoch) and at the end. SIGINT/SIGTERM stop the run after the current step
-    (a second signal undoes it and stops at once); a step refused as non-finite, or any other
+    (default: once per epoch) and at the end. SIGINT/SIGTERM/SIGHUP stop the run after the
+    current step (a second signal undoes it and stops at once); a step refused as non-finite, or any other
     failure, also stops it. Then the checkpoint of the last whole step is written and
     :class:`TrainingStopped` says where the state is.
 
