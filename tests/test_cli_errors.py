@@ -113,11 +113,16 @@ def test_resume_problems(capsys, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_a_non_finite_run_stops_with_exit_1_and_the_state_saved(capsys, tmp_path):
+def test_a_non_finite_run_stops_with_exit_1_and_the_last_good_state_kept(capsys, tmp_path):
+    from neuron.checkpoint import load_checkpoint
     ckpt = str(tmp_path / "c.npz")
+    rc, _, err = run(capsys, *TRAIN, "--iters", "2", "--checkpoint", ckpt)
+    assert rc == 0, err
     rc, _, err = run(capsys, *TRAIN, "--iters", "20", "--lr", "1e38", "--schedule", "constant",
-                     "--checkpoint", ckpt)
-    one_line_error(rc, err, 1, "the step was undone", f"saved to {ckpt}")
+                     "--resume", ckpt)
+    one_line_error(rc, err, 1, "the step was undone", "was not saved",
+                   f"{ckpt} still holds iteration 2 (continue with --resume {ckpt}")
+    assert load_checkpoint(ckpt)[1]["iteration"] == 2
 
 
 def test_device_cuda_without_a_gpu(capsys):
