@@ -1,4 +1,5 @@
-"""One check for every size argument of the API (channels, kernels, strides, shapes, batch).
+"""One check for every size argument of the API (channels, kernels, strides, shapes, batch,
+byte budgets).
 
 A float such as 4.7 or 2.5 used to be truncated silently by int(); a size must be an integer
 (Python or NumPy), and anything else is a TypeError that names the argument and its owner.
@@ -6,6 +7,8 @@ A float such as 4.7 or 2.5 used to be truncated silently by int(); a size must b
 from __future__ import annotations
 
 import numbers
+
+from .units import parse_bytes
 
 
 def size_arg(value, argument: str, owner: str) -> int:
@@ -25,3 +28,23 @@ def shape_arg(shape, argument: str, owner: str,
         raise TypeError(f"{owner}: {argument} must be {expected}, got {shape!r} "
                         f"({type(shape).__name__})")
     return tuple(size_arg(s, f"{argument}[{i}]", owner) for i, s in enumerate(shape))
+
+
+def byte_size_arg(value, argument: str, owner: str) -> int | None:
+    """A byte count: an integer or a size string such as '64MiB' or '12GB' (units.parse_bytes);
+    None stays None. TypeError/ValueError naming ``owner``'s ``argument`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+        raise TypeError(f"{owner}: {argument} must be a number of bytes or a size such as "
+                        f"'64MiB', got {value!r} ({type(value).__name__})")
+    try:
+        return parse_bytes(value if isinstance(value, (str, numbers.Integral)) else
+                           _float_bytes(value))
+    except ValueError as e:
+        raise ValueError(f"{owner}: {argument}: {e}") from None
+
+
+def _float_bytes(value) -> str:
+    """A float byte count (1e9) as text parse_bytes reads; NaN and infinities stay refused."""
+    return repr(float(value))
