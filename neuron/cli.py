@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic | digits | cifar10:DIR | mnist:DIR | folder:DIR")
     t.add_argument("--lr", type=positive_number("--lr"), default=0.1,
                    help="base learning rate")
-    t.add_argument("--momentum", type=numeric("--momentum", low=0, high=1, high_open=True), default=0.9, help="SGD momentum")
+    t.add_argument("--momentum", type=numeric("--momentum", low=0, high=1, high_open=True),
+                   default=0.9, help="SGD momentum")
     t.add_argument("--weight-decay", type=numeric("--weight-decay", low=0), default=5e-4,
                    help="L2 weight decay")
     t.add_argument("--nesterov", action="store_true", help="Nesterov momentum")

@@ -1,8 +1,8 @@
 """The one check of every numeric command-line option: type, finiteness and range.
 
 Each numeric option of every command is declared with ``type=numeric(...)`` (or one of the
-helpers below; argparse puts "argument --NAME:" before each message), so that a value the run cannot use is a usage error (exit 2) naming the option
-and what it accepts, before any work: NaN and infinities are refused everywhere (they pass
+helpers below), so that a value the run cannot use is a usage error (exit 2) naming the option
+("argument --NAME:", argparse's prefix) and what it accepts, before any work: NaN and infinities are refused everywhere (they pass
 ``float()`` and every ``<`` comparison that would catch them), as are integers written as
 fractions. Byte sizes (``--budget``) and paths are checked here too. Imports nothing of neuron
 but units, so any module that declares options may use it.

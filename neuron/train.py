@@ -102,8 +102,8 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
 
     With ``checkpoint``, the state is written atomically every ``checkpoint_every`` iterations
     (default: once per epoch) and at the end. SIGINT/SIGTERM/SIGHUP stop the run after the
-    current step (a second signal undoes it and stops at once); a step refused as non-finite, or any other
-    failure, also stops it. Then the checkpoint of the last whole step is written and
+    current step (a second signal undoes it and stops at once); a step refused as non-finite,
+    or any other failure, also stops it. Then the checkpoint of the last whole step is written and
     :class:`TrainingStopped` says where the state is; after a non-finite step the state it
     started from is suspect (a huge finite update overflows only at the next step), so it is
     not written, and a periodic checkpoint is only written once the step after it ran finite:

@@ -58,7 +58,8 @@ def _cases():
     for cmd, a in _options():
         if hasattr(a.type, "kind"):
             for v in _bad_values(a.type):
-                yield pytest.param(cmd, a.option_strings[-1], v, id=f"{cmd}{a.option_strings[-1]}={v}")
+                yield pytest.param(cmd, a.option_strings[-1], v,
+                                   id=f"{cmd}{a.option_strings[-1]}={v}")
 
 
 @pytest.mark.parametrize("cmd,option,value", list(_cases()))
