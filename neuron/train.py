@@ -130,7 +130,7 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     total = iters if iters is not None else int(math.ceil((epochs or 1) * per_epoch))
     warmup = _count("warmup", warmup, positive=False, allow_none=False)
     every = _count("checkpoint_every", checkpoint_every) or per_epoch
-    if checkpoint:
+    if checkpoint is not None:          # "" is an error, not "no checkpoint"
         check_checkpoint_target(checkpoint)
         remove_stale_temps(checkpoint)
     start = 0

@@ -20,9 +20,17 @@ def _env():
     return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+def _default_signals():
+    """In the child: the dispositions a terminal gives, whatever this test run inherited
+    (`nohup pytest &` ignores SIGHUP and SIGINT, and an ignored SIGHUP is kept by design)."""
+    for s in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _start(ckpt, extra=()):
     return subprocess.Popen([*TRAIN, "--checkpoint", str(ckpt), *extra], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
 
 
 def _wait_for(path, proc, timeout=120):

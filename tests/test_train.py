@@ -325,3 +325,10 @@ def test_fit_refuses_counts_that_would_silently_do_something_else(tiny, kw, frag
     with pytest.raises(ValueError, match=fragment):
         fit(ex, tiny, progress=False, **kw)
     assert ex.iteration == 0
+
+
+def test_an_empty_checkpoint_path_is_an_error_not_no_checkpoint(tiny):
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    with pytest.raises(ValueError, match="checkpoint path is empty"):
+        fit(ex, tiny, iters=1, checkpoint="", progress=False)
+    assert ex.iteration == 0
