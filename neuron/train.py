@@ -13,6 +13,9 @@ from .data import Dataset, iterate, steps_per_epoch
 from .errors import NeuronError, NonFiniteLossError, TrainingStopped, UsageError
 from .executor import Executor
 from .interrupt import StopRequest
+from .sizes import number_arg
+
+SCHEDULES = ("cosine", "constant")
 
 
 def lr_at(step: int, total: int, base: float, schedule: str, warmup: int = 0) -> float:
@@ -129,6 +132,10 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
         raise UsageError(f"epochs must be a positive number, got {epochs!r}")
     total = iters if iters is not None else int(math.ceil((epochs or 1) * per_epoch))
     warmup = _count("warmup", warmup, positive=False, allow_none=False)
+    stop_at = _count("stop_at", stop_at, positive=False)
+    lr = number_arg(lr, "lr", "fit", low=0, low_open=True, error=UsageError)
+    if schedule not in SCHEDULES:
+        raise UsageError(f"fit: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     every = _count("checkpoint_every", checkpoint_every) or per_epoch
     if checkpoint is not None:          # "" is an error, not "no checkpoint"
         check_checkpoint_target(checkpoint)

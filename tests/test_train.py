@@ -319,7 +319,12 @@ def test_resume_refuses_complex_or_integer_arrays(tiny, tmp_path, bad):
                                          (dict(epochs=float("nan")), "epochs must be"),
                                          (dict(iters=2.5), "iters must be an integer"),
                                          (dict(iters=2, warmup=-5), "warmup must be >= 0"),
-                                         (dict(iters=2, checkpoint_every=0), "positive")])
+                                         (dict(iters=2, checkpoint_every=0), "positive"),
+                                         (dict(iters=2, lr=float("nan")), "fit: lr must be a "
+                                          "finite number > 0"),
+                                         (dict(iters=2, lr=-0.1), "fit: lr must be"),
+                                         (dict(iters=2, schedule="step"), "fit: schedule"),
+                                         (dict(iters=2, stop_at=-1), "stop_at must be >= 0")])
 def test_fit_refuses_counts_that_would_silently_do_something_else(tiny, kw, fragment):
     ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
     with pytest.raises(ValueError, match=fragment):
