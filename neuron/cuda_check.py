@@ -118,5 +118,5 @@ def require_cuda() -> None:
     if problems:        # one line, as every CLI error (cli_errors.py)
         wheels = any("wheel" in p for p in problems)
         raise CudaSetupError("device cuda is not usable: " + "; ".join(problems) + ". " +
-                             (f"{INSTALL} brings the wheels; " if wheels else "") +
-                             "or use device cpu (--device cpu) or auto")
+                             (f"{INSTALL} brings the wheels, or use" if wheels else "Use") +
+                             " --device cpu (or auto)")
