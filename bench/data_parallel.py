@@ -130,7 +130,7 @@ def launcher(choice: str, ranks: int) -> tuple[str, str | None]:
         return "direct", None
     if mpiexec is None:
         sys.exit(f"bench/data_parallel.py: no mpiexec for {ranks} ranks; "
-                 "pip install 'neuron[mpi]'")
+                 "pip install 'neuron-arena[mpi]'")
     return "mpiexec", mpiexec
 
 

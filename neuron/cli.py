@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+import time
 
+from .cli_args import byte_size, count, numeric, path_arg, positive_int, positive_number
 from .memory.policy import POLICIES
 from .units import fmt_bytes, parse_bytes
 
@@ -31,12 +32,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _model_args(p, batch_default: int):
     p.add_argument("model", help="model name (see `neuron models`)")
-    p.add_argument("--depth", type=_positive("--depth"), default=None,
+    p.add_argument("--depth", type=positive_int("--depth"), default=None,
                    help="depth for resnet (Table 4 family), resnet_cifar (6n+2), densenet_cifar "
                    "(6n+4) (default: the model's own, required for resnet and resnet_cifar)")
-    p.add_argument("--batch", type=_positive("--batch"), default=batch_default,
+    p.add_argument("--batch", type=positive_int("--batch"), default=batch_default,
                    help="batch size")
-    p.add_argument("--classes", type=_positive("--classes"), default=None,
+    p.add_argument("--classes", type=positive_int("--classes"), default=None,
                    help="number of classes (default: the model's, or the dataset's)")
     _json_arg(p)
 
@@ -59,7 +60,7 @@ def _device_arg(p):
 
 def _policy_args(p, default: str, budget_required: bool = False):
     _policy_arg(p, default)
-    p.add_argument("--budget", required=budget_required, default=None,
+    p.add_argument("--budget", required=budget_required, default=None, type=byte_size("--budget"),
                    help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000" +
                    ("" if budget_required else " (default: none, i.e. unbounded)"))
     p.add_argument("--offload-params", action="store_true",
@@ -73,58 +74,17 @@ def _policy_args(p, default: str, budget_required: bool = False):
     p.add_argument("--no-tensor-cache", action="store_true",
                    help="offload every activation backward needs right after its last forward "
                    "use (vDNN-style) instead of only when the arena is short")
-    p.add_argument("--chunks", default="1", type=_chunks_arg,
+    p.add_argument("--chunks", default="1", type=positive_int("--chunks", words=("auto",)),
                    help="split every layer's step along the batch into N chunks, or 'auto': "
                    "the smallest count that fits the budget (default 1)")
-    p.add_argument("--host-budget", default=None,
+    p.add_argument("--host-budget", default=None, type=byte_size("--host-budget"),
                    help="host memory for offloaded tensors (default: unlimited for plan, "
                    "128GiB for deepest/widest)")
 
 
-def _chunks_arg(s):
-    if s == "auto":
-        return s
-    try:
-        v = int(s)
-    except ValueError:
-        v = 0
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"--chunks must be a positive integer or 'auto', "
-                                         f"got {s!r}")
-    return v
-
-
-def _integer(name, minimum: int):
-    def conv(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
-        if v < minimum:
-            what = "positive" if minimum == 1 else f">= {minimum}"
-            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {v}")
-        return v
-    return conv
-
-
 def _positive(name):
-    return _integer(name, 1)
-
-
-def _number(name, positive: bool = False):
-    """A finite float (NaN and infinities are refused: SGD would accept them)."""
-    def conv(s):
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {s!r}") from None
-        if not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"{name} must be finite, got {s}")
-        if positive and v <= 0 or v < 0:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be {'> 0' if positive else '>= 0'}, got {s}")
-        return v
-    return conv
+    """An integer >= 1 (kept for the modules that import it from here)."""
+    return positive_int(name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,43 +93,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")  # _Parser too
 
     t = sub.add_parser("train", help="train a model", description="Train MODEL on a dataset "
-                       "and report loss, accuracy, speed and memory. SIGINT/SIGTERM stop after "
-                       "the current step and write --checkpoint.")
+                       "and report loss, accuracy, speed and memory. SIGINT/SIGTERM/SIGHUP stop "
+                       "after the current step and write --checkpoint.")
     _model_args(t, 64)
     g = t.add_mutually_exclusive_group()
-    g.add_argument("--iters", type=_positive("--iters"),
+    g.add_argument("--iters", type=positive_int("--iters"),
                    help="number of iterations (default: one epoch)")
-    g.add_argument("--epochs", type=_number("--epochs", positive=True),
+    g.add_argument("--epochs", type=positive_number("--epochs"),
                    help="number of epochs (default: 1)")
     t.add_argument("--dataset", default="synthetic",
                    help="synthetic | digits | cifar10:DIR | mnist:DIR | folder:DIR")
-    t.add_argument("--lr", type=_number("--lr", positive=True), default=0.1,
+    t.add_argument("--lr", type=positive_number("--lr"), default=0.1,
                    help="base learning rate")
-    t.add_argument("--momentum", type=_number("--momentum"), default=0.9, help="SGD momentum")
-    t.add_argument("--weight-decay", type=_number("--weight-decay"), default=5e-4,
+    t.add_argument("--momentum", type=numeric("--momentum", low=0, high=1, high_open=True),
+                   default=0.9, help="SGD momentum")
+    t.add_argument("--weight-decay", type=numeric("--weight-decay", low=0), default=5e-4,
                    help="L2 weight decay")
     t.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
     t.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                    help="learning-rate schedule over the run")
-    t.add_argument("--warmup", type=_integer("--warmup", 0), default=0,
+    t.add_argument("--warmup", type=count("--warmup"), default=0,
                    help="linear warm-up iterations")
-    t.add_argument("--seed", type=_integer("--seed", 0), default=0,
+    t.add_argument("--seed", type=count("--seed"), default=0,
                    help="seed of the initialization and the data order")
     _device_arg(t)
     _policy_arg(t, None, "liveness; superneurons, planned, under --budget")
-    t.add_argument("--budget", default=None,
+    t.add_argument("--budget", default=None, type=byte_size("--budget"),
                    help="arena size, e.g. 12GiB, 512MiB, 3GB (default: the planned peak)")
     t.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
-    t.add_argument("--chunks", default="1", type=_chunks_arg,
+    t.add_argument("--chunks", default="1", type=positive_int("--chunks", words=("auto",)),
                    help="split every layer's step along the batch into N chunks, or 'auto' "
                    "(needs --budget): the smallest count that fits (default 1)")
     t.add_argument("--checkpoint", default=None, metavar="FILE.npz",
+                   type=path_arg("--checkpoint"),
                    help="write parameters + optimizer state here, atomically, every "
-                   "--checkpoint-every iterations and at the end (default: none)")
-    t.add_argument("--checkpoint-every", type=_positive("--checkpoint-every"), default=None,
+                   "--checkpoint-every iterations and at the end (default: the --resume file, "
+                   "else none)")
+    t.add_argument("--checkpoint-every", type=positive_int("--checkpoint-every"), default=None,
                    metavar="N", help="iterations between checkpoints (default: one epoch)")
-    t.add_argument("--resume", default=None, metavar="FILE.npz",
+    t.add_argument("--resume", default=None, metavar="FILE.npz", type=path_arg("--resume"),
                    help="resume from a checkpoint written by --checkpoint (default: none)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--replay", choices=["off", "tape", "graph"], default=None,
@@ -177,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "recorded once and its device operations replayed (bit-identical); graph: "
                    "the tape as one CUDA graph (default: the fastest the device supports)")
     # folder:DIR (ImageFolder layout, decoded by Pillow in background threads)
-    t.add_argument("--loader-workers", type=_positive("--loader-workers"), default=None,
+    t.add_argument("--loader-workers", type=positive_int("--loader-workers"), default=None,
                    help="folder:DIR: threads decoding images (default: the cores, at most 8)")
     t.add_argument("--on-corrupt", choices=["skip", "refuse"], default="skip",
                    help="folder:DIR: leave unreadable images out and count them, or stop at "
@@ -204,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draw bytes in use per step against the budget, the forward/backward "
                     "boundary, recomputations, compactions and bytes moved to and from the host; "
                     "with --time, memory and streams against time (needs matplotlib: pip install "
-                    "neuron[plot]) (default: none)")
+                    "'neuron-arena[plot]', or pip install -e '.[plot]' in a checkout) (default: "
+                    "none)")
     pl.add_argument("--html", default=None, metavar="FILE.html",
                     help="write an interactive timeline of every tensor's stay in the arena "
                     "(address against step; hover for name, bytes, steps): one self-contained "
@@ -218,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "deepest MODEL (resnet: SuperNeurons Table 4 family; resnet_cifar: 6n+2; "
                         "densenet_cifar: 6n+4) whose training iteration fits --budget.")
     dp.add_argument("model", help="model family: resnet, resnet_cifar or densenet_cifar")
-    dp.add_argument("--batch", type=_positive("--batch"), default=16, help="batch size")
+    dp.add_argument("--batch", type=positive_int("--batch"), default=16, help="batch size")
     _json_arg(dp)
     dp.add_argument("--confirm", action="store_true",
                     help="run real training iterations at the answer (CPU or GPU)")
@@ -229,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Exponential then bisection search, by planning, for the "
                         "largest batch of MODEL whose training iteration fits --budget.")
     wd.add_argument("model", help="model name (see `neuron models`)")
-    wd.add_argument("--depth", type=_positive("--depth"), default=None,
+    wd.add_argument("--depth", type=positive_int("--depth"), default=None,
                     help="depth, for the models that take one (default: the model's own)")
     _json_arg(wd)
     wd.add_argument("--confirm", action="store_true",
@@ -251,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "free block against free bytes), compactions, bytes moved each way.")
     _model_args(mem, 32)
     _policy_args(mem, "superneurons")
-    mem.add_argument("--top", type=_positive("--top"), default=10,
+    mem.add_argument("--top", type=positive_int("--top"), default=10,
                      help="how many tensors and steps to list (default 10)")
     add_planner_arg(mem, default_under_budget=True)
 
@@ -277,6 +241,9 @@ def main(argv=None, exiting: bool = False) -> int:
     from .cli_planning import resolve_planner
 
     def command(args):
+        if getattr(args, "device", None) == "cuda":     # before anything imports CuPy
+            from .cuda_check import require_cuda
+            require_cuda()          # one line naming every missing piece
         resolve_planner(args, args.command)     # a usage error is reported like the others
         return COMMANDS[args.command](args)
     return run_command(args.command, command, args, exiting=exiting)
@@ -342,7 +309,8 @@ def cmd_plan(args) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise ImportError("--plot needs matplotlib: pip install 'neuron[plot]'") from None
+            raise ImportError("--plot needs matplotlib: pip install 'neuron-arena[plot]' (in a "
+                              "checkout: pip install -e '.[plot]')") from None
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
     from .cli_planning import cost_model, print_time
@@ -526,11 +494,14 @@ def cmd_train(args) -> int:
     from .distributed.launch import (grad_lag, make_train_comm, stop_all_ranks_on_error,
                                      train_grad_buckets)
     from .errors import UsageError
+    started = time.perf_counter()
     grad_buckets, lag = train_grad_buckets(args), grad_lag(args)
     comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
     from .cli_planning import planner_spec
     budget = parse_bytes(args.budget) if args.budget else None
-    if args.checkpoint:             # a bad target costs nothing yet
+    if args.checkpoint is None and args.resume:     # a resumed run goes on saving where it was
+        args.checkpoint = args.resume
+    if args.checkpoint is not None:     # a bad target costs nothing yet
         check_checkpoint_target(args.checkpoint)
     split = load_dataset(args.dataset, seed=args.seed,
                          num_classes=args.classes or 10,
@@ -588,6 +559,7 @@ def cmd_train(args) -> int:
                policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
                chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay)
     res.update(ex.pool.counters())
+    res["wall_seconds"] = round(time.perf_counter() - started, 3)
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
             f"{res['images_per_sec']:.1f} img/s on {ex.device.name}, pool peak "
             f"{fmt_bytes(res['peak_bytes'])} (planned {fmt_bytes(res['planned_peak_bytes'] or 0)})"
@@ -598,6 +570,7 @@ def cmd_train(args) -> int:
             _replay_text(ex.replay))
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"
+    line += f"; {res['wall_seconds']:.1f} s wall clock"
     if args.checkpoint:
         line += f"; state saved to {args.checkpoint}"
     print(line)

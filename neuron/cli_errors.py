@@ -9,9 +9,11 @@ import signal
 import sys
 
 # import name -> what to install
-_PACKAGES = {"sklearn": "scikit-learn (pip install scikit-learn, or neuron[examples])",
-             "matplotlib": "matplotlib (pip install 'neuron[plot]')",
-             "cupy": "CuPy for CUDA 13 (pip install 'neuron[cuda]')",
+_PACKAGES = {"sklearn": "scikit-learn (pip install scikit-learn)",
+             "matplotlib": "matplotlib (pip install 'neuron-arena[plot]', or in a checkout "
+                           "pip install -e '.[plot]')",
+             "cupy": "CuPy for CUDA 13 (pip install 'neuron-arena[cuda]', or in a checkout "
+                     "pip install -e '.[cuda]')",
              "tqdm": "tqdm (pip install tqdm)"}
 
 USAGE, RUNTIME = 2, 1
@@ -21,10 +23,11 @@ def classify(e: BaseException) -> int:
     """The exit code for an exception that ended a command."""
     from .data import DataFormatError
     from .errors import DataError, MemoryBudgetError, NonFiniteLossError, UsageError
+    from .image_folder import ImageFolderError
     if isinstance(e, (UsageError, MemoryBudgetError)):
         return USAGE                # a budget too small is known from the plan, before any work
-    if isinstance(e, (DataFormatError, DataError, NonFiniteLossError)):
-        return RUNTIME
+    if isinstance(e, (DataFormatError, DataError, NonFiniteLossError, ImageFolderError)):
+        return RUNTIME              # the data: an unreadable image, a folder of no images
     if isinstance(e, FileNotFoundError):
         return USAGE                # a path on the command line that names nothing
     if isinstance(e, (ValueError, KeyError, TypeError)):

@@ -13,6 +13,7 @@ PLANNED_BY_DEFAULT = ("plan", "train", "memory")
 
 
 def add_planner_arg(p, default_under_budget: bool = False) -> None:
+    from .cli_args import count, numeric, positive_number
     from .memory.planners import planner_names
     default = ("default: superneurons under --budget with --policy superneurons, else the "
                "policy alone" if default_under_budget else "default: the policy alone")
@@ -22,13 +23,13 @@ def add_planner_arg(p, default_under_budget: bool = False) -> None:
                    f"alone ({default})")
     # options of the search planners (issue 13); train already has its own --seed
     if "--seed" not in p._option_string_actions:
-        p.add_argument("--seed", type=int, default=0, help="random seed of a search planner")
-    p.add_argument("--compress", type=int, choices=[2, 4], default=None,
+        p.add_argument("--seed", type=count("--seed"), default=0, help="random seed of a search planner")
+    p.add_argument("--compress", type=numeric("--compress", int), choices=[2, 4], default=None,
                    help="FreeLunch: feature maps go to the host compressed, 2 (bf16) or 4 "
                    "(8-bit block floating point); lossy, off by default; without --planner "
                    "it applies to superneurons; with --planner home the swarm decides per "
                    "tensor whether to compress")
-    p.add_argument("--search-seconds", type=float, default=None, metavar="T",
+    p.add_argument("--search-seconds", type=positive_number("--search-seconds"), default=None, metavar="T",
                    help="home: stop the swarm search after T CPU seconds (default 30); dqn: "
                    "stop the noisy rollouts after T CPU seconds (default 10)")
     p.add_argument("--agent", default=None, metavar="FILE.npz",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errors import DeviceUnavailableError
 
-INSTALL = "pip install -e '.[cuda]'   (or: pip install 'neuron[cuda]')"
+INSTALL = "pip install 'neuron-arena[cuda]' (in a checkout: pip install -e '.[cuda]')"
 
 
 class CudaSetupError(DeviceUnavailableError):
@@ -21,7 +21,7 @@ def _check_cupy():
     try:
         import cupy
     except ImportError as e:
-        return None, f"CuPy is not installed ({e}); {INSTALL} brings cupy-cuda13x[ctk]"
+        return None, f"CuPy is not installed ({e}): the cupy-cuda13x[ctk] wheel"
     return cupy, None
 
 
@@ -43,6 +43,36 @@ def _check_driver(cupy):
     return None
 
 
+def _load_libcuda():
+    """The driver's own library (what CuPy would load), found without CuPy."""
+    import ctypes
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check_driver_library():
+    """The driver and a GPU, through libcuda itself: named even when CuPy is missing too."""
+    import ctypes
+    try:
+        cuda = _load_libcuda()
+    except OSError as e:
+        return (f"no NVIDIA driver ({e}): the GPU path needs an NVIDIA driver for CUDA 13 "
+                "(R580 or newer) and a visible GPU (nvidia-smi should list it)")
+    version, count = ctypes.c_int(0), ctypes.c_int(0)
+    cuda.cuDriverGetVersion(ctypes.byref(version))
+    drv = (f" (it supports CUDA {version.value // 1000}.{version.value % 1000 // 10})"
+           if version.value else "")
+    rc = cuda.cuInit(0)
+    if rc != 0:
+        return (f"the NVIDIA driver{drv} does not start (cuInit error {rc}); the GPU path needs "
+                "a driver for CUDA 13 (R580 or newer) and a visible GPU")
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return "the NVIDIA driver sees no GPU (cuDeviceGetCount() is 0)"
+    if version.value and version.value < 13000:
+        return (f"the NVIDIA driver{drv} is too old: the GPU path needs one for CUDA 13 (R580 "
+                "or newer)")
+    return None
+
+
 def _check_nvrtc(cupy):
     version = getattr(getattr(cupy.cuda, "nvrtc", None), "getVersion", None)
     if version is None:         # a CuPy without this probe: let CuPy itself report later
@@ -51,8 +81,8 @@ def _check_nvrtc(cupy):
         version()
     except Exception as e:
         return (f"NVRTC (CUDA's run-time compiler, which CuPy uses for its kernels) cannot be "
-                f"loaded: {type(e).__name__}: {e}; {INSTALL} brings it as the "
-                "nvidia-cuda-nvrtc wheel (cupy-cuda13x[ctk])")
+                f"loaded: {type(e).__name__}: {e}: the nvidia-cuda-nvrtc wheel "
+                "(cupy-cuda13x[ctk])")
     return None
 
 
@@ -62,24 +92,31 @@ def _check_cudnn():
         cudnn.lib()
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return f"{first}; {INSTALL} brings nvidia-cudnn-cu13"
+        first = first.removesuffix("Searched, in order:").rstrip(" .:")
+        return f"{first}: the nvidia-cudnn-cu13 wheel"
     return None
 
 
 def missing_for_cuda() -> list[str]:
-    """What the GPU path lacks on this machine (empty: nothing)."""
+    """What the GPU path lacks on this machine (empty: nothing): every missing piece, CuPy's
+    absence included, so that one run names all there is to install. Nothing may import CuPy
+    before this runs (the CLI calls it first; tests/test_cuda_check.py keeps that so)."""
     cupy, err = _check_cupy()
-    if err:
-        return [err]        # nothing else can be checked without CuPy
-    problems = [_check_driver(cupy)]
-    if problems[0] is None:
-        problems.append(_check_nvrtc(cupy))
+    if err:                 # the driver and cuDNN are still checked, without CuPy
+        problems = [err, _check_driver_library()]
+    else:
+        problems = [_check_driver(cupy)]
+        if problems[0] is None:
+            problems.append(_check_nvrtc(cupy))
     problems.append(_check_cudnn())
     return [p for p in problems if p]
 
 
 def require_cuda() -> None:
+    """Raise CudaSetupError, one line naming every missing piece, unless the GPU path can run."""
     problems = missing_for_cuda()
     if problems:        # one line, as every CLI error (cli_errors.py)
-        raise CudaSetupError("device cuda is not usable: " + "; ".join(problems) +
-                             "; use device cpu (--device cpu) or auto")
+        wheels = any("wheel" in p for p in problems)
+        raise CudaSetupError("device cuda is not usable: " + "; ".join(problems) + ". " +
+                             (f"{INSTALL} brings the wheels, or use" if wheels else "Use") +
+                             " --device cpu (or auto)")

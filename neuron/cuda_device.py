@@ -230,7 +230,7 @@ def _cupy():
         import cupy
     except ImportError as e:
         raise RuntimeError("the cuda device needs CuPy: pip install 'cupy-cuda13x>=14' "
-                           "nvidia-cudnn-cu13 (or neuron[cuda])") from e
+                           "nvidia-cudnn-cu13 (or 'neuron-arena[cuda]')") from e
     return cupy
 
 

@@ -192,7 +192,7 @@ def cuda_unavailable_reason() -> str | None:
     try:
         import cupy
     except Exception as e:      # not installed, or a broken install
-        return f"CuPy is not importable ({type(e).__name__}: {e}; pip install 'neuron[cuda]')"
+        return f"CuPy is not importable ({type(e).__name__}: {e}; pip install 'neuron-arena[cuda]')"
     try:
         if not cupy.cuda.is_available():
             return "no GPU or CUDA driver found"

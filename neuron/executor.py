@@ -29,7 +29,7 @@ from .memory.costmodel import planning_cost
 from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
-from .sizes import size_arg
+from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
 from .recording import TapeDiverged
@@ -100,6 +100,9 @@ class Executor:
                  grad_lag: int | None = None, replay: str | None = None, _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
+        budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
+        host_budget = byte_size_arg(host_budget, "host_budget", "Executor")
+        chunks, seed = size_arg(chunks, "chunks", "Executor"), size_arg(seed, "seed", "Executor")
         self.graph = graph
         if loss not in LOSSES:
             raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")

@@ -22,6 +22,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,8 +38,23 @@ def _pil():
         from PIL import Image, UnidentifiedImageError
     except ImportError as e:
         raise ImportError("--dataset folder:DIR decodes images with Pillow: "
-                          "pip install 'neuron[images]'") from e
+                          "pip install 'neuron-arena[images]'") from e
     return Image, UnidentifiedImageError
+
+
+def _unreadable():
+    """What opening or decoding a bad image raises: a broken file, or a decompression bomb
+    (more pixels than Image.MAX_IMAGE_PIXELS: Pillow warns, and above twice that refuses)."""
+    Image, Unidentified = _pil()
+    return (OSError, Unidentified, SyntaxError, ValueError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning)
+
+
+def _why(e: BaseException) -> str:
+    from PIL import Image
+    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return f"decompression bomb: {e}"
+    return str(e) or type(e).__name__
 
 
 class ImageFolderError(ValueError):
@@ -65,19 +81,25 @@ def _list_split(root: Path, classes: list[str] | None):
 
 
 def _scan(files, labels, on_corrupt, where):
-    """Drop (or refuse) files whose header Pillow cannot read."""
-    Image, Unidentified = _pil()
+    """Drop (or refuse) files whose header Pillow cannot read, and decompression bombs (the
+    header gives the size: such a file never reaches a decoding thread). Returns the kept files
+    and labels and the skipped ones as "path (why)"."""
+    Image, _ = _pil()
+    unreadable = _unreadable()
     keep, bad = [], []
-    for i, f in enumerate(files):
-        try:
-            with Image.open(f) as im:
-                im.verify()
-            keep.append(i)
-        except (OSError, Unidentified, SyntaxError, ValueError) as e:
-            if on_corrupt == "refuse":
-                raise ImageFolderError(f"folder:{where}: unreadable image {f} ({e}); use "
-                                       "--on-corrupt skip to leave such files out") from None
-            bad.append(str(f))
+    with warnings.catch_warnings():     # the scan runs alone, before the loader's threads
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        for i, f in enumerate(files):
+            try:
+                with Image.open(f) as im:
+                    im.verify()
+                keep.append(i)
+            except unreadable as e:
+                if on_corrupt == "refuse":
+                    raise ImageFolderError(f"folder:{where}: unreadable image {f} ({_why(e)}); "
+                                           "use --on-corrupt skip to leave such files out"
+                                           ) from None
+                bad.append(f"{f} ({_why(e)})")
     return [files[i] for i in keep], labels[keep], bad
 
 
@@ -97,7 +119,8 @@ class ImageFolderDataset:
         self.name, self.files, self.y = name, list(files), labels
         self.classes, self.num_classes = classes, len(classes)
         self.origin = (f"{len(files)} images in {len(classes)} classes from {name[7:]}"
-                       + (f", {len(skipped)} unreadable skipped" if skipped else ""))
+                       + (f", {len(skipped)} unreadable skipped: " + "; ".join(skipped[:3]) +
+                          ("; ..." if len(skipped) > 3 else "") if skipped else ""))
         self.sample_shape = (c, h, w)
         self.workers, self.prefetch, self.on_corrupt = max(1, workers), max(1, prefetch), on_corrupt
         self.skipped = list(skipped or [])          # left out at the scan
@@ -129,15 +152,16 @@ class ImageFolderDataset:
         return a
 
     def _stats(self):
-        _, Unidentified = _pil()
+        unreadable = _unreadable()
         n = min(len(self), STATS_SAMPLE)
         xs = []
         for i in (np.linspace(0, len(self) - 1, n).astype(int) if n else []):
             try:
                 xs.append(self._decode_raw(int(i)))
-            except (OSError, Unidentified, SyntaxError, ValueError) as e:
+            except unreadable as e:
                 if self.on_corrupt == "refuse":
-                    raise ImageFolderError(f"{self.name}: cannot decode {self.files[i]} ({e}); "
+                    raise ImageFolderError(f"{self.name}: cannot decode {self.files[i]} "
+                                           f"({_why(e)}); "
                                            "use --on-corrupt skip to leave such files out"
                                            ) from None
         if not xs:
@@ -150,15 +174,15 @@ class ImageFolderDataset:
 
     def _sample(self, order: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
         """The image at position pos of the order, or under 'skip' the next that decodes."""
-        Image, Unidentified = _pil()
+        unreadable = _unreadable()
         for k in range(len(order)):
             i = int(order[(pos + k) % len(order)])
             try:
                 x = self._decode_raw(i)
-            except (OSError, Unidentified, SyntaxError, ValueError) as e:
+            except unreadable as e:
                 if self.on_corrupt == "refuse":
-                    raise ImageFolderError(f"{self.name}: cannot decode {self.files[i]} ({e})"
-                                           ) from None
+                    raise ImageFolderError(f"{self.name}: cannot decode {self.files[i]} "
+                                           f"({_why(e)})") from None
                 with self._lock:
                     self.replaced.append(str(self.files[i]))
                 continue

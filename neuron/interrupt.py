@@ -1,4 +1,7 @@
-"""Stopping a training run on SIGINT/SIGTERM without losing it.
+"""Stopping a training run on SIGINT/SIGTERM/SIGHUP without losing it.
+
+SIGHUP (the terminal or ssh session closed) is treated like SIGTERM, unless the run was started
+with it ignored (`nohup`), which is kept: nohup's promise is that hanging up does not stop it.
 
 The first signal only asks the loop to stop after the current step (the step finishes, the
 checkpoint is written). A second one, while a step runs, raises KeyboardInterrupt at once: the
@@ -13,8 +16,11 @@ import signal
 import sys
 import threading
 
-SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None))
+SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None),
+                            getattr(signal, "SIGHUP", None))
                 if s is not None)
+#: the signals a process started to ignore keeps ignoring (nohup)
+_KEEP_IGNORED = tuple(s for s in (getattr(signal, "SIGHUP", None),) if s is not None)
 
 
 class StopRequest:
@@ -58,6 +64,8 @@ class StopRequest:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
+                if s in _KEEP_IGNORED and signal.getsignal(s) is signal.SIG_IGN:
+                    continue
                 self._old[s] = signal.signal(s, self._handle)
         return self
 
@@ -70,7 +78,7 @@ class StopRequest:
 
 @contextlib.contextmanager
 def signals_deferred():
-    """SIGINT/SIGTERM received inside the block reach their handlers when it ends: for the few
+    """SIGINT/SIGTERM/SIGHUP received inside the block reach their handlers when it ends: for the
     lines that put state back, which a KeyboardInterrupt must not cut in half. (Handlers, not
     a signal mask: any thread, e.g. a BLAS worker, may be the one the kernel delivers to.)"""
     if threading.current_thread() is not threading.main_thread():

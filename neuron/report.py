@@ -29,7 +29,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError("plotting needs matplotlib: pip install 'neuron[plot]'") from e
+        raise ImportError("plotting needs matplotlib: pip install 'neuron-arena[plot]' (in a checkout: pip install -e '.[plot]')") from e
     return plt
 
 

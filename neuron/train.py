@@ -10,10 +10,13 @@ import numpy as np
 from .checkpoint import (check_checkpoint_target, load_checkpoint, remove_stale_temps,
                          save_checkpoint)
 from .data import Dataset, iterate, steps_per_epoch
-from .errors import NeuronError, TrainingStopped, UsageError
+from .errors import NeuronError, NonFiniteLossError, TrainingStopped, UsageError
 from .executor import Executor
 from .interrupt import StopRequest
 from .memory.traffic import TrafficCheck
+from .sizes import number_arg
+
+SCHEDULES = ("cosine", "constant")
 
 
 def lr_at(step: int, total: int, base: float, schedule: str, warmup: int = 0) -> float:
@@ -79,6 +82,21 @@ def _count(name, value, *, positive=True, allow_none=True):
     return int(value)
 
 
+def _diverged_state(iteration, checkpoint, saved, resume, start) -> str:
+    """Where the good state is after a non-finite step: the state the step started from may
+    itself have diverged (a huge but finite update), so it is not written over the last good
+    checkpoint."""
+    head = (f"the state of iteration {iteration} was not saved (the step after it went "
+            "non-finite: it may have diverged already)")
+    if saved is not None:
+        return (f"{head}; {checkpoint} keeps the last good checkpoint, iteration {saved} "
+                f"(continue with --resume {checkpoint}, e.g. with a lower --lr)")
+    if resume:
+        return (f"{head}; {resume} still holds iteration {start} (continue with --resume "
+                f"{resume}, e.g. with a lower --lr)")
+    return f"{head}; no checkpoint was written before it"
+
+
 def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int | None = None,
         epochs: float | None = None, lr: float = 0.1, schedule: str = "cosine", warmup: int = 0,
         seed: int = 0, checkpoint: str | None = None, resume: str | None = None,
@@ -87,10 +105,13 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     """Train ``ex`` on ``train``; returns a summary dict (losses, accuracy, speed, memory).
 
     With ``checkpoint``, the state is written atomically every ``checkpoint_every`` iterations
-    (default: once per epoch) and at the end. SIGINT/SIGTERM stop the run after the current step
-    (a second signal undoes it and stops at once); a step refused as non-finite, or any other
-    failure, also stops it. Then the checkpoint of the last whole step is written and
-    :class:`TrainingStopped` says where the state is.
+    (default: once per epoch) and at the end. SIGINT/SIGTERM/SIGHUP stop the run after the
+    current step (a second signal undoes it and stops at once); a step refused as non-finite,
+    or any other failure, also stops it. Then the checkpoint of the last whole step is written and
+    :class:`TrainingStopped` says where the state is; after a non-finite step the state it
+    started from is suspect (a huge finite update overflows only at the next step), so it is
+    not written, and a periodic checkpoint is only written once the step after it ran finite:
+    the checkpoint file keeps the last good state.
 
     ``stop_at`` ends the run early at that step (as if interrupted) while the learning-rate
     schedule still spans the full ``iters``: resuming from its checkpoint continues the exact
@@ -115,8 +136,12 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
         raise UsageError(f"epochs must be a positive number, got {epochs!r}")
     total = iters if iters is not None else int(math.ceil((epochs or 1) * per_epoch))
     warmup = _count("warmup", warmup, positive=False, allow_none=False)
+    stop_at = _count("stop_at", stop_at, positive=False)
+    lr = number_arg(lr, "lr", "fit", low=0, low_open=True, error=UsageError)
+    if schedule not in SCHEDULES:
+        raise UsageError(f"fit: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     every = _count("checkpoint_every", checkpoint_every) or per_epoch
-    if checkpoint:
+    if checkpoint is not None:          # "" is an error, not "no checkpoint"
         check_checkpoint_target(checkpoint)
         remove_stale_temps(checkpoint)
     start = 0
@@ -136,22 +161,33 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     losses: list[float] = []
     saved_at = [None]
 
-    def save():
+    def snapshot():
+        """The state to checkpoint now (rank 0's copy; the other ranks hold only the turn)."""
+        if not writer:
+            return None, ex.iteration
+        return (ex.state_dict(), {**(meta or {}), "iteration": ex.iteration, "seed": seed,
+                                  "optimizer": ex.optimizer.config(), "batch": ex.batch,
+                                  "world_size": world}), ex.iteration
+
+    def write(snap):
+        state, iteration = snap
         try:                        # outside a step: a signal is only recorded, never cuts this
             if writer:
-                save_checkpoint(checkpoint, ex.state_dict(),
-                                {**(meta or {}), "iteration": ex.iteration, "seed": seed,
-                                 "optimizer": ex.optimizer.config(), "batch": ex.batch,
-                                 "world_size": world})
+                save_checkpoint(checkpoint, *state)
         except OSError as e:
             where = (f"the checkpoint of iteration {saved_at[0]} there is intact"
                      if saved_at[0] is not None else "nothing was saved")
             raise TrainingStopped(f"cannot write checkpoint {checkpoint} at iteration "
-                                  f"{ex.iteration} ({e.strerror or e}); {where}",
-                                  iteration=ex.iteration, checkpoint=None) from None
-        saved_at[0] = ex.iteration
+                                  f"{iteration} ({e.strerror or e}); {where}",
+                                  iteration=iteration, checkpoint=None) from None
+        saved_at[0] = iteration
         if dp is not None:
             dp.comm.barrier(f"checkpoint {checkpoint} written by rank 0")
+
+    # A due checkpoint is held (host copy) until the next step proves its state finite: an
+    # update that explodes to huge finite values passes its own step's check and only the next
+    # step overflows, so writing at once would put a diverged state over the last good one.
+    pending = None
 
     failure: BaseException | None = None
     bar = None
@@ -180,14 +216,18 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
                     bar.set_postfix(loss=f"{losses[-1]:.4f}",
                                     img_s=f"{len(losses) * gbatch / el:.0f}")
                     bar.update(1)
+                if pending is not None:         # this step ran finite from that state
+                    write(pending)
+                    pending = None
                 if checkpoint and ex.iteration % every == 0 and ex.iteration < end:
-                    save()
+                    pending = snapshot()
         finally:
             if bar is not None:
                 bar.close()
         elapsed = time.perf_counter() - t0
-        if checkpoint and ex.iteration > start:
-            save()
+        diverged = isinstance(failure, NonFiniteLossError)
+        if checkpoint and ex.iteration > start and not diverged:
+            write(snapshot())           # the end, a signal, or a failure that is not the numbers
         if isinstance(failure, KeyboardInterrupt) and stop.signum is None:
             stop.signum = signal.SIGINT
     result = {"iterations": ex.iteration - start,
@@ -205,6 +245,8 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
     if stop.requested or failure is not None:
         if not checkpoint:
             state = f"state of iteration {ex.iteration} not saved (no --checkpoint given)"
+        elif diverged:
+            state = _diverged_state(ex.iteration, checkpoint, saved_at[0], resume, start)
         elif saved_at[0] == ex.iteration:
             state = (f"state of iteration {ex.iteration} saved to {checkpoint} (continue with "
                      f"--resume {checkpoint})")

@@ -77,6 +77,21 @@ def test_train_synthetic_json(capsys):
     assert r["peak_bytes"] == r["planned_peak_bytes"] > 0
     assert "test_accuracy" not in r           # synthetic data has no test split
     assert "final loss" in out.splitlines()[0]
+    assert r["wall_seconds"] >= r["seconds"] > 0      # the whole command against the loop
+    assert f"{r['wall_seconds']:.1f} s wall clock" in out.splitlines()[0]
+
+
+def test_resume_without_checkpoint_goes_on_saving_to_the_resumed_file(capsys, tmp_path):
+    from neuron.checkpoint import load_checkpoint
+    ckpt = str(tmp_path / "c.npz")
+    base = ["train", *SMALL, "--batch", "4", "--no-progress", "--device", "cpu"]
+    rc, out, err = run(capsys, *base, "--iters", "2", "--checkpoint", ckpt)
+    assert rc == 0, err
+    assert load_checkpoint(ckpt)[1]["iteration"] == 2
+    rc, out, err = run(capsys, *base, "--iters", "4", "--resume", ckpt)
+    assert rc == 0, err
+    assert load_checkpoint(ckpt)[1]["iteration"] == 4
+    assert f"state saved to {ckpt}" in out
 
 
 def test_train_digits_reports_test_accuracy(capsys, tmp_path):

@@ -36,15 +36,15 @@ def one_line_error(rc, err, code, *fragments):
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["--lr", "nan"], "--lr must be finite"),
-    (["--lr", "inf"], "--lr must be finite"),
-    (["--lr", "0"], "--lr must be > 0"),
-    (["--momentum", "nan"], "--momentum must be finite"),
-    (["--weight-decay=-inf"], "--weight-decay must be finite"),
-    (["--epochs", "0"], "--epochs must be > 0"),
-    (["--warmup", "-5"], "--warmup must be >= 0"),
-    (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
-    (["--batch", "2.5"], "--batch must be an integer"),
+    (["--lr", "nan"], "argument --lr: must be finite"),
+    (["--lr", "inf"], "argument --lr: must be finite"),
+    (["--lr", "0"], "argument --lr: must be > 0"),
+    (["--momentum", "nan"], "argument --momentum: must be finite"),
+    (["--weight-decay=-inf"], "argument --weight-decay: must be finite"),
+    (["--epochs", "0"], "argument --epochs: must be > 0"),
+    (["--warmup", "-5"], "argument --warmup: must be >= 0"),
+    (["--checkpoint-every", "0"], "argument --checkpoint-every: must be positive"),
+    (["--batch", "2.5"], "argument --batch: must be an integer"),
 ])
 def test_train_numbers_that_would_be_silently_wrong_are_usage_errors(capsys, argv, fragment):
     rc, _, err = run(capsys, *TRAIN, "--iters", "1", *argv)
@@ -55,7 +55,7 @@ def test_train_numbers_that_would_be_silently_wrong_are_usage_errors(capsys, arg
 def test_summary_and_plan_refuse_a_non_positive_batch(capsys, batch):
     for cmd in ("summary", "plan"):
         rc, _, err = run(capsys, cmd, *SMALL, "--batch", batch)
-        one_line_error(rc, err, 2, "--batch must be positive")
+        one_line_error(rc, err, 2, "argument --batch: must be positive")
 
 
 def test_classes_that_do_not_match_the_dataset(capsys):
@@ -113,11 +113,16 @@ def test_resume_problems(capsys, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_a_non_finite_run_stops_with_exit_1_and_the_state_saved(capsys, tmp_path):
+def test_a_non_finite_run_stops_with_exit_1_and_the_last_good_state_kept(capsys, tmp_path):
+    from neuron.checkpoint import load_checkpoint
     ckpt = str(tmp_path / "c.npz")
+    rc, _, err = run(capsys, *TRAIN, "--iters", "2", "--checkpoint", ckpt)
+    assert rc == 0, err
     rc, _, err = run(capsys, *TRAIN, "--iters", "20", "--lr", "1e38", "--schedule", "constant",
-                     "--checkpoint", ckpt)
-    one_line_error(rc, err, 1, "the step was undone", f"saved to {ckpt}")
+                     "--resume", ckpt)
+    one_line_error(rc, err, 1, "the step was undone", "was not saved",
+                   f"{ckpt} still holds iteration 2 (continue with --resume {ckpt}")
+    assert load_checkpoint(ckpt)[1]["iteration"] == 2
 
 
 def test_device_cuda_without_a_gpu(capsys):
@@ -135,7 +140,7 @@ def test_missing_optional_packages(capsys, monkeypatch):
     one_line_error(rc, err, 1, "scikit-learn")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rc, out, err = run(capsys, "plan", *SMALL, "--batch", "2", "--plot", "x.png")
-    one_line_error(rc, err, 1, "matplotlib", "neuron[plot]")
+    one_line_error(rc, err, 1, "matplotlib", "neuron-arena[plot]")
     assert out == ""                                        # refused before planning
 
 
@@ -196,6 +201,14 @@ def test_output_to_a_full_disk():
                                              "(No space left on device)"]
 
 
+def _default_sigint():
+    """In the child: SIGINT at its default, so that Python turns it into KeyboardInterrupt even
+    when this test run was started with SIGINT ignored (`nohup pytest &`), which children
+    inherit."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_a_parallel_search_is_one_line():
     """Ctrl-C signals the whole process group: the forked planning workers too."""
     import signal
@@ -204,7 +217,8 @@ def test_ctrl_c_in_a_parallel_search_is_one_line():
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.Popen([sys.executable, "-m", "neuron", "deepest", "resnet_cifar", "--budget",
                           "64GiB", "--batch", "16"], cwd=ROOT, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                         preexec_fn=_default_sigint)
     chunks = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: p.stderr.read(1), "")))
     reader.start()

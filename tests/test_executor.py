@@ -368,3 +368,13 @@ def test_multi_input_graph_gets_a_clear_error_or_works():
         nn.Executor(g, 2)
     except nn.NeuronError as e:
         assert "in_a" in str(e) or "input" in str(e)
+
+
+def test_budget_as_a_size_string_and_bad_budgets_named():
+    x = nn.Input((1, 8, 8), name="data")
+    g = nn.Graph(x, nn.Linear(3, name="fc")(x), name="tiny")
+    assert nn.Executor(g, 2, budget="64MiB").device.arena_bytes == 64 << 20
+    with pytest.raises(ValueError, match="Executor: budget: cannot parse size '64 apples'"):
+        nn.Executor(g, 2, budget="64 apples")
+    with pytest.raises(TypeError, match="Executor: host_budget must be a number of bytes"):
+        nn.Executor(g, 2, host_budget=object())

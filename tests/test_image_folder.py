@@ -127,3 +127,29 @@ def test_train_from_a_folder(tmp_path, capsys):
     res = json.loads(out.strip().splitlines()[-1])
     assert res["loader"]["images_decoded"] >= 4 * 8 and res["loader"]["workers"] >= 1
     assert 0 <= res["test_accuracy"] <= 1 and "loader:" in out
+
+
+def test_a_decompression_bomb_is_skipped_and_named_or_refused(tmp_path, monkeypatch, capsys):
+    """More pixels than Pillow's limit (lowered here, so the 'bombs' stay small): between the
+    limit and twice it Pillow only warns and would decode; above twice it raises an error that
+    names no file. Both are left out at the scan and named, or refused under refuse."""
+    root = make_folder(tmp_path, per_class=(6, 6, 6))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 60 * 60)     # the others: <= 40x50
+    Image.fromarray(np.zeros((70, 70, 3), np.uint8)).save(root / "train" / "c0" / "warns.png")
+    Image.fromarray(np.zeros((100, 100, 3), np.uint8)).save(root / "train" / "c1" / "bomb.png")
+    tr = load_dataset(f"folder:{root}", sample_shape=SHAPE).train
+    assert len(tr) == 18 and tr.loader_stats()["skipped_unreadable"] == 2
+    assert "bomb.png (decompression bomb" in tr.origin and "warns.png (decompression bomb" \
+        in tr.origin
+    with pytest.raises(ImageFolderError, match=r"unreadable image .*warns.png \(decompression "
+                       r"bomb.*--on-corrupt skip"):
+        load_dataset(f"folder:{root}", sample_shape=SHAPE, on_corrupt="refuse")
+    (root / "train" / "c0" / "warns.png").unlink()
+    with pytest.raises(ImageFolderError, match=r"unreadable image .*bomb.png \(decompression "
+                       r"bomb.*--on-corrupt skip"):
+        load_dataset(f"folder:{root}", sample_shape=SHAPE, on_corrupt="refuse")
+    rc = main(["train", "resnet_cifar", "--depth", "8", "--dataset", f"folder:{root}",
+               "--iters", "1", "--batch", "4", "--no-progress", "--on-corrupt", "refuse"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "bomb.png" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err

@@ -20,9 +20,17 @@ def _env():
     return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+def _default_signals():
+    """In the child: the dispositions a terminal gives, whatever this test run inherited
+    (`nohup pytest &` ignores SIGHUP and SIGINT, and an ignored SIGHUP is kept by design)."""
+    for s in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _start(ckpt, extra=()):
     return subprocess.Popen([*TRAIN, "--checkpoint", str(ckpt), *extra], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
 
 
 def _wait_for(path, proc, timeout=120):
@@ -37,7 +45,7 @@ def _wait_for(path, proc, timeout=120):
 
 
 @pytest.mark.parametrize("sig,times", [(signal.SIGINT, 1), (signal.SIGTERM, 1),
-                                       (signal.SIGINT, 2)])
+                                       (signal.SIGINT, 2), (signal.SIGHUP, 1)])
 def test_signal_stops_training_saves_and_says_where(tmp_path, sig, times):
     ckpt = tmp_path / "run.npz"
     p = _start(ckpt)
@@ -78,7 +86,16 @@ def test_sigkill_leftovers_are_cleaned_by_the_next_run(tmp_path):
     assert f"state saved to {ckpt}" in r.stdout
 
 
-def test_signals_are_deferred_while_state_is_put_back():
+@pytest.fixture
+def default_sigint():
+    """SIGINT as Python installs it by default, whatever this test run inherited (a run started
+    with SIGINT ignored, e.g. `nohup pytest &`, has SIG_IGN here); put back afterwards."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_signals_are_deferred_while_state_is_put_back(default_sigint):
     from neuron.interrupt import signals_deferred
     reached_end = False
     with pytest.raises(KeyboardInterrupt):
@@ -89,7 +106,7 @@ def test_signals_are_deferred_while_state_is_put_back():
     assert reached_end
 
 
-def test_stop_request_interrupts_only_inside_a_step():
+def test_stop_request_interrupts_only_inside_a_step(default_sigint):
     from neuron.interrupt import StopRequest
     with StopRequest(announce=False) as stop:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -101,3 +118,22 @@ def test_stop_request_interrupts_only_inside_a_step():
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(1)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_hang_up_stops_like_sigterm_unless_started_under_nohup():
+    from neuron.interrupt import StopRequest
+    old = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with StopRequest(announce=False) as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+            assert stop.requested and stop.name == "SIGHUP"
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)      # as nohup starts a command
+        with StopRequest(announce=False) as stop:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+            assert not stop.requested
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)

@@ -49,7 +49,7 @@ def test_regular_install_ships_models_inside_the_package(source_copy, tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(wheels), str(source_copy)], check=True)
-    (whl,) = wheels.glob("neuron-*.whl")
+    (whl,) = wheels.glob("neuron_arena-*.whl")
     names = zipfile.ZipFile(whl).namelist()
     assert "neuron/models/__init__.py" in names and "neuron/models/resnet.py" in names
     assert not any(n.startswith("models/") for n in names)
@@ -71,3 +71,23 @@ def test_editable_install_uses_the_checkout(source_copy, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     path, layers = _probe(py, tmp_path, env)
     assert path == str(source_copy / "models" / "__init__.py") and int(layers) > 10
+
+
+def test_the_distribution_has_a_name_of_its_own_and_every_install_hint_uses_it():
+    """PyPI's `neuron` is another project (the NEURON simulator): an install hint naming it
+    with an extra would install that. The distribution is neuron-arena; the import stays `neuron`."""
+    import re
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert re.search(r'^name = "neuron-arena"$', f.read(), re.M)
+    wrong = re.compile(r"[\s'\"(]" + "neuron" + r"\[")      # the bare name with an extra
+    found = []
+    for top in ("neuron", "models", "bench", "tests", ".ci"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith((".py", ".sh", ".toml", ".cfg")) or name == "run":
+                    path = os.path.join(dirpath, name)
+                    with open(path, errors="replace") as f:
+                        for i, line in enumerate(f, 1):
+                            if wrong.search(line):
+                                found.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)

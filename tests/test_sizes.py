@@ -37,3 +37,15 @@ def test_numpy_integers_and_bools():
     assert shape_arg(5, "shape", "x") == (5,)
     with pytest.raises(TypeError, match="n must be an integer"):
         size_arg(True, "n", "x")
+
+
+def test_byte_sizes_take_strings_and_integers_and_name_the_argument():
+    from neuron.sizes import byte_size_arg
+    assert byte_size_arg("64MiB", "budget", "Executor") == 64 << 20
+    assert byte_size_arg(4096, "budget", "Executor") == 4096
+    assert byte_size_arg(1e9, "budget", "Executor") == 10 ** 9
+    assert byte_size_arg(None, "budget", "Executor") is None
+    for bad, err in [("64XB", ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                     (-5, ValueError), (0, ValueError), (True, TypeError), ([1], TypeError)]:
+        with pytest.raises(err, match="Executor: budget"):
+            byte_size_arg(bad, "budget", "Executor")

@@ -224,18 +224,46 @@ def test_a_full_disk_stops_the_run_and_says_what_is_intact(tiny, tmp_path, monke
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_a_non_finite_step_stops_the_run_with_the_last_good_state_saved(tiny, tmp_path):
+def test_a_non_finite_step_stops_the_run_without_saving_the_state_it_started_from(tiny, tmp_path):
     from neuron.errors import TrainingStopped
     ckpt = str(tmp_path / "c.npz")
     ex = nn.Executor(small_cnn(), 16, optimizer=nn.SGD(lr=1e38, momentum=0.9))
     with pytest.raises(TrainingStopped, match="NaN or infinite|loss is") as e:
         fit(ex, tiny, iters=20, lr=1e38, schedule="constant", checkpoint=ckpt, progress=False)
     assert e.value.iteration == ex.iteration and e.value.signum is None
-    assert f"saved to {ckpt}" in str(e.value)
+    assert f"state of iteration {ex.iteration} was not saved" in str(e.value)
+    assert "no checkpoint was written before it" in str(e.value)
+    import os
+    assert not os.path.exists(ckpt)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_an_update_that_explodes_to_huge_finite_values_keeps_the_last_good_checkpoint(
+        tiny, tmp_path):
+    """The 4th update passes its own finiteness check (huge, finite); the 5th step overflows.
+    The checkpoint of iteration 3, the last whose next step ran finite, is the one kept."""
+    from neuron.errors import TrainingStopped
+    ckpt = str(tmp_path / "c.npz")
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    real, calls = ex.train_step, [0]
+
+    def step(x, y):
+        loss = real(x, y)
+        calls[0] += 1
+        if calls[0] == 4:
+            ex.load_state_dict({k: v * np.float32(1e30) for k, v in ex.state_dict().items()})
+        return loss
+    ex.train_step = step
+    with pytest.raises(TrainingStopped) as e:
+        fit(ex, tiny, iters=20, lr=0.1, checkpoint=ckpt, checkpoint_every=1, progress=False)
+    msg = str(e.value)
+    assert ex.iteration == 4 and calls[0] == 4
+    assert "state of iteration 4 was not saved" in msg
+    assert f"{ckpt} keeps the last good checkpoint, iteration 3 (continue with --resume " \
+        f"{ckpt}" in msg
     arrays, meta = load_checkpoint(ckpt)
-    assert meta["iteration"] == ex.iteration
-    assert all(np.isfinite(a).all() for a in arrays.values())
-    assert all(np.array_equal(arrays[k], v) for k, v in ex.state_dict().items())
+    assert meta["iteration"] == 3
+    assert max(float(np.abs(a).max()) for a in arrays.values()) < 1e6
 
 
 def test_keyboard_interrupt_mid_step_undoes_it_and_saves_the_last_whole_step(tiny, tmp_path):
@@ -291,9 +319,21 @@ def test_resume_refuses_complex_or_integer_arrays(tiny, tmp_path, bad):
                                          (dict(epochs=float("nan")), "epochs must be"),
                                          (dict(iters=2.5), "iters must be an integer"),
                                          (dict(iters=2, warmup=-5), "warmup must be >= 0"),
-                                         (dict(iters=2, checkpoint_every=0), "positive")])
+                                         (dict(iters=2, checkpoint_every=0), "positive"),
+                                         (dict(iters=2, lr=float("nan")), "fit: lr must be a "
+                                          "finite number > 0"),
+                                         (dict(iters=2, lr=-0.1), "fit: lr must be"),
+                                         (dict(iters=2, schedule="step"), "fit: schedule"),
+                                         (dict(iters=2, stop_at=-1), "stop_at must be >= 0")])
 def test_fit_refuses_counts_that_would_silently_do_something_else(tiny, kw, fragment):
     ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
     with pytest.raises(ValueError, match=fragment):
         fit(ex, tiny, progress=False, **kw)
+    assert ex.iteration == 0
+
+
+def test_an_empty_checkpoint_path_is_an_error_not_no_checkpoint(tiny):
+    ex = nn.Executor(small_cnn(), 16, optimizer=_sgd())
+    with pytest.raises(ValueError, match="checkpoint path is empty"):
+        fit(ex, tiny, iters=1, checkpoint="", progress=False)
     assert ex.iteration == 0

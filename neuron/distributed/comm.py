@@ -132,7 +132,7 @@ class MpiComm(Communicator):
             from mpi4py import MPI
         except ImportError as e:
             raise DistributedError("--data-parallel on CPU needs mpi4py and an MPI library: "
-                                   "pip install 'neuron[mpi]' (mpi4py + mpich wheels), then "
+                                   "pip install 'neuron-arena[mpi]' (in a checkout: pip install -e '.[mpi]') (mpi4py + mpich wheels), then "
                                    "launch with `mpirun -n K python -m neuron train ...`"
                                    ) from e
         self.MPI = MPI

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import sys
 
+from ..cli_args import count, numeric, positive_int, positive_number
 from .comm import DEFAULT_TIMEOUT_S
 from .overlap import DEFAULT_BUCKET_BYTES, DEFAULT_LAG
 
@@ -19,10 +20,10 @@ def add_train_arguments(p) -> None:
                    "(default: per replica, as PyTorch DDP)")
     p.add_argument("--dp-engine", choices=["auto", "mpi", "nccl"], default="auto",
                    help="collectives: nccl on cuda, mpi on cpu (auto)")
-    p.add_argument("--dp-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    p.add_argument("--dp-timeout", type=positive_number("--dp-timeout"), default=DEFAULT_TIMEOUT_S,
                    help="seconds a collective waits for the other ranks before stopping "
                    f"(default {DEFAULT_TIMEOUT_S:g})")
-    p.add_argument("--dp-check-every", type=int, default=100,
+    p.add_argument("--dp-check-every", type=count("--dp-check-every"), default=100,
                    help="check that all ranks hold identical parameters every N iterations "
                    "(0: never; default 100)")
     add_overlap_arguments(
@@ -39,24 +40,14 @@ def add_overlap_arguments(p, overlap_help: str, bucket_help: str) -> None:
     """--overlap/--no-overlap and --bucket-mb, the same defaults for `train` and `plan`."""
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help=overlap_help)
-    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
+    p.add_argument("--bucket-mb", type=numeric("--bucket-mb", low=0), default=DEFAULT_BUCKET_BYTES / 2**20,
                    metavar="MB", help=bucket_help)
-    p.add_argument("--dp-lag", type=_lag, default=DEFAULT_LAG, metavar="N|auto",
+    p.add_argument("--dp-lag", type=numeric("--dp-lag", int, low=0, words=("auto",)), default=DEFAULT_LAG, metavar="N|auto",
                    help="with --data-parallel --overlap: a bucket's optimizer updates run N "
                    "backward steps after its all-reduce starts, waiting for it there; more "
                    "hides a slower link, and its gradients live longer (in the plan's bytes; "
                    f"default {DEFAULT_LAG}); `plan ... --time --dp-lag auto` chooses N on the "
                    "simulated clock")
-
-
-def _lag(text: str):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of backward steps or auto, got "
-                                         f"{text!r}") from None
 
 
 def grad_lag(args) -> int:
@@ -92,9 +83,10 @@ def comm_report(dp, seconds: float) -> tuple[dict, str]:
 
 
 def add_plan_arguments(p) -> None:
-    p.add_argument("--data-parallel", type=int, default=None, metavar="K",
+    p.add_argument("--data-parallel", type=positive_int("--data-parallel"), default=None,
+                   metavar="K",
                    help="add the ring all-reduce time of K data-parallel ranks per iteration")
-    p.add_argument("--link-gbps", type=float, default=100.0,
+    p.add_argument("--link-gbps", type=positive_number("--link-gbps"), default=100.0,
                    help="per-link bandwidth for --data-parallel in Gbit/s (default 100)")
     add_overlap_arguments(
         p, "with --data-parallel: plan the all-reduce as `train --data-parallel` runs it, "

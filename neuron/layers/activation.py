@@ -1,6 +1,8 @@
 """Pointwise activations. Backward reads only the output, so the input can die at once."""
 from __future__ import annotations
 
+from ..errors import GraphError
+from ..sizes import number_arg
 from .base import Layer
 
 
@@ -41,10 +43,8 @@ class LeakyReLU(_Pointwise):
 
     def __init__(self, slope: float = 0.01, name: str | None = None):
         super().__init__(name)
-        if not slope > 0:
-            raise ValueError(f"{self.name}: slope must be > 0 (backward reads the output's sign), "
-                             f"got {slope}")
-        self.slope = float(slope)
+        # > 0: backward reads the output's sign
+        self.slope = number_arg(slope, "slope", self.name, low=0, low_open=True, error=GraphError)
 
     def _extra(self):
         return (self.slope,)

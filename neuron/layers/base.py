@@ -45,6 +45,16 @@ def pair(v, what: str, layer: str) -> tuple[int, int]:
     return v
 
 
+def at_least(layer: str, what: str, value, minimum: int) -> None:
+    """GraphError naming ``layer`` and its argument ``what`` unless every side of ``value`` (an
+    int or a pair) is >= minimum."""
+    sides = value if isinstance(value, tuple) else (value,)
+    if min(sides) < minimum:
+        need = "positive" if minimum == 1 else f">= {minimum}"
+        raise GraphError(f"{layer}: {what} must be {need}, got "
+                         f"{value if len(sides) > 1 else sides[0]}")
+
+
 def window_text(kernel, stride, padding, dilation=(1, 1)) -> str:
     """A sliding window as ``describe()`` prints it: "3x3/2 p1" (stride, then padding and
     dilation where not 0 and 1; a pair where its two sides differ). All of it is geometry the
@@ -74,6 +84,9 @@ class Layer:
     _counter: dict[str, int] = {}
 
     def __init__(self, name: str | None = None):
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"{self.type_name}: name must be a non-empty string or None, got "
+                            f"{name!r} ({type(name).__name__})")
         if name is None:
             n = Layer._counter.get(self.type_name, 0)
             Layer._counter[self.type_name] = n + 1

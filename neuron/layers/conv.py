@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ShapeError, GraphError
+from ..errors import ShapeError
 from ..init import he_normal, zeros
-from ..sizes import size_arg
-from .base import Layer, ParamSpec, param_accumulation, pair, window_text
+from ..sizes import callable_arg, flag_arg, size_arg
+from .base import Layer, ParamSpec, at_least, param_accumulation, pair, window_text
 
 
 class Conv2d(Layer):
@@ -23,13 +23,13 @@ class Conv2d(Layer):
         self.padding = pair(padding, "padding", self.name)
         self.dilation = pair(dilation, "dilation", self.name)
         self.groups = size_arg(groups, "groups", self.name)
-        self.bias = bool(bias)
-        self.init = init or he_normal
-        if self.out_channels <= 0 or min(self.kernel) <= 0 or min(self.stride) <= 0 \
-                or min(self.padding) < 0 or min(self.dilation) <= 0 or self.groups <= 0:
-            raise GraphError(f"{self.name}: invalid conv arguments out={self.out_channels} "
-                             f"kernel={self.kernel} stride={self.stride} padding={self.padding} "
-                             f"dilation={self.dilation} groups={self.groups}")
+        self.bias = flag_arg(bias, "bias", self.name)
+        self.init = callable_arg(init, "init", self.name) or he_normal
+        for what, value, least in (("out_channels", self.out_channels, 1),
+                                   ("kernel_size", self.kernel, 1), ("stride", self.stride, 1),
+                                   ("padding", self.padding, 0), ("dilation", self.dilation, 1),
+                                   ("groups", self.groups, 1)):
+            at_least(self.name, what, value, least)
 
     def build(self, in_shapes):
         s = in_shapes[0]

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..recording import per_iteration
+from ..sizes import number_arg
 from .base import AuxSpec, Layer
 
 
@@ -14,9 +15,7 @@ class Dropout(Layer):
 
     def __init__(self, p: float = 0.5, name: str | None = None):
         super().__init__(name)
-        if not 0.0 <= p < 1.0:
-            raise GraphError(f"{self.name}: p must be in [0, 1), got {p}")
-        self.p = float(p)
+        self.p = number_arg(p, "p", self.name, low=0, high=1, high_open=True, error=GraphError)
         self.index = 0              # set by the graph: part of the mask seed
 
     def infer_shapes(self, in_shapes):

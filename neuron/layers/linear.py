@@ -5,7 +5,7 @@ import math
 
 from ..errors import GraphError
 from ..init import torch_linear_weight, torch_linear_bias
-from ..sizes import size_arg
+from ..sizes import callable_arg, flag_arg, size_arg
 from .base import Layer, ParamSpec, param_accumulation
 
 
@@ -19,8 +19,8 @@ class Linear(Layer):
         self.out_features = size_arg(out_features, "out_features", self.name)
         if self.out_features <= 0:
             raise GraphError(f"{self.name}: out_features must be positive, got {out_features}")
-        self.bias = bool(bias)
-        self.init = init
+        self.bias = flag_arg(bias, "bias", self.name)
+        self.init = callable_arg(init, "init", self.name)
 
     def build(self, in_shapes):
         self.in_features = math.prod(in_shapes[0])

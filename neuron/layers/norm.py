@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ShapeError
+from ..errors import GraphError, ShapeError
 from ..init import ones, zeros
 from ..kernels import bn_chunks
 from ..recording import kernel_module
-from ..sizes import size_arg
+from ..sizes import number_arg, size_arg
 from .base import AuxSpec, Layer, ParamSpec
 
 
@@ -20,7 +20,9 @@ class BatchNorm(Layer):
 
     def __init__(self, momentum: float = 0.1, eps: float = 1e-5, name: str | None = None):
         super().__init__(name)
-        self.momentum, self.eps = float(momentum), float(eps)
+        # running = (1 - momentum) * running + momentum * batch statistic, as PyTorch
+        self.momentum = number_arg(momentum, "momentum", self.name, low=0, high=1, error=GraphError)
+        self.eps = number_arg(eps, "eps", self.name, low=0, low_open=True, error=GraphError)
 
     def build(self, in_shapes):
         s = in_shapes[0]
@@ -105,8 +107,13 @@ class LRN(Layer):
     def __init__(self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0,
                  name: str | None = None):
         super().__init__(name)
+        # cuDNN's limits (CUDNN_LRN_MIN_N/MAX_N, MIN_K, MIN_BETA), so CPU and GPU take the same
         self.size = size_arg(size, "size", self.name)
-        self.alpha, self.beta, self.k = float(alpha), float(beta), float(k)
+        if not 1 <= self.size <= 16:
+            raise GraphError(f"{self.name}: size must be between 1 and 16 channels, got {size}")
+        self.alpha = number_arg(alpha, "alpha", self.name, error=GraphError)
+        self.beta = number_arg(beta, "beta", self.name, low=0.01, error=GraphError)
+        self.k = number_arg(k, "k", self.name, low=1e-5, error=GraphError)
 
     def infer_shapes(self, in_shapes):
         if len(in_shapes[0]) != 3:

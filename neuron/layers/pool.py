@@ -1,9 +1,10 @@
 """Max, average and global-average pooling."""
 from __future__ import annotations
 
-from ..errors import GraphError, ShapeError
+from ..errors import ShapeError
 from ..kernels.numpy_pool import pool_out_hw
-from .base import Layer, pair, window_text
+from ..sizes import flag_arg
+from .base import Layer, at_least, pair, window_text
 
 
 class _Pool2d(Layer):
@@ -18,12 +19,10 @@ class _Pool2d(Layer):
         self.kernel = pair(kernel_size, "kernel_size", self.name)
         self.stride = pair(stride if stride is not None else kernel_size, "stride", self.name)
         self.padding = pair(padding, "padding", self.name)
-        if not isinstance(ceil_mode, bool):
-            raise TypeError(f"{self.name}: ceil_mode must be True or False, got {ceil_mode!r}")
-        self.ceil_mode = ceil_mode
-        if min(self.kernel) <= 0 or min(self.stride) <= 0 or min(self.padding) < 0:
-            raise GraphError(f"{self.name}: invalid pool arguments kernel={self.kernel} "
-                             f"stride={self.stride} padding={self.padding}")
+        self.ceil_mode = flag_arg(ceil_mode, "ceil_mode", self.name)
+        for what, value, least in (("kernel_size", self.kernel, 1), ("stride", self.stride, 1),
+                                   ("padding", self.padding, 0)):
+            at_least(self.name, what, value, least)
         if self.padding[0] * 2 > self.kernel[0] or self.padding[1] * 2 > self.kernel[1]:
             raise ShapeError(f"{self.name}: padding {self.padding} must be at most half the "
                              f"kernel {self.kernel}")

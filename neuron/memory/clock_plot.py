@@ -10,7 +10,7 @@ def plot_timeline(timeline: list, trace: list, path: str, title: str = "") -> No
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError("plotting needs matplotlib: pip install 'neuron[plot]'") from e
+        raise ImportError("plotting needs matplotlib: pip install 'neuron-arena[plot]' (in a checkout: pip install -e '.[plot]')") from e
     fig, (mem, streams) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True,
                                        gridspec_kw={"height_ratios": [3, 1]})
     ends = [e for s, _, e, w in timeline if s == "compute" and w != "compact"]

@@ -185,10 +185,16 @@ class CostModel:
     @classmethod
     def from_profile(cls, path: str, dtype=np.float32) -> "CostModel":
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 prof = json.load(f)
+        except UnicodeDecodeError:      # a binary file (an image, an .npz, ...)
+            raise ProfileError(f"cannot read profile {path}: not a text file (a profile is the "
+                               "JSON that `neuron profile -o FILE.json` writes)") from None
         except (OSError, json.JSONDecodeError) as e:
             raise ProfileError(f"cannot read profile {path}: {e}") from None
+        if not isinstance(prof, dict):
+            raise ProfileError(f"{path} is not a neuron profile (JSON {type(prof).__name__}, "
+                               "not an object)")
         fmt = prof.get("format")
         if fmt == "neuron-profile-1":
             raise ProfileError(f"{path} is an old profile (neuron-profile-1) whose keys omit "

@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the launcher that came with the MPI next to this interpreter (the mpich wheel), else PATH's
 MPIEXEC = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
            or shutil.which("mpiexec"))
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'neuron[mpi]')")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'neuron-arena[mpi]')")
 JOB_LIMIT_S = 120
 
 

@@ -94,9 +94,10 @@ def test_invalid_arguments_name_the_layer():
         nn.MaxPool2d(2, ceil_mode="yes", name="pool_a")
     with pytest.raises(TypeError, match="pool_b: ceil_mode"):
         nn.AvgPool2d(2, ceil_mode=1, name="pool_b")
-    for kw in ({"kernel_size": 0}, {"kernel_size": 2, "stride": 0},
-               {"kernel_size": 2, "padding": -1}):
-        with pytest.raises(GraphError, match="pool_c: invalid pool arguments"):
+    for kw, what in (({"kernel_size": 0}, "kernel_size must be positive"),
+                     ({"kernel_size": 2, "stride": 0}, "stride must be positive"),
+                     ({"kernel_size": 2, "padding": -1}, "padding must be >= 0")):
+        with pytest.raises(GraphError, match=f"pool_c: {what}"):
             nn.MaxPool2d(**kw, name="pool_c")
     with pytest.raises(ShapeError, match="pool_d: padding"):
         nn.AvgPool2d(2, padding=2, name="pool_d")

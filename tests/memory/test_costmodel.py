@@ -26,3 +26,21 @@ def test_an_executor_plans_with_the_default_costs_unless_given_one():
                     cost=given).cost is given
     assert Executor(graph, 2, device="virtual", planner="capuchin").cost.spec.name == "h100"
     assert Executor(graph, 2, device="cpu").cost is None        # no planner: no cost model
+
+
+def test_a_binary_or_non_object_profile_names_the_file(tmp_path, capsys):
+    import pytest
+    from neuron.cli import main
+    from neuron.memory.costmodel import CostModel, ProfileError
+    binary = tmp_path / "weights.npz"
+    binary.write_bytes(b"PK\x03\x04\x89\xff\x00binary")
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    with pytest.raises(ProfileError, match=f"cannot read profile {binary}: not a text file"):
+        CostModel.from_profile(str(binary))
+    with pytest.raises(ProfileError, match=f"{listing} is not a neuron profile"):
+        CostModel.from_profile(str(listing))
+    rc = main(["plan", "resnet_cifar", "--depth", "8", "--no-min-budget", "--time",
+               "--profile", str(binary)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and str(binary) in err, err

@@ -110,7 +110,7 @@ class Checkmate(Planner):
             from scipy.optimize import milp  # noqa: F401
         except ImportError:
             raise ValueError("the checkmate planner needs scipy >= 1.11 (HiGHS MILP): "
-                             "pip install 'neuron[planners]'") from None
+                             "pip install 'neuron-arena[planners]'") from None
         steps = ctx.schedule.steps
         if len(steps) > MAX_STEPS:
             k = ctx.schedule.chunks

@@ -92,6 +92,30 @@ def test_unknown_planner_lists_the_names():
         Executor(graph, batch, device="virtual", planner="nope")
 
 
+@pytest.mark.parametrize("spec,fragment", [
+    ("home:seed=abc", "planner 'home': option seed must be an integer, got 'abc'"),
+    ("home:search_seconds=nan", "planner 'home': option search_seconds must be a finite number"),
+    ("home:search_seconds=fast", "option search_seconds must be a finite number, got 'fast'"),
+    ("superneurons:polish=x", "planner 'superneurons': option polish must be an integer"),
+    ("dqn:seed=1.5", "planner 'dqn': option seed must be an integer, got 1.5"),
+    ("home:sed=1", "planner 'home': unknown option 'sed'; it takes seed, search_seconds"),
+    ("vdnn:k=2", "planner 'vdnn': unknown option 'k'; it takes no options"),
+])
+def test_a_planner_option_of_the_wrong_type_or_name_is_named(spec, fragment):
+    with pytest.raises(ValueError) as e:
+        get_planner(spec)
+    assert fragment in str(e.value)
+
+
+def test_a_planner_option_of_the_wrong_type_is_one_cli_line(capsys):
+    from neuron.cli import main
+    rc = main(["plan", "resnet_cifar", "--depth", "8", "--budget", "4MiB", "--no-min-budget",
+               "--planner", "home:seed=abc"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == ("neuron plan: error: planner 'home': option seed must be "
+                                       "an integer, got 'abc'")
+
+
 @pytest.mark.parametrize("planner", ["sublinear", "vdnn", "capuchin"])
 def test_budget_below_the_planners_minimum_names_step_tensor_and_bytes(planner):
     from neuron.plan import lower_bound
