@@ -57,6 +57,14 @@ def test_readme_is_a_short_page_with_the_two_commands():
         "pip install -e '.[test]' && python -m pytest -q"]
 
 
+def test_the_measured_quick_start_is_the_readme_command():
+    """bench/quickstart.py times the README's first command, exactly."""
+    import sys
+    sys.path.insert(0, ROOT)
+    from bench.quickstart import COMMAND
+    assert f"&& neuron {' '.join(COMMAND)}\n" in open(README).read()
+
+
 def test_every_docs_page_is_linked_from_the_readme():
     links = set(LINK.findall(open(README).read()))
     missing = [p for p in DOCS if f"docs/{os.path.basename(p)}" not in links]
