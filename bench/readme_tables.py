@@ -1,21 +1,25 @@
-"""Every results table (and every measured number quoted in prose) of README.md, generated from
-bench/results/*.json, so that the README cannot go stale.
+"""Every results table (and every measured number quoted in prose) of README.md and docs/*.md,
+generated from bench/results/*.json, so that the documentation cannot go stale.
 
-README.md marks each generated region with HTML comments (invisible when rendered):
+A document marks each generated region with HTML comments (invisible when rendered):
 
     <!-- gen:NAME -->...<!-- /gen:NAME -->
 
-    python bench/readme_tables.py           rewrite every region from its JSON
-    python bench/readme_tables.py --check   exit 1, naming the regions where README and JSON disagree
+    python bench/readme_tables.py           rewrite every region of README.md and docs/*.md
+    python bench/readme_tables.py --check   exit 1, naming the files and regions that disagree
 
-A new table is one function (JSON -> markdown) and one line in GENERATORS. A JSON that is not
-there yet renders as "not yet measured" instead of failing, so a table can be placed in the
-README before its benchmark has run. tests/bench/test_readme_tables.py runs the check.
+A new table is one function (JSON -> markdown) and one line in GENERATORS; it may sit in any
+of the documents. A JSON that is not there yet renders as "not yet measured" instead of
+failing, so a table can be placed before its benchmark has run. A result whose commit is not
+in this repository's history says so in its source line (its JSON's provenance has
+"commit_on_main": false and a "not_on_main_reason"). tests/bench/test_readme_tables.py runs
+the check.
 """
 from __future__ import annotations
 
 import argparse
 import difflib
+import glob
 import json
 import os
 import re
@@ -25,6 +29,7 @@ from typing import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
 REGION = re.compile(r"<!-- gen:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /gen:(?P=name) -->", re.S)
 MIB, GIB = 1 << 20, 1 << 30
 PROVENANCE_FIELDS = ("command", "commit", "device", "date")
@@ -67,6 +72,19 @@ def provenance_of(data: dict) -> dict:
                                                             "load_average_at_end") if k in data}
 
 
+def not_on_main(p: dict) -> str:
+    """The marker a result carries when its commit is not in this history (tests/test_provenance.py
+    accepts a commit not on main only inside this text)."""
+    if p.get("commit_on_main") is not False:
+        return ""
+    reason = p.get("not_on_main_reason")
+    if not reason:
+        raise SchemaError(f"commit {p.get('commit')}: commit_on_main is false without a "
+                          "not_on_main_reason")
+    return (f"; not reproducible from this history (produced at commit `{p['commit']}`, not on "
+            f"main): {reason}")
+
+
 def source(data: dict, script: str) -> str:
     """The line under each table: which command, commit, device and date produced it."""
     p = provenance_of(data)
@@ -78,7 +96,7 @@ def source(data: dict, script: str) -> str:
     end = p.get("load_average_at_end")
     load_txt += f", {end[0]:.1f} at end (2 cores: above 2 the cores were shared)" if end else ""
     return (f"<sub>Source: `bench/results/{script}.json`, from `python {p['command']}` at commit "
-            f"`{p['commit']}` on {p['device']}, {p['date']}{load_txt}.</sub>")
+            f"`{p['commit']}` on {p['device']}, {p['date']}{load_txt}{not_on_main(p)}.</sub>")
 
 
 # --------------------------------------------------------------------------- the tables
@@ -128,7 +146,7 @@ def deepest_table(d: dict) -> str:
     for name in ("PyTorch eager", "PyTorch checkpoint_sequential"):
         hit = [t for t in torch if t.get("system", "").startswith(name)]
         rows.append([name, num(hit[0]["deepest"]) if hit else
-                     "not in this plan-only run (H100: [GPU contact](#gpu-contact))", "", ""])
+                     "not in this plan-only run (H100: [GPU](gpu.md))", "", ""])
     rows += [[n, num(v), "", ""] for n, v in PAPER_DEEPEST]
     return "\n\n".join([table(["system", "deepest", "limited by", "search s"],
                               ["l", "r", "l", "r"], rows), source(d, "deepest")])
@@ -239,15 +257,58 @@ def memory_trace_table(d: dict) -> str:
 
 def quickstart_text(d: dict) -> str:
     r = d["rows"][0]
-    s, p = r["summary"], d["provenance"]
-    load = p.get("load_average_at_start")
+    s = r["summary"]
     return (f"The first reaches {100 * s['test_accuracy']:.2f}% test accuracy on the held-out "
             f"digits in {r['wall_seconds']:.0f} s wall clock ({s['iterations']} iterations, "
             f"{s['images_per_sec']:.0f} img/s, pool peak {s['peak_bytes'] / MIB:.1f} MiB = "
-            f"planned peak {s['planned_peak_bytes'] / MIB:.1f} MiB; {p['device']}, {p['date']}, "
-            f"commit `{p['commit'][:12]}`"
-            + (f", load average {load[0]:.1f} when it started: the cores were shared" if load
-               and load[0] >= 1.0 else "") + ").")
+            f"planned peak {s['planned_peak_bytes'] / MIB:.1f} MiB).\n"
+            + source(d, "quickstart"))
+
+
+def _date(x: str) -> str:
+    return x[:10]
+
+
+def headline_table(d: dict) -> str:
+    """The README's results at a glance: depth and width (planned on the CPU, run on the GPU)
+    and speed against PyTorch, each row with its device and date."""
+    deep, wide, gpu, conf = d["deepest"], d["widest"], d["throughput"], d["gpu_raw/confirm"]
+    dp, wp = provenance_of(deep), provenance_of(wide)
+    best_deep = max((r for r in deep["neuron"] if r["family"] == "resnet" and r.get("deepest")),
+                    key=lambda r: r["deepest"])
+    r50 = [r for r in wide["neuron"] if r["model"] == "resnet50"]
+    best_wide = max(r50, key=lambda r: r["widest"])
+    parts = conf["parts"]
+    cdev, cdate = conf["device"], _date(conf["date"])
+    chunks = ", sub-layer chunks" if best_wide.get("chunking", 1) != 1 else ""
+    speed = ", ".join(f"{k.split(':')[0]} batch {k.split(':')[1]} {v['neuron_over_pytorch']:.2f}x"
+                      for k, v in gpu["configs"].items() if k.endswith(":fp32"))
+    rows = [
+        ["deepest ResNet (Table 4 family), batch 16, 12 GiB, planned",
+         f"{num(best_deep['deepest'])} ({_system(best_deep)[7:]})", "-", num(PAPER_DEEPEST[0][1]),
+         f"{dp['device'].replace(', planning only', '')}, {dp['date']}"],
+        ["deepest ResNet, batch 16, 12 GiB, run (superneurons)",
+         f"{num(parts['deepest']['depth'])} "
+         f"({parts['deepest']['run']['seconds_per_iter']:.1f} s/iteration)",
+         f"eager {num(parts['torch_eager']['depth'])}, checkpoint_sequential "
+         f"{num(parts['torch_checkpoint']['depth'])}", "", f"{cdev}, {cdate}"],
+        ["largest ResNet-50 batch, 12 GiB, planned",
+         f"{num(best_wide['widest'])} ({best_wide['policy']}{chunks})", "-",
+         num(PAPER_WIDEST["resnet50"]), f"{wp['device'].replace(', planning only', '')}, {wp['date']}"],
+        ["largest ResNet-50 batch, 12 GiB, run (superneurons)",
+         f"{num(parts['widest']['batch'])} "
+         f"({parts['widest']['run']['seconds_per_iter']:.1f} s/iteration)", "-", "",
+         f"{cdev}, {cdate}"],
+        ["training speed, fp32, no budget (neuron / PyTorch eager img/s)", speed, "1.00x", "",
+         f"{gpu['device']}, {_date(gpu['date'])}"],
+    ]
+    srcs = ", ".join(f"`bench/results/{n}.json` (commit `{provenance_of(x)['commit'][:12]}`)"
+                     for n, x in d.items())
+    return "\n\n".join([table(["result", "neuron", "PyTorch", "SuperNeurons paper (K40)",
+                                "device, date"], ["l", "l", "l", "r", "l"], rows),
+                         f"<sub>Source: {srcs}; details and commands in "
+                         "[docs/benchmarks.md](docs/benchmarks.md) and [docs/gpu.md](docs/gpu.md)."
+                         "</sub>"])
 
 
 def timeline_html_text(d: dict) -> str:
@@ -273,7 +334,6 @@ def image_loader_table(d: dict) -> str:
                          source(d, "image_loader")])
 
 
-# name -> (results JSON without .json, renderer). One line per README region.
 def gpu_contact_table(d: dict) -> str:
     """The GPU contact kit's stages and the models' agreement with the CPU (gpu_contact.json)."""
     for key in ("device", "stages", "models"):
@@ -281,6 +341,8 @@ def gpu_contact_table(d: dict) -> str:
             raise SchemaError(f"gpu_contact: missing {key}")
     stage_rows = [[name, "yes" if st.get("ok") else "**no**", st.get("verdict", "")[:160],
                    (st.get("date") or "")[:10]] for name, st in d["stages"].items()]
+    commits = ", ".join(f"`{c[:12]}`" for c in sorted({st["commit"] for st in d["stages"].values()
+                                                         if st.get("commit")}))
     model_rows = [[name, _e(m.get("loss_rel_err")), _e(m.get("update_max_rel_err")),
                    "yes" if m.get("ok") else "**no**"] for name, m in d["models"].items()]
     return ("\n" + table(["stage", "ok", "verdict", "date"], ["l", "l", "l", "l"], stage_rows)
@@ -288,17 +350,21 @@ def gpu_contact_table(d: dict) -> str:
                                "within tolerance (vs float64)"], ["l", "r", "r", "l"],
                               model_rows)
             + f"\n\n<sub>Source: `bench/results/gpu_contact.json` ({d['device']}), written by "
-            "`python bench/import_gpu_results.py` from the kit's outputs; the code each run "
-            "ran is listed in `bench/results/gpu_raw/session_2026-11-23/PROVENANCE.md` (the "
-            "device's copy named a stale commit).</sub>\n")
+            "`python -m bench.gpu.import_results` from the kit's outputs; the stages ran at "
+            f"commits {commits}, each stage's listed in "
+            "`bench/results/gpu_raw/session_2026-11-23/PROVENANCE.md` (the device's copy named a "
+            "stale commit).</sub>\n")
 
 
 def _e(x) -> str:
     return "-" if x is None else f"{x:.1e}"
 
 
-GENERATORS: dict[str, tuple[str, Callable[[dict], str]]] = {
+# name -> (results JSON without .json, or a tuple of them: the renderer then gets a dict of
+# name -> JSON, renderer). One line per region, wherever it sits (README.md or docs/).
+GENERATORS: dict[str, tuple[str | tuple[str, ...], Callable[[dict], str]]] = {
     "quickstart": ("quickstart", quickstart_text),
+    "headline": (("deepest", "widest", "throughput", "gpu_raw/confirm"), headline_table),
     "min_budget": ("plan_min_budget", min_budget_table),
     "resnet50_ratio": ("plan_min_budget", min_budget_ratio("resnet50")),
     "plan_speed": ("plan_speed", plan_speed_table),
@@ -328,17 +394,20 @@ def load(name: str, results: str = RESULTS) -> dict | None:
 
 def render(name: str, results: str = RESULTS) -> str:
     if name not in GENERATORS:
-        raise KeyError(f"README region gen:{name} has no generator; known: "
+        raise KeyError(f"region gen:{name} has no generator; known: "
                        f"{', '.join(sorted(GENERATORS))}")
-    json_name, fn = GENERATORS[name]
-    data = load(json_name, results)
-    if data is None:
-        return f"not yet measured (`bench/results/{json_name}.json` is missing)"
+    json_names, fn = GENERATORS[name]
+    names = (json_names,) if isinstance(json_names, str) else json_names
+    datas = {n: load(n, results) for n in names}
+    absent = [n for n, x in datas.items() if x is None]
+    if absent:
+        return "not yet measured (" + ", ".join(f"`bench/results/{n}.json`" for n in absent) + \
+            (" is" if len(absent) == 1 else " are") + " missing)"
     try:
-        return fn(data)
-    except (KeyError, StopIteration, TypeError, IndexError) as e:
-        raise SchemaError(f"README region gen:{name}: bench/results/{json_name}.json lacks what "
-                          f"the table reads ({type(e).__name__}: {e})") from e
+        return fn(datas[names[0]] if isinstance(json_names, str) else datas)
+    except (KeyError, StopIteration, TypeError, IndexError, ValueError) as e:
+        raise SchemaError(f"region gen:{name}: {', '.join(f'bench/results/{n}.json' for n in names)}"
+                          f" lacks what the table reads ({type(e).__name__}: {e})") from e
 
 
 def regenerate(text: str, results: str = RESULTS) -> str:
@@ -357,28 +426,38 @@ def stale_regions(text: str, results: str = RESULTS) -> list[str]:
     return [m["name"] for m in REGION.finditer(text) if m["body"] != fresh[m["name"]]]
 
 
+def documents() -> list[str]:
+    """The files that may hold generated regions: README.md and every page of docs/."""
+    return [README] + sorted(glob.glob(os.path.join(DOCS, "*.md")))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
-                    help="do not write; exit 1 if README.md and bench/results disagree")
-    ap.add_argument("--readme", default=README, help="the README to read (default: %(default)s)")
+                    help="do not write; exit 1 if a document and bench/results disagree")
+    ap.add_argument("files", nargs="*", help="the documents (default: README.md and docs/*.md)")
     args = ap.parse_args(argv)
-    text = open(args.readme).read()
-    new = regenerate(text)
-    if args.check:
-        stale = stale_regions(text)
-        if stale:
-            diff = difflib.unified_diff(text.splitlines(), new.splitlines(), "README.md",
-                                        "generated", lineterm="", n=0)
-            print(f"README.md is stale in: {', '.join(stale)}; run python bench/readme_tables.py\n"
-                  + "\n".join(diff), file=sys.stderr)
-            return 1
-        print(f"README.md agrees with bench/results ({len(REGION.findall(text))} regions)")
-        return 0
-    with open(args.readme, "w") as f:
-        f.write(new)
-    print(f"README.md: {len(REGION.findall(new))} regions regenerated")
-    return 0
+    status = 0
+    for path in args.files or documents():
+        rel = os.path.relpath(path, ROOT)
+        text = open(path).read()
+        new = regenerate(text)
+        if args.check:
+            stale = stale_regions(text)
+            if stale:
+                diff = difflib.unified_diff(text.splitlines(), new.splitlines(), rel,
+                                            "generated", lineterm="", n=0)
+                print(f"{rel} is stale in: {', '.join(stale)}; run python bench/readme_tables.py\n"
+                      + "\n".join(diff), file=sys.stderr)
+                status = 1
+            else:
+                print(f"{rel} agrees with bench/results ({len(REGION.findall(text))} regions)")
+            continue
+        if new != text:
+            with open(path, "w") as f:
+                f.write(new)
+        print(f"{rel}: {len(REGION.findall(new))} regions regenerated")
+    return status
 
 
 if __name__ == "__main__":
