@@ -6,6 +6,7 @@ import json
 import math
 import sys
 
+from .cli_planning import cmd_profile
 from .memory.policy import POLICIES
 from .units import fmt_bytes, parse_bytes
 
@@ -236,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     # time and planners (issue 12): cli_planning.py
     from .cli_planning import add_planner_arg, add_profile_command, add_time_args
     add_time_args(pl)
-    add_profile_command(sub)
+    add_profile_command(sub, _positive)
     for cmd in (pl, dp, wd, t):
         add_planner_arg(cmd, default_under_budget=cmd in (pl, t))
     mem = sub.add_parser("memory", help="where an iteration's bytes go: peak by kind, the "
@@ -596,8 +597,6 @@ def cmd_train(args) -> int:
         print(json.dumps(res))
     return 0
 
-
-from .cli_planning import cmd_profile  # noqa: E402  (cli_planning needs cli only lazily)
 
 COMMANDS.update(train=cmd_train, summary=cmd_summary, models=cmd_models, plan=cmd_plan,
                 deepest=cmd_deepest, widest=cmd_widest, profile=cmd_profile)

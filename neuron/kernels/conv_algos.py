@@ -25,29 +25,27 @@ Callers that accumulate into the output (beta = 1) use :func:`choose_accumulatin
 measuring call overwrites the output operand, so it measures with a stand-in output in the
 workspace instead.
 
-The switches (``deterministic``, ``allow_tf32``, ``conv_algo_search``, ``trace_label``) stay
-attributes of :mod:`neuron.kernels.cuda`, their public home; this module reads them at call time.
+The switches (``deterministic``, ``allow_tf32``, ``conv_algo_search``, ``trace_label``) are set
+on :mod:`neuron.kernels.cuda`, their public home, which keeps them in cuda_switches.py; this
+module reads them there at call time.
 """
 from __future__ import annotations
 
 import functools
-import sys
 from collections import deque
 from typing import NamedTuple
 
 import numpy as np
 
+from . import cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .numpy_ref import _pair, conv2d_out_hw
 
 
 def _k():
-    """neuron.kernels.cuda, for its switches and handle (read at call time)."""
-    mod = sys.modules.get("neuron.kernels.cuda")
-    if mod is None:
-        from . import cuda as mod
-    return mod
+    """The switches (cuda_switches.py, set through neuron.kernels.cuda), read at call time."""
+    return cuda_switches
 
 
 class ConvAlgoError(RuntimeError):
@@ -173,7 +171,7 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice
     det = bool(k.deterministic)
     mt = math_type(xd.dtype)
     cd.set_math_type(mt)
-    h = k._h()
+    h = dnn.get_handle()
     best, source, perfs = None, "heuristic", None
     if _searching():
         rec = _measured.get(key)
