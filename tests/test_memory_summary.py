@@ -21,8 +21,8 @@ def test_summary_matches_the_plan_at_the_minimum_budget():
     assert r["peak_bytes"] == planned["peak_bytes"]
     assert r["bytes_by_kind_at_peak"] == {k: v for k, v in planned["bytes_by_kind"].items() if v}
     assert sum(r["bytes_by_kind_at_peak"].values()) == r["peak_bytes"]
-    assert r["device_to_host_bytes"] == planned["offload_bytes"]
-    assert r["host_to_device_bytes"] == planned["prefetch_bytes"]
+    assert r["offload_bytes"] == planned["offload_bytes"]
+    assert r["prefetch_bytes"] == planned["prefetch_bytes"]
     assert r["compactions"] == planned["compactions"]
     assert len(r["largest_tensors_at_peak"]) == 3
     # the fullest step is the peak's step, and holds the peak
