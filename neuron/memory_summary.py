@@ -96,9 +96,11 @@ def format_summary(r: dict) -> str:
     ps = r["peak_step"]
     lines += [f"peak                    {fmt_bytes(r['peak_bytes']):>12}   at step {ps['step']} "
               f"of {ps['of']} ({ps['phase']} {ps['layer']}), {r['tensors_at_peak']} tensors",
-              f"unbounded-arena peak    {fmt_bytes(r['unbounded_peak_bytes']):>12}",
-              f"minimum budget          {fmt_bytes(r['min_budget_bytes']):>12}",
-              f"lower bound             {fmt_bytes(r['lower_bound_bytes']):>12}",
+              f"peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes']):>12}   "
+              "the plan for no budget, as `neuron plan` says",
+              f"minimum budget          {fmt_bytes(r['min_budget_bytes']):>12}   "
+              "the smallest arena the plan for no budget completes in",
+              f"neuron's layer bound    {fmt_bytes(r['lower_bound_bytes']):>12}",
               "", "bytes by kind at the peak"]
     total = sum(r["bytes_by_kind_at_peak"].values()) or 1
     for k, v in sorted(r["bytes_by_kind_at_peak"].items(), key=lambda kv: -kv[1]):
@@ -122,9 +124,10 @@ def format_summary(r: dict) -> str:
     lines.append(f"  {'mean':18}{f['mean']:6.3f}")
     lines += ["", f"compactions             {r['compactions']:>12}   "
               f"{fmt_bytes(r['compacted_bytes'])} moved inside the arena",
-              f"device -> host          {fmt_bytes(r['offload_bytes']):>12}   "
-              f"{r['offloads']} offloads",
-              f"host -> device          {fmt_bytes(r['prefetch_bytes']):>12}   "
+              f"offloaded               {fmt_bytes(r['offload_bytes']):>12}   "
+              f"device -> host, {r['offloads']} offloads",
+              f"brought back            {fmt_bytes(r['prefetch_bytes']):>12}   "
+              "host -> device, "
               f"{r['prefetches_ahead']} prefetched ahead, {r['fetches_on_miss']} fetched on a "
               "miss",
               f"host peak               {fmt_bytes(r['host_peak_bytes']):>12}",
