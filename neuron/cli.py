@@ -311,8 +311,8 @@ def cmd_summary(args) -> int:
             print(f"{r['name'][:32]:32} {r['describe'][:28]:28} {str(tuple(r['output_shape']))[:22]:22}"
                   f" {r['params']:>11,} {fmt_bytes(r['fwd_bytes']):>11} {fmt_bytes(r['bwd_bytes']):>11}")
         print(f"{info['model']}: {info['num_layers']} layers, {info['params']:,} parameters "
-              f"({fmt_bytes(info['param_bytes'])}), largest step {fmt_bytes(info['max_step_bytes'])}"
-              f" at batch {args.batch}")
+              f"({fmt_bytes(info['param_bytes'])}), largest step {fmt_bytes(info['max_step_resident_bytes'])}"
+              f" at batch {args.batch} (its tensors, parameters included, and workspace)")
     if args.json:
         print(json.dumps(info))
     return 0
