@@ -405,6 +405,9 @@ def cmd_plan(args) -> int:
     timeline = r.pop("timeline", None)
     if (args.plot or args.html) and r["fits"]:
         _draw_plan(args, planned, timeline)
+    elif args.plot or args.html:
+        print(f"  {' and '.join(f for f in ('--plot', '--html') if getattr(args, f[2:]))}: "
+              "nothing drawn, the iteration does not fit the budget")
     if args.json:
         print(json.dumps(r))
     return 0 if r["fits"] else 1

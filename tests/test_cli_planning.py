@@ -178,3 +178,11 @@ def test_time_and_plot_do_what_their_help_says(budget, monkeypatch, tmp_path, ca
         assert kw["budget"] == marks["budget"] == want_budget
         assert (marks["backward_starts_ms"] if timed else marks["backward_starts"]) > 0
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_says_so_when_the_iteration_does_not_fit(tmp_path, capsys):
+    png = tmp_path / "none.png"
+    assert main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget",
+                 "--budget", "64KiB", "--plot", str(png)]) == 1
+    assert "--plot: nothing drawn, the iteration does not fit the budget" in \
+        capsys.readouterr().out and not png.exists()
