@@ -7,6 +7,7 @@ import sys
 import time
 
 from .cli_args import byte_size, count, numeric, path_arg, positive_int, positive_number
+from .cli_planning import cmd_profile
 from .memory.policy import POLICIES
 from .units import fmt_bytes, parse_bytes
 
@@ -204,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     # time and planners (issue 12): cli_planning.py
     from .cli_planning import add_planner_arg, add_profile_command, add_time_args
     add_time_args(pl)
-    add_profile_command(sub)
+    add_profile_command(sub, _positive)
     for cmd in (pl, dp, wd, t):
         add_planner_arg(cmd, default_under_budget=cmd in (pl, t))
     mem = sub.add_parser("memory", help="where an iteration's bytes go: peak by kind, the "
@@ -281,8 +282,8 @@ def cmd_summary(args) -> int:
             print(f"{r['name'][:32]:32} {r['describe'][:28]:28} {str(tuple(r['output_shape']))[:22]:22}"
                   f" {r['params']:>11,} {fmt_bytes(r['fwd_bytes']):>11} {fmt_bytes(r['bwd_bytes']):>11}")
         print(f"{info['model']}: {info['num_layers']} layers, {info['params']:,} parameters "
-              f"({fmt_bytes(info['param_bytes'])}), largest step {fmt_bytes(info['max_step_bytes'])}"
-              f" at batch {args.batch}")
+              f"({fmt_bytes(info['param_bytes'])}), largest step {fmt_bytes(info['max_step_resident_bytes'])}"
+              f" at batch {args.batch} (its tensors, parameters included, and workspace)")
     if args.json:
         print(json.dumps(info))
     return 0
@@ -304,7 +305,7 @@ def _policy_kw(args, host_default=None) -> dict:
 
 
 def cmd_plan(args) -> int:
-    from .plan import plan
+    from .plan import make_plan
     if args.plot:                   # a missing matplotlib is an error now, not after the plan
         try:
             import matplotlib  # noqa: F401
@@ -317,9 +318,13 @@ def cmd_plan(args) -> int:
     from .distributed.launch import plan_allreduce, plan_comm_model, plan_grad_buckets, plan_lag
     cost = cost_model(args) if args.time or args.planner else None
     lag, lag_search = plan_lag(args, graph, budget, cost, **_policy_kw(args))
-    r = plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
-             model=args.model, cost=cost, comm=plan_comm_model(args),
-             grad_buckets=plan_grad_buckets(args), grad_lag=lag, **_policy_kw(args))
+    # a planner plans with the cost model; the iteration is timed (and drawn against time)
+    # only with --time
+    planned = make_plan(graph, args.batch, budget=budget, search_min=not args.no_min_budget,
+                        model=args.model, cost=cost, timed=args.time,
+                        comm=plan_comm_model(args), grad_buckets=plan_grad_buckets(args),
+                        grad_lag=lag, **_policy_kw(args))
+    r = planned.report
     plan_allreduce(args, graph, r)
     if lag_search is not None:
         r["dp_lag"], r["dp_lag_search"] = lag, lag_search
@@ -332,10 +337,12 @@ def cmd_plan(args) -> int:
     print(f"{args.model} batch {args.batch}, {how}"
           f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
           f"{r['num_steps']} steps, {r['params']:,} parameters")
-    print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}")
+    print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}  (the plan for no "
+          "budget)")
     if mb is not None:
-        print(f"  minimum budget          {fmt_bytes(mb)}  ({mb / r['lower_bound_bytes']:.3f} x "
-              f"neuron's bound, {mb / r['ideal_bound_bytes']:.3f} x ideal bound)")
+        print(f"  minimum budget          {fmt_bytes(mb)}  (the smallest arena the plan for no "
+              f"budget completes in: {mb / r['lower_bound_bytes']:.3f} x neuron's bound, "
+              f"{mb / r['ideal_bound_bytes']:.3f} x ideal bound)")
     print(f"  neuron's layer bound    {fmt_bytes(r['lower_bound_bytes'])}  (largest step "
           f"{fmt_bytes(r['max_step_bytes'])} with its preferred workspace + resident state)")
     print(f"  ideal layer bound       {fmt_bytes(r['ideal_bound_bytes'])}  (largest step "
@@ -351,29 +358,28 @@ def cmd_plan(args) -> int:
     if budget is not None:
         if r["fits"]:
             print(f"  budget {fmt_bytes(budget)}: fits, peak {fmt_bytes(r['peak_bytes'])}, "
-                  f"offloaded {fmt_bytes(r['offload_bytes'])}, prefetched "
-                  f"{fmt_bytes(r['prefetch_bytes'])}")
+                  f"offloaded {fmt_bytes(r['offload_bytes'])}, brought back "
+                  f"{fmt_bytes(r['prefetch_bytes'])}, host peak "
+                  f"{fmt_bytes(r['host_peak_bytes'] or 0)}, {r['num_steps']} steps")
         else:
-            need = f"; the minimum is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
+            need = f"; the minimum budget is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
             print(f"  budget {fmt_bytes(budget)}: does NOT fit: {r['error']}{need}")
     if "data_parallel" in r:
         d = r["data_parallel"]
         print(f"  all-reduce (ring, {d['world_size']} ranks, {d['link_gbps']:g} Gbit/s)  "
               f"{fmt_bytes(d['allreduce_bytes'])} in {d['allreduce_calls']} calls: "
               f"{d['allreduce_time_s'] * 1e3:.3f} ms per iteration")
-    print_time(r)
+    if args.time:
+        print_time(r)
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
     timeline = r.pop("timeline", None)
-    plot = args.plot
-    if args.plot and timeline and r.get("steps"):
-        from .memory.clock_plot import plot_timeline
-        plot_timeline(timeline, r["steps"], args.plot, title=f"{args.model} batch {args.batch}")
-        print(f"  memory and streams drawn to {args.plot}")
-        plot = None                 # drawn against time; --html still draws below
-    if (plot or args.html) and r["fits"]:
-        _draw_plan(args, graph, r, budget, plot)
+    if (args.plot or args.html) and r["fits"]:
+        _draw_plan(args, planned, timeline)
+    elif args.plot or args.html:
+        print(f"  {' and '.join(f for f in ('--plot', '--html') if getattr(args, f[2:]))}: "
+              "nothing drawn, the iteration does not fit the budget")
     if args.json:
         print(json.dumps(r))
     return 0 if r["fits"] else 1
@@ -390,16 +396,24 @@ def cmd_memory(args) -> int:
     return 0 if r["fits"] else 1
 
 
-def _draw_plan(args, graph, r, budget, plot) -> None:
-    """--plot / --html: record the planned iteration (same simulation) and draw it."""
-    from .memory.recorder import record_iteration
-    rec, _ = record_iteration(graph, args.batch, budget, **_policy_kw(args))
-    title = (f"{args.model} batch {args.batch}, {r['policy']}"
+def _draw_plan(args, planned, timeline) -> None:
+    """--plot / --html: replay the plan with a log of every event (the same plan and
+    simulation as the report) and draw it; --plot with --time: against simulated time."""
+    r, budget = planned.report, planned.budget
+    rec = planned.record()[0] if args.html or (args.plot and not args.time) else None
+    how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
+    title = (f"{args.model} batch {args.batch}, {how}"
              f"{' + offload-params' if args.offload_params else ''}")
-    if plot:
+    if args.plot and args.time:
+        from .memory.clock_plot import plot_timeline
+        plot_timeline(timeline, r["steps"], args.plot, title=title, budget=budget,
+                      min_budget=r["min_budget_bytes"])
+        print(f"  memory and streams against simulated time drawn to {args.plot}")
+    elif args.plot:
         from .report import plot_recording
-        plot_recording(rec, plot, title=title, budget=budget, min_budget=r["min_budget_bytes"])
-        print(f"  memory per step drawn to {plot}")
+        plot_recording(rec, args.plot, title=title, budget=budget,
+                       min_budget=r["min_budget_bytes"])
+        print(f"  memory per step drawn to {args.plot}")
     if args.html:
         from .timeline_html import write_timeline
         write_timeline(rec, args.html, title=title, budget=budget)
@@ -584,8 +598,6 @@ def cmd_train(args) -> int:
         print(json.dumps(res))
     return 0
 
-
-from .cli_planning import cmd_profile  # noqa: E402  (cli_planning needs cli only lazily)
 
 COMMANDS.update(train=cmd_train, summary=cmd_summary, models=cmd_models, plan=cmd_plan,
                 deepest=cmd_deepest, widest=cmd_widest, profile=cmd_profile)

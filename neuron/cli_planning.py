@@ -115,20 +115,21 @@ def add_time_args(p) -> None:
                    help="device of the analytic cost model (default h100)")
 
 
-def add_profile_command(sub) -> None:
+def add_profile_command(sub, positive) -> None:
+    """``neuron profile``; ``positive(name)`` is the CLI's positive-integer converter (cli.py's,
+    passed down so that this module never imports the CLI above it)."""
     pr = sub.add_parser("profile", help="time each layer's kernels once, for plan --time",
                         description="Run MODEL's training steps on a device, time every kernel "
                         "and save the times keyed by layer geometry, dtype and device.")
-    from .cli import _positive
     pr.add_argument("model", help="model name (see `neuron models`)")
-    pr.add_argument("--depth", type=_positive("--depth"), default=None,
+    pr.add_argument("--depth", type=positive("--depth"), default=None,
                     help="depth, for the models that take one (default: the model's own)")
-    pr.add_argument("--batch", type=_positive("--batch"), default=32, help="batch size")
-    pr.add_argument("--image-size", type=_positive("--image-size"), default=None,
+    pr.add_argument("--batch", type=positive("--batch"), default=32, help="batch size")
+    pr.add_argument("--image-size", type=positive("--image-size"), default=None,
                     help="input height and width (default: the model's)")
     pr.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="device whose kernels are timed")
-    pr.add_argument("--repeat", type=_positive("--repeat"), default=3,
+    pr.add_argument("--repeat", type=positive("--repeat"), default=3,
                     help="timed iterations")
     pr.add_argument("-o", "--output", required=True, metavar="FILE.json",
                     help="where the profile is written (JSON)")

@@ -29,8 +29,8 @@ created, so they are served from the same budget as every tensor, and one that c
 MemoryBudgetError naming the kernel and layer that asked for it. No byte escapes the budget.
 
 Host buffers for offloaded tensors are the pool's (memory/host.py HostPool), allocated pinned
-through :func:`pinned_empty`. The pointer bookkeeping (ArenaLayout, ArenaAllocator) is pure
-Python so it is tested on machines without a GPU.
+through :func:`pinned_empty` (kernels/pinned_host.py). The pointer bookkeeping (ArenaLayout,
+ArenaAllocator) is pure Python so it is tested on machines without a GPU.
 """
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ import math
 import os
 import sys
 import threading
-import weakref
 
 import numpy as np
 
 from .devices import Device
 from .errors import MemoryBudgetError
+from .kernels.pinned_host import pinned_empty, pinned_host_bytes
 from .memory.host_budget import default_host_cap
 
 MiB = 1 << 20
@@ -232,29 +232,6 @@ def _cupy():
         raise RuntimeError("the cuda device needs CuPy: pip install 'cupy-cuda13x>=14' "
                            "nvidia-cudnn-cu13 (or 'neuron-arena[cuda]')") from e
     return cupy
-
-
-_pinned = {"bytes": 0}           # page-locked bytes held by live pinned_empty buffers
-
-
-def pinned_empty(nbytes: int) -> np.ndarray:
-    """A 1-D uint8 NumPy array over page-locked host memory (alive as long as the array): only
-    pinned buffers let cudaMemcpyAsync run asynchronously and overlap compute."""
-    nbytes = int(nbytes)
-    mem = _cupy().cuda.alloc_pinned_memory(nbytes)
-    a = np.frombuffer(mem, np.uint8, nbytes)        # .base keeps `mem` alive
-    _pinned["bytes"] += nbytes
-    weakref.finalize(a, _unpin, nbytes)
-    return a
-
-
-def _unpin(nbytes: int) -> None:
-    _pinned["bytes"] -= nbytes
-
-
-def pinned_host_bytes() -> int:
-    """Page-locked host bytes this process holds through pinned_empty."""
-    return _pinned["bytes"]
 
 
 class CudaDevice(Device):

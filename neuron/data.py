@@ -34,7 +34,9 @@ from typing import Iterator
 
 import numpy as np
 
+from .batch_order import epoch_permutation
 from .errors import NeuronError
+from .image_folder import load_image_folder
 
 __all__ = [
     "DataFormatError",
@@ -447,9 +449,8 @@ def load_dataset(spec: str, *, sample_shape=(3, 32, 32), num_classes: int = 10,
         raise ValueError(f"dataset spec {spec!r} needs a directory: '{kind}:DIR'")
     root = Path(os.path.expanduser(arg.strip()))
     if kind == "folder":
-        from .image_folder import load_image_folder
-        return load_image_folder(root, sample_shape, workers=loader_workers,
-                                 on_corrupt=on_corrupt)
+        return Split(*load_image_folder(root, sample_shape, workers=loader_workers,
+                                        on_corrupt=on_corrupt))
     return _load_cifar10(root) if kind == "cifar10" else _load_mnist(root)
 
 
@@ -472,11 +473,6 @@ def _check_batch(ds: Dataset, batch, drop_last: bool) -> int:
     return int(batch)
 
 
-def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
-    return rng.permutation(n)
-
-
 def batches(ds: Dataset, batch: int, *, shuffle: bool, seed: int, epoch: int = 0,
             drop_last: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """One epoch of (x, y) batches.  With ``shuffle`` the order is a pure
@@ -490,7 +486,7 @@ def batches(ds: Dataset, batch: int, *, shuffle: bool, seed: int, epoch: int = 0
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
     n = len(ds)
-    order = _permutation(n, seed, int(epoch)) if shuffle else None
+    order = epoch_permutation(n, seed, int(epoch)) if shuffle else None
     stop = (n // b) * b if drop_last else n
 
     def gen():
@@ -531,7 +527,7 @@ def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0
     def gen():
         epoch, j = divmod(int(start_step), spe)
         while True:
-            order = _permutation(n, seed, epoch)
+            order = epoch_permutation(n, seed, epoch)
             for i in range(j * b, spe * b, b):
                 idx = order[i:i + b]
                 yield ds.x[idx], ds.y[idx]

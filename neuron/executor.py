@@ -33,7 +33,7 @@ from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
 from .recording import TapeDiverged
-from .tape import MODES as REPLAY_MODES, Replay
+from .replay import MODES as REPLAY_MODES, Replay
 from .undo import UndoRecord
 
 VIRTUAL_ARENA = 1 << 40          # 1 TiB: "unbounded" for planning

@@ -1,4 +1,5 @@
-"""Symbolic tensors, the Graph, and route construction (SuperNeurons Algorithm 1).
+"""The Graph and route construction (SuperNeurons Algorithm 1) over symbolic tensors
+(tensor.py; ``neuron.graph.Tensor`` is the same class).
 
 Shapes here are per sample (no batch dimension), so one graph serves every batch size: the
 planner multiplies by the batch when it counts bytes.
@@ -11,29 +12,7 @@ from collections import Counter
 from .errors import GraphError
 from .layers.base import Layer
 from .layers.data import Input
-
-
-class Tensor:
-    """A symbolic tensor: the ``index``-th output of ``producer``."""
-    __slots__ = ("shape", "producer", "index", "consumers")
-
-    def __init__(self, shape, producer: Layer, index: int):
-        self.shape = tuple(shape)
-        self.producer = producer
-        self.index = index
-        self.consumers: list[Layer] = []
-
-    @property
-    def name(self) -> str:
-        p = self.producer
-        return p.name if len(p.outputs) <= 1 else f"{p.name}:{self.index}"
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def __repr__(self):
-        return f"Tensor({self.name}, {self.shape})"
+from .tensor import Tensor
 
 
 class Graph:

@@ -8,8 +8,8 @@ split. Each image is converted to RGB (or L for one channel), its shorter side r
 standardized per channel with statistics of up to 512 training images.
 
 Order: epoch e visits the training files in the same permutation as the array datasets
-(data._permutation(n, seed, e)), so step k is a pure function of (seed, k) whatever the
-number of workers; batches are decoded concurrently and delivered in order.
+(batch_order.epoch_permutation(n, seed, e)), so step k is a pure function of (seed, k)
+whatever the number of workers; batches are decoded concurrently and delivered in order.
 
 Unreadable files: a scan at load opens every file's header (cheap; Pillow's verify()). With
 on_corrupt="skip" they are left out and counted; with "refuse" the first one is an error
@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from .batch_order import epoch_permutation
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 STATS_SAMPLE = 512
@@ -239,14 +241,13 @@ class ImageFolderDataset:
     # ---- the two ways data.py asks for batches ----------------------------------------
     def stream(self, batch: int, seed: int, start_step: int = 0):
         """Infinite shuffled stream, step k a pure function of (seed, k) (as data.iterate)."""
-        from .data import _permutation
         n, b = len(self), batch
         spe = n // b
 
         def jobs():
             epoch, j = divmod(int(start_step), spe)
             while True:
-                order = _permutation(n, seed, epoch)
+                order = epoch_permutation(n, seed, epoch)
                 for i in range(j * b, spe * b, b):
                     yield order, i, b
                 epoch += 1
@@ -268,7 +269,6 @@ class ImageFolderDataset:
 def load_image_folder(root, sample_shape, *, workers: int | None = None, prefetch: int = 8,
                       on_corrupt: str = "skip"):
     """(train, test or None) ImageFolderDatasets for DIR (see the module docstring)."""
-    from .data import Split
     root = Path(os.path.expanduser(str(root)))
     if not root.is_dir():
         raise FileNotFoundError(f"folder:{root}: no such directory")
@@ -295,4 +295,4 @@ def load_image_folder(root, sample_shape, *, workers: int | None = None, prefetc
             test = ImageFolderDataset(f"folder:{test_root}", tf, tl, classes, sample_shape,
                                       train.mean, train.std, workers=workers, prefetch=prefetch,
                                       on_corrupt=on_corrupt, skipped=tbad)
-    return Split(train, test)
+    return train, test

@@ -1,21 +1,23 @@
 """`neuron memory`: where the bytes of one iteration go, in the spirit of
 torch.cuda.memory_summary(): bytes by kind at the peak, the steps and tensors that make the
 peak, fragmentation (largest free block against free bytes), compactions and bytes moved each
-way. Everything comes from one recorded simulation (memory/recorder.py) of the plan that
-`neuron plan` computes.
+way. Everything comes from the plan `neuron plan` computes (plan.make_plan, the same function
+and arguments), replayed once with a log of every event (memory/recorder.py): under a budget
+its offloaded bytes, host peak and step count are plan's.
 """
 from __future__ import annotations
 
-from .memory.recorder import per_step, record_iteration
-from .plan import plan
+from .memory.recorder import per_step
+from .plan import make_plan
 from .units import fmt_bytes
 
 
 def memory_summary(graph, batch: int, *, budget: int | None = None, top: int = 10,
                    model: str | None = None, **kw) -> dict:
-    """Plan the iteration, then record it under ``budget`` (default: the minimum budget, the
-    tightest arena the policy completes in, where fragmentation and moves matter most)."""
-    p = plan(graph, batch, budget=budget, model=model, trace=False, **kw)
+    """Plan the iteration, then record that plan under ``budget`` (default: the minimum budget,
+    the tightest arena the plan completes in, where fragmentation and moves matter most)."""
+    planned = make_plan(graph, batch, budget=budget, model=model, trace=False, **kw)
+    p = planned.report
     arena = budget if budget is not None else p["min_budget_bytes"]
     out = {"model": p["model"], "batch": batch, "policy": p["policy"],
            "planner": p.get("planner"),
@@ -26,7 +28,9 @@ def memory_summary(graph, batch: int, *, budget: int | None = None, top: int = 1
            "fits": p["fits"], "error": p["error"]}
     if not p["fits"]:
         return out
-    rec, run = record_iteration(graph, batch, arena, **kw)
+    rec, run = planned.record(arena)
+    if not run["fits"]:             # the minimum budget is verified: only a bug gets here
+        raise RuntimeError(f"memory: the plan did not replay in {arena} bytes: {run['error']}")
     out.update(summarize_recording(rec, run, top))
     return out
 
@@ -60,8 +64,9 @@ def summarize_recording(rec, run: dict, top: int = 10) -> dict:
         },
         "compactions": len(rec.compactions), "compacted_bytes": run.get("compacted_bytes", 0),
         "compaction_steps": rec.compactions[:top],
-        "device_to_host_bytes": run.get("offload_bytes", 0), "offloads": moved_kinds["offload"],
-        "host_to_device_bytes": run.get("prefetch_bytes", 0),
+        # the names and numbers `neuron plan` reports for the same run
+        "offload_bytes": run.get("offload_bytes", 0), "offloads": moved_kinds["offload"],
+        "prefetch_bytes": run.get("prefetch_bytes", 0),
         "prefetches_ahead": moved_kinds["prefetch"], "fetches_on_miss": moved_kinds["fetch"],
         "host_peak_bytes": run.get("host_peak_bytes", 0),
     }
@@ -91,9 +96,11 @@ def format_summary(r: dict) -> str:
     ps = r["peak_step"]
     lines += [f"peak                    {fmt_bytes(r['peak_bytes']):>12}   at step {ps['step']} "
               f"of {ps['of']} ({ps['phase']} {ps['layer']}), {r['tensors_at_peak']} tensors",
-              f"unbounded-arena peak    {fmt_bytes(r['unbounded_peak_bytes']):>12}",
-              f"minimum budget          {fmt_bytes(r['min_budget_bytes']):>12}",
-              f"lower bound             {fmt_bytes(r['lower_bound_bytes']):>12}",
+              f"peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes']):>12}   "
+              "the plan for no budget, as `neuron plan` says",
+              f"minimum budget          {fmt_bytes(r['min_budget_bytes']):>12}   "
+              "the smallest arena the plan for no budget completes in",
+              f"neuron's layer bound    {fmt_bytes(r['lower_bound_bytes']):>12}",
               "", "bytes by kind at the peak"]
     total = sum(r["bytes_by_kind_at_peak"].values()) or 1
     for k, v in sorted(r["bytes_by_kind_at_peak"].items(), key=lambda kv: -kv[1]):
@@ -117,9 +124,10 @@ def format_summary(r: dict) -> str:
     lines.append(f"  {'mean':18}{f['mean']:6.3f}")
     lines += ["", f"compactions             {r['compactions']:>12}   "
               f"{fmt_bytes(r['compacted_bytes'])} moved inside the arena",
-              f"device -> host          {fmt_bytes(r['device_to_host_bytes']):>12}   "
-              f"{r['offloads']} offloads",
-              f"host -> device          {fmt_bytes(r['host_to_device_bytes']):>12}   "
+              f"offloaded               {fmt_bytes(r['offload_bytes']):>12}   "
+              f"device -> host, {r['offloads']} offloads",
+              f"brought back            {fmt_bytes(r['prefetch_bytes']):>12}   "
+              "host -> device, "
               f"{r['prefetches_ahead']} prefetched ahead, {r['fetches_on_miss']} fetched on a "
               "miss",
               f"host peak               {fmt_bytes(r['host_peak_bytes']):>12}",

@@ -162,14 +162,39 @@ class _ParallelMap:
 PARALLEL_MIN_STEPS = 20_000
 
 
-def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int | None = None,
-         offload_params: bool = False, recompute_strategy: str = "cost",
-         host_budget: int | None = None, tensor_cache: bool = True,
-         compact: bool | None = None, dtype=np.float32,
-         search_min: bool = True, chunks=1,
-         model: str | None = None, trace: bool = True, cost=None, planner=None,
-         comm=None, grad_buckets: int | None = None, grad_lag: int | None = None) -> dict:
-    """``cost`` (a memory.costmodel.CostModel): also time the iteration (``--time``);
+@dataclass
+class Plan:
+    """One planned iteration, the single source of `neuron plan` and `neuron memory`.
+
+    ``report``: what `plan --json` prints. ``executor``: the virtual executor whose plan (its
+    steps and, with a planner, its decisions for ``budget``) every figure under the budget
+    comes from; ``record`` replays exactly that plan with a log of every memory event.
+    """
+    report: dict
+    executor: Executor
+    budget: int | None
+
+    def record(self, arena: int | None = None):
+        """(Recording, run) of this plan's iteration in ``arena`` bytes (default: the budget;
+        None and no budget: an unbounded arena): memory/recorder.py."""
+        from .memory.recorder import record_plan
+        return record_plan(self.executor, self.budget if arena is None else arena)
+
+
+def plan(graph: Graph, batch: int, **kw) -> dict:
+    """The report of :func:`make_plan` (its keyword arguments), as `neuron plan --json`."""
+    return make_plan(graph, batch, **kw).report
+
+
+def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
+              budget: int | None = None, offload_params: bool = False,
+              recompute_strategy: str = "cost", host_budget: int | None = None,
+              tensor_cache: bool = True, compact: bool | None = None, dtype=np.float32,
+              search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
+              cost=None, timed: bool | None = None, planner=None, comm=None,
+              grad_buckets: int | None = None, grad_lag: int | None = None) -> Plan:
+    """``cost`` (a memory.costmodel.CostModel): what a planner plans with, and what times the
+    iteration when ``timed`` (default: whenever a cost model is given; `plan --time`);
     ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock;
     ``grad_buckets`` (bytes): the runtime's overlap, as `train --data-parallel` runs it (each
     bucket's updates deferred ``grad_lag`` backward steps, its gradients live until then:
@@ -177,13 +202,23 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
     ``chunks``: every layer split along the batch into that many chunks
     (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
-    budget, or when none fits)."""
+    budget, or when none fits).
+
+    Two plans are in play when a planner plans for a budget: the one for the budget (peak,
+    moves, host peak and time under it) and the one for no budget, which gives the figures
+    that do not depend on ``budget``: the peak in an unbounded arena, the minimum budget (the
+    smallest arena that plan completes in) and the layer bounds. Without a planner, or
+    without a budget, they are one plan."""
     t0 = time.perf_counter()
+    timed = cost is not None if timed is None else bool(timed)
+    if timed and cost is None:
+        raise ValueError("plan: timing the iteration needs a cost model (cost=)")
     kw = dict(policy=policy, offload_params=offload_params,
               recompute_strategy=recompute_strategy, host_budget=host_budget,
               tensor_cache=tensor_cache, compact=compact, dtype=dtype)
     more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
     ex = None
+    for_budget = bool(planner) and budget is not None      # a planner plans for the budget
     if chunks == "auto":        # the search's executor: a planner plans once, not again
         chunks, ex = (_choose(graph, batch, budget, **kw, **more) if budget is not None
                       else None) or (1, None)
@@ -192,20 +227,24 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
             ex = Executor(graph, batch, device="virtual", chunks=chunks,
                           budget=budget if planner else None, **kw, **more)
         except MemoryBudgetError:
-            if not planner or budget is None:
+            if not for_budget:
                 raise
             # the parameters alone exceed the budget: report that as the policy's plans do
             # (does not fit, and the minimum), from the planner's plan for no budget
             ex = Executor(graph, batch, device="virtual", chunks=chunks, **kw, **more)
-    unbounded = ex.simulate(None, trace=trace and budget is None)
+            for_budget = False
+    # the plan for no budget: the same executor unless a planner planned for the budget
+    ref = Executor(graph, batch, device="virtual", chunks=ex.chunks, **kw, **more) \
+        if for_budget else ex
+    unbounded = ref.simulate(None, trace=trace and budget is None)
     if not unbounded["fits"]:           # only the host budget can fail an unbounded arena
         raise unbounded["error"]
-    lb, max_step = lower_bound(ex)
-    ideal, ideal_step = lower_bound(ex, ideal=True)
-    mb = min_budget(ex, unbounded, ideal) if search_min else None
+    lb, max_step = lower_bound(ref)
+    ideal, ideal_step = lower_bound(ref, ideal=True)
+    mb = min_budget(ref, unbounded, ideal) if search_min else None
     run = unbounded
-    if budget is not None or cost is not None:
-        run = ex.simulate(budget, trace=trace, events=cost is not None)
+    if budget is not None or timed:
+        run = ex.simulate(budget, trace=trace, events=timed)
     fits = run["fits"]
     rep = ex.recompute_report
     out = {
@@ -239,13 +278,13 @@ def plan(graph: Graph, batch: int, *, policy: str = "superneurons", budget: int 
     if ex.decisions is not None:
         from .memory.planners.report import decisions_report
         out.update(decisions_report(ex, planner))
-    if cost is not None and fits:
+    if timed and fits:
         from .memory.clock import time_report
         out.update(time_report(ex, run, cost, timeline=trace, comm=comm))
     if trace and fits:
         out["steps"] = [r.as_dict() for r in run["trace"]]
     out["plan_seconds"] = round(time.perf_counter() - t0, 3)
-    return out
+    return Plan(out, ex, budget)
 
 
 def fits(graph: Graph, batch: int, budget: int, chunks=1, **kw) -> bool:

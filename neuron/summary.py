@@ -1,4 +1,7 @@
-"""`neuron summary`: layers, output shapes, parameter counts, and each step's resident bytes."""
+"""`neuron summary`: layers, output shapes, parameter counts, and each step's resident bytes
+(l_i: every tensor the step reads or writes, its parameters included, plus its workspace; not
+`neuron plan`'s ``max_step_bytes``, which leaves out the parameters it counts as resident state
+and rounds to the heap's blocks)."""
 from __future__ import annotations
 
 import math
@@ -30,4 +33,4 @@ def summarize(graph: Graph, batch: int, dtype=np.float32, optimizer: SGD | None 
     return {"model": graph.name, "batch": batch, "layers": layers,
             "params": graph.num_params(), "param_bytes": graph.num_params() * np.dtype(dtype).itemsize,
             "num_layers": len(layers), "steps": steps,
-            "max_step_bytes": max(s["bytes"] for s in steps)}
+            "max_step_resident_bytes": max(s["bytes"] for s in steps)}

@@ -54,7 +54,7 @@ def test_summary_json(capsys):
     nf = phases.count("F")
     assert phases == ["F"] * nf + ["B"] * (len(phases) - nf)
     assert all(s["bytes"] > 0 for s in info["steps"] if s["layer"] not in ("labels",))
-    assert info["max_step_bytes"] == max(s["bytes"] for s in info["steps"])
+    assert info["max_step_resident_bytes"] == max(s["bytes"] for s in info["steps"])
 
 
 def test_summary_text(capsys):

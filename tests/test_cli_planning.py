@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from neuron.cli import main
 
@@ -126,3 +127,62 @@ def test_a_planner_whose_parameters_exceed_the_budget_reports_like_the_policy(ca
         r = _last_json(capsys)
         assert not r["fits"] and "parameters and optimizer state do not fit" in r["error"]
         assert r["min_budget_bytes"] > 64 * 1024, planner
+
+
+def test_the_no_budget_figures_do_not_move_with_the_budget(capsys):
+    """Peak (unbounded arena), minimum budget and the bounds are those of the plan for no
+    budget, with the default planner under --budget as without it."""
+    args = ["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--json"]
+    assert main(args) == 0
+    free = _last_json(capsys)
+    assert main(args + ["--budget", "2MiB"]) == 0
+    tight = _last_json(capsys)
+    assert tight["planner"] == "superneurons" and tight["offload_bytes"] > 0
+    for key in ("unbounded_peak_bytes", "min_budget_bytes", "lower_bound_bytes",
+                "ideal_bound_bytes"):
+        assert tight[key] == free[key], key
+
+
+def _spy(monkeypatch, module, name, calls):
+    real = getattr(module, name)
+
+    def spy(*a, **kw):
+        calls.append((name, kw, real(*a, **kw)))
+    monkeypatch.setattr(module, name, spy)
+
+
+@pytest.mark.parametrize("budget", [None, "2MiB"])
+def test_time_and_plot_do_what_their_help_says(budget, monkeypatch, tmp_path, capsys):
+    """--time alone times the iteration (a planner's cost model under --budget does not);
+    --plot draws per step, or against simulated time with --time, each with the budget and
+    the forward/backward boundary."""
+    pytest.importorskip("matplotlib")
+    import neuron.memory.clock_plot as clock_plot
+    import neuron.report as report
+    calls = []
+    _spy(monkeypatch, report, "plot_recording", calls)
+    _spy(monkeypatch, clock_plot, "plot_timeline", calls)
+    base = ["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget", "--json"]
+    base += ["--budget", budget] if budget else []
+    want_budget = 2 << 20 if budget else None
+    for timed in (False, True):
+        png = tmp_path / f"{timed}.png"
+        assert main(base + ["--plot", str(png)] + (["--time"] if timed else [])) == 0
+        out = capsys.readouterr().out
+        r = json.loads(out.strip().splitlines()[-1])
+        assert ("simulated iteration" in out) == timed
+        assert ("simulated_time_s" in r) == timed and "timeline" not in r
+        (name, kw, marks), = calls
+        calls.clear()
+        assert name == ("plot_timeline" if timed else "plot_recording")
+        assert kw["budget"] == marks["budget"] == want_budget
+        assert (marks["backward_starts_ms"] if timed else marks["backward_starts"]) > 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_says_so_when_the_iteration_does_not_fit(tmp_path, capsys):
+    png = tmp_path / "none.png"
+    assert main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget",
+                 "--budget", "64KiB", "--plot", str(png)]) == 1
+    assert "--plot: nothing drawn, the iteration does not fit the budget" in \
+        capsys.readouterr().out and not png.exists()

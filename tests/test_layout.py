@@ -79,7 +79,8 @@ def test_the_distribution_has_a_name_of_its_own_and_every_install_hint_uses_it()
     import re
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         assert re.search(r'^name = "neuron-arena"$', f.read(), re.M)
-    wrong = re.compile(r"[\s'\"(]" + "neuron" + r"\[")      # the bare name with an extra
+    # the bare name with an extra, quoted or after pip install (not a variable indexed)
+    wrong = re.compile(r"(['\"]|pip install\s+)" + "neuron" + r"\[")
     found = []
     for top in ("neuron", "models", "bench", "tests", ".ci"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, top)):

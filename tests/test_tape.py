@@ -223,15 +223,15 @@ def test_a_replay_that_meets_what_its_record_did_not_have_is_undone_and_run_eage
 
 
 def test_consecutive_records_must_match_before_one_is_trusted():
-    from neuron.tape import Tape, _difference
+    from neuron.tape import Tape, difference
     a, b = Tape(0), Tape(1)
     x = np.zeros(4, np.float32)
     for t in (a, b):
         t.start_state = ((), ())
     a.call(np.copyto, (x, np.ones(4, np.float32)), {})
     b.call(np.copyto, (x[:2], np.ones(2, np.float32)), {})
-    assert "differ at operation 0" in _difference(a, b)
-    assert _difference(a, a) is None
+    assert "differ at operation 0" in difference(a, b)
+    assert difference(a, a) is None
 
 
 def test_train_json_reports_the_replay(capsys):

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from .comm import (DEFAULT_TIMEOUT_S, CollectiveTimeoutError, Communicator, DistributedError,
-                   MpiComm, Pending)
+from .communicator import (DEFAULT_TIMEOUT_S, CollectiveTimeoutError, Communicator,
+                           DistributedError, MpiComm, Pending)
 
 _LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
                     "SLURM_LOCALID", "LOCAL_RANK")

@@ -25,29 +25,22 @@ Callers that accumulate into the output (beta = 1) use :func:`choose_accumulatin
 measuring call overwrites the output operand, so it measures with a stand-in output in the
 workspace instead.
 
-The switches (``deterministic``, ``allow_tf32``, ``conv_algo_search``, ``trace_label``) stay
-attributes of :mod:`neuron.kernels.cuda`, their public home; this module reads them at call time.
+The switches (``deterministic``, ``allow_tf32``, ``conv_algo_search``, ``trace_label``) are set
+on :mod:`neuron.kernels.cuda`, their public home, which keeps them in cuda_switches.py; this
+module reads them there at call time.
 """
 from __future__ import annotations
 
 import functools
-import sys
 from collections import deque
 from typing import NamedTuple
 
 import numpy as np
 
+from . import cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .numpy_ref import _pair, conv2d_out_hw
-
-
-def _k():
-    """neuron.kernels.cuda, for its switches and handle (read at call time)."""
-    mod = sys.modules.get("neuron.kernels.cuda")
-    if mod is None:
-        from . import cuda as mod
-    return mod
 
 
 class ConvAlgoError(RuntimeError):
@@ -122,7 +115,7 @@ def math_type(dtype) -> int:
     if dtype == np.float32:
         # DEFAULT permits TF32 on Ampere and later; FMA forbids it (what torch does when
         # allow_tf32 is off)
-        return dnn.CUDNN_DEFAULT_MATH if _k().allow_tf32 else dnn.CUDNN_FMA_MATH
+        return dnn.CUDNN_DEFAULT_MATH if cuda_switches.allow_tf32 else dnn.CUDNN_FMA_MATH
     if dtype == np.float16:
         return dnn.CUDNN_TENSOR_OP_MATH
     return dnn.CUDNN_DEFAULT_MATH
@@ -147,10 +140,9 @@ def choose_accumulating(kind, key, xd, wd, cd, yd, limit, ptrs, out_index, out_n
 
 
 def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype) -> tuple:
-    k = _k()
     return (kind, tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
             _pair(stride), _pair(padding), _pair(dilation), int(groups), np.dtype(dtype).str,
-            bool(k.deterministic), bool(k.allow_tf32))
+            bool(cuda_switches.deterministic), bool(cuda_switches.allow_tf32))
 
 
 @functools.lru_cache(maxsize=4096)      # every traced call formats its key
@@ -161,19 +153,17 @@ def key_text(key) -> str:
 
 
 def _searching() -> bool:
-    k = _k()
-    return k.conv_algo_search == "find" and not k.deterministic
+    return cuda_switches.conv_algo_search == "find" and not cuda_switches.deterministic
 
 
 def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice:
     """The algorithm for one call under ``limit`` workspace bytes (see the module docstring).
     ``ptrs`` = (x, w, y) device pointers in forward naming and ``ws`` = (pointer, bytes) of the
     workspace: with both, an unmeasured geometry is measured now."""
-    k = _k()
-    det = bool(k.deterministic)
+    det = bool(cuda_switches.deterministic)
     mt = math_type(xd.dtype)
     cd.set_math_type(mt)
-    h = k._h()
+    h = dnn.get_handle()
     best, source, perfs = None, "heuristic", None
     if _searching():
         rec = _measured.get(key)
@@ -207,7 +197,7 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice
 
 def _record(kind, key, choice, limit):
     conv_algo_trace.append(ConvAlgoRecord(
-        _k().trace_label, key_text(key), kind, choice.algo,
+        cuda_switches.trace_label, key_text(key), kind, choice.algo,
         dnn.ALGO_NAMES[kind].get(choice.algo, str(choice.algo)), choice.memory, limit,
         choice.source))
 
@@ -264,7 +254,7 @@ def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation,
     limit = max(0, int(limit_bytes))
     kinds = ("fwd",) if phase == "F" else ("bwd_data", "bwd_filter")
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
-    if _k().deterministic:
+    if cuda_switches.deterministic:
         # the algorithm depends on the geometry alone, never on what is free: its workspace is
         # asked for even when more than ``limit`` (the pool evicts for it, or the step fails
         # naming the bytes) so that every policy computes the same bits

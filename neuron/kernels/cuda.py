@@ -32,9 +32,12 @@ the first kernel call loads both.
 from __future__ import annotations
 
 import functools
+import sys
+import types
 
 import numpy as np
 
+from . import cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -45,6 +48,8 @@ from .cuda_helpers import (  # noqa: F401 (shared by the kernel modules)
 from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device's kernels)
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
     lrn_backward, lrn_forward, maxpool_backward, maxpool_forward)
+from .input_staging import PinnedStager
+from .pinned_host import pinned_empty
 
 __all__ = list(numpy_ref.__all__) + [
     "choose_conv_algo", "pick_algo", "workspace_bucket", "conv_algo_trace",
@@ -55,18 +60,9 @@ __all__ = list(numpy_ref.__all__) + [
 # switches
 # ------------------------------------------------------------------------------------------
 
-#: only deterministic cuDNN algorithms, chosen by heuristic rank instead of by a (noisy) timing,
-#: plus deterministic max-pool backward: bit-identical results from run to run
-deterministic = False
-#: let float32 convolutions use TF32 tensor cores (torch.backends.cudnn.allow_tf32). Off by
-#: default so float32 results stay within float32 rounding of the NumPy reference; cuBLAS in
-#: CuPy follows the CUPY_TF32 environment variable instead.
-allow_tf32 = False
-#: "find": measure with cudnnFind*AlgorithmEx (once per layer geometry and bucket);
-#: "heuristic": cuDNN's ranking without running anything
-conv_algo_search = "find"
-#: label stamped on conv_algo_trace records (the executor may set the current layer/step name)
-trace_label = None
+# deterministic, allow_tf32, conv_algo_search, trace_label: kept in cuda_switches.py (where
+# conv_algos.py and cuda_pool.py read them) and set or read here, their public home, through
+# the module class at the end of this file
 
 # ------------------------------------------------------------------------------------------
 # convolution algorithm choice: neuron.kernels.conv_algos (FindEx once per geometry, then the
@@ -477,8 +473,6 @@ def input_stager():
     global _stager
     if _stager is None:
         cp = _cp()
-        from ..cuda_device import pinned_empty
-        from .input_staging import PinnedStager
 
         def memcpy_async(dst, src, n):
             cp.cuda.runtime.memcpyAsync(dst, src, n, cp.cuda.runtime.memcpyHostToDevice,
@@ -527,3 +521,21 @@ def nonfinite_flag_update(flag, a):
 def nonfinite_flag_read(flag) -> bool:
     """The one device-to-host read of the step (synchronizes with the stream)."""
     return bool(flag.get()[0])
+
+
+class _CudaKernelsModule(types.ModuleType):
+    """This module, forwarding the switches (cuda_switches.NAMES) to cuda_switches.py."""
+
+    def __getattr__(self, name):
+        if name in cuda_switches.NAMES:
+            return getattr(cuda_switches, name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in cuda_switches.NAMES:
+            setattr(cuda_switches, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _CudaKernelsModule

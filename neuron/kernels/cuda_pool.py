@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import cuda_switches
 from . import cudnn as dnn
 from .cuda_helpers import _ccontig, _cp, _grad_into, _h, _ptr, _run_into, _td
 from .cuda_raw import _k_lrn, _k_pool
@@ -21,8 +22,8 @@ def _pool_desc(mode, kernel, stride, padding):
 
 
 def _max_mode():
-    from . import cuda          # the switch lives there: kernels.cuda.deterministic
-    return dnn.CUDNN_POOLING_MAX_DETERMINISTIC if cuda.deterministic else dnn.CUDNN_POOLING_MAX
+    return dnn.CUDNN_POOLING_MAX_DETERMINISTIC if cuda_switches.deterministic \
+        else dnn.CUDNN_POOLING_MAX
 
 
 def _geo(x_hw, y_hw, kernel, stride, padding):

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..sizes import shape_arg
+from ..tensor import Tensor
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,6 @@ class Layer:
 
     # ---- graph building -------------------------------------------------------------
     def __call__(self, *inputs):
-        from ..graph import Tensor
         if self.outputs:
             raise GraphError(f"layer {self.name!r} was already called; create a new layer "
                              "(weight sharing between call sites is not supported)")

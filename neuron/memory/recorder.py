@@ -168,15 +168,30 @@ class RecordingExecutor(Executor):
     """An executor whose runs (and simulations) go through a RecordingPool."""
     pool_class = RecordingPool
 
+    @classmethod
+    def sharing_plan_of(cls, ex: Executor) -> "RecordingExecutor":
+        """A recording executor over ``ex``'s own plan (its steps, decisions and state, not a
+        new plan): what it records is the iteration ``ex`` simulates."""
+        v = cls.__new__(cls)
+        v.__dict__.update(ex.__dict__)
+        return v
+
+
+def record_plan(ex: Executor, arena: int | None) -> tuple[Recording | None, dict]:
+    """Replay the plan of the virtual executor ``ex`` in ``arena`` bytes (None: unbounded)
+    and log every event. Returns the recording (None when it does not fit) and the
+    simulation's result (fits, error, counters): the same as ``ex.simulate(arena)``."""
+    run = RecordingExecutor.sharing_plan_of(ex).simulate(arena, trace=True)
+    return (run["executor"].pool.rec if run["fits"] else None), run
+
 
 def record_iteration(graph, batch: int, budget: int | None = None, **kw) -> tuple[Recording, dict]:
-    """Plan one iteration under ``budget`` (None: an unbounded arena) and log every event.
-    Returns the recording and the simulation's result (fits, error, counters)."""
-    ex = RecordingExecutor(graph, batch, device="virtual", **kw)
-    run = ex.simulate(budget, trace=True)
-    if not run["fits"]:
-        return None, run
-    return run["executor"].pool.rec, run
+    """Plan one iteration under ``budget`` (None: an unbounded arena) and log every event;
+    a ``planner`` plans for ``budget``, as neuron.plan does. Returns the recording (None when
+    it does not fit) and the simulation's result (fits, error, counters)."""
+    ex = Executor(graph, batch, device="virtual",
+                  budget=budget if kw.get("planner") else None, **kw)
+    return record_plan(ex, budget)
 
 
 def per_step(rec: Recording) -> dict[str, list]:

@@ -67,7 +67,7 @@ def fake_cudnn(monkeypatch):
 
     monkeypatch.setattr(K.dnn, "find_algorithms", find)
     monkeypatch.setattr(K.dnn, "get_algorithms", get)
-    monkeypatch.setattr(K, "_h", lambda: None)
+    monkeypatch.setattr(K.dnn, "get_handle", lambda *a: None)      # conv_algos' handle
     monkeypatch.setattr(K, "deterministic", False)
     monkeypatch.setattr(K, "allow_tf32", False)
     K.clear_conv_algo_cache()

@@ -58,9 +58,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import PLANNED, RECOMPUTE, SWAP, Decisions, Planner
+from .base import PLANNED, Decisions, Planner
 from .choice import build
-from .costs import queued, tensor_costs
+from .costs import queued, rank, tensor_costs
 from .rewrite import droppable
 
 
@@ -113,19 +113,6 @@ def fallback(ctx, cands, best, tried):
     if best[1] == float("inf"):
         best[0].info["none_fit"] = True
     return best
-
-
-def rank(costs) -> tuple[dict, list]:
-    """Each tensor's cheaper choice (tensor id -> SWAP | RECOMPUTE), and the TensorCosts by the
-    seconds that choice costs per byte it frees, cheapest first."""
-    choice_of, price = {}, {}
-    for c in costs:
-        if c.exposed_s <= c.recompute_s:
-            choice_of[c.tensor.id], p = SWAP, c.exposed_s
-        else:
-            choice_of[c.tensor.id], p = RECOMPUTE, c.recompute_s
-        price[c.tensor.id] = p / max(c.tensor.nbytes, 1)
-    return choice_of, sorted(costs, key=lambda c: (price[c.tensor.id], -c.tensor.nbytes))
 
 
 #: the count search's grid over [0, all candidates], refined around its best by halving steps

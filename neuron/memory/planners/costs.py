@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .rewrite import chains
-from .base import SWAP
+from .base import RECOMPUTE, SWAP
 from .swap import copy_walk, lead_s, prefetch_step
 
 
@@ -94,6 +94,19 @@ def book(cum, booked: list, waits: float, entry: tuple) -> tuple:
     return trial, total, total - waits + 2 * entry[6], walk[entry[0]][0]
 
 
+def rank(costs) -> tuple[dict, list]:
+    """Each tensor's cheaper choice (tensor id -> SWAP | RECOMPUTE), and the TensorCosts by the
+    seconds that choice costs per byte it frees, cheapest first."""
+    choice_of, price = {}, {}
+    for c in costs:
+        if c.exposed_s <= c.recompute_s:
+            choice_of[c.tensor.id], p = SWAP, c.exposed_s
+        else:
+            choice_of[c.tensor.id], p = RECOMPUTE, c.recompute_s
+        price[c.tensor.id] = p / max(c.tensor.nbytes, 1)
+    return choice_of, sorted(costs, key=lambda c: (price[c.tensor.id], -c.tensor.nbytes))
+
+
 #: ``queued`` books at most this many swaps (each booking walks those before it)
 MAX_QUEUED = 1500
 
@@ -107,7 +120,6 @@ def queued(ctx, costs) -> list[TensorCost]:
     device without a copy stream, or past MAX_QUEUED swaps, the costs as they are."""
     if not ctx.cost.spec.async_copies:
         return costs
-    from .capuchin import rank
     cum = ctx.cum_time(ctx.schedule.steps)
     choice_of, order = rank(costs)
     booked, base, out = [], 0.0, {}

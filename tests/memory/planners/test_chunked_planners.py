@@ -150,7 +150,7 @@ def test_checkmate_on_too_many_chunk_steps_is_a_clear_error(capsys):
 @pytest.mark.parametrize("planner", ["capuchin", "superneurons"])
 def test_neuron_plan_with_a_planner_and_chunks_prints_the_plan(capsys, planner):
     rc = main(["plan", "resnet_cifar", "--depth", "8", "--batch", "16", "--planner", planner,
-               "--chunks", "2", "--budget", "3MiB", "--no-min-budget", "--json"])
+               "--chunks", "2", "--budget", "3MiB", "--no-min-budget", "--time", "--json"])
     out = capsys.readouterr().out
     assert rc == 0
     assert f"chunks                  2 per layer (batch split into 2 parts; {planner} plans " \

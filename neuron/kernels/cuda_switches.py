@@ -1,0 +1,22 @@
+"""The switches of the GPU kernels, read at call time by conv_algos.py and cuda_pool.py.
+
+Their public home stays :mod:`neuron.kernels.cuda` (``neuron.kernels.cuda.deterministic =
+True``): that module forwards reads and writes of these names here, so the kernel modules
+below it read them without importing it.
+"""
+from __future__ import annotations
+
+#: only deterministic cuDNN algorithms, chosen by heuristic rank instead of by a (noisy) timing,
+#: plus deterministic max-pool backward: bit-identical results from run to run
+deterministic = False
+#: let float32 convolutions use TF32 tensor cores (torch.backends.cudnn.allow_tf32). Off by
+#: default so float32 results stay within float32 rounding of the NumPy reference; cuBLAS in
+#: CuPy follows the CUPY_TF32 environment variable instead.
+allow_tf32 = False
+#: "find": measure with cudnnFind*AlgorithmEx (once per layer geometry and bucket);
+#: "heuristic": cuDNN's ranking without running anything
+conv_algo_search = "find"
+#: label stamped on conv_algo_trace records (the executor may set the current layer/step name)
+trace_label = None
+
+NAMES = ("deterministic", "allow_tf32", "conv_algo_search", "trace_label")
