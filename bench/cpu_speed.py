@@ -4,7 +4,7 @@
 
 The network is the README's quick start: ``resnet_cifar --depth 20`` on scikit-learn's 8x8
 digits (1x8x8 inputs, 10 classes), batch 64, SGD lr 0.1, momentum 0.9, weight decay 5e-4
-(``neuron train``'s defaults). PyTorch trains the same ResNet-20 (bench/torch_models.py, one
+(``neuron train``'s defaults). PyTorch trains the same ResNet-20 (bench/gpu/torch_models.py, one
 input channel; the parameter counts are checked equal) on the same batches with the same
 optimizer settings. Both sides use the same number of threads: ``torch.set_num_threads`` and
 NumPy's BLAS pool (threadpoolctl) are set to ``--threads`` (default: PyTorch's own default)
@@ -110,7 +110,7 @@ def neuron_stepper(args, shape, classes, mode, replay_supported):
 def torch_stepper(args, shape, classes):
     import torch
     import torch.nn.functional as F
-    from bench.torch_models import cifar_resnet
+    from bench.gpu.torch_models import cifar_resnet
     torch.manual_seed(0)
     model = cifar_resnet(args.depth, num_classes=classes, in_channels=shape[0]).train()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,

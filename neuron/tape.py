@@ -271,6 +271,8 @@ def arg_key(a):
         return (type(a).__name__, tuple(arg_key(x) for x in a))
     if isinstance(a, dict):
         return ("d", tuple((k, arg_key(v)) for k, v in a.items()))
+    if isinstance(a, (set, frozenset)):         # e.g. the inputs whose gradient accumulates
+        return ("set", tuple(sorted(arg_key(x) for x in a)))
     if isinstance(a, Varying):
         return ("v", a.fn.__code__)
     if isinstance(a, _Ref):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import neuron as nn
-from executor_graphs import batch_for, dropout_mix, residual_bn, small_resnet, states_equal
+from executor_graphs import (batch_for, concat_fan_lrn, dropout_mix, residual_bn, self_join,
+                             small_resnet, states_equal)
 from neuron.errors import NonFiniteLossError, NonFiniteUpdateError
 
 STEPS = 6       # two recorded iterations, then replays
@@ -64,6 +65,13 @@ def test_replay_is_bit_identical_for_planners_under_a_budget(planner):
                          ids=["offload_params", "chunks", "both"])
 def test_replay_is_bit_identical_with_offloaded_parameters_and_chunks(option):
     _same_as_eager(residual_bn(), **option)
+
+
+@pytest.mark.parametrize("graph", [concat_fan_lrn, self_join])
+def test_replay_engages_where_gradients_accumulate_into_a_concat(graph):
+    """A concat's backward names the inputs it accumulates into (a set): equal sets are the
+    same argument, or no DenseNet-like graph would ever be replayed."""
+    _same_as_eager(graph())
 
 
 def test_dropout_masks_follow_the_iteration_on_replay():
