@@ -273,6 +273,7 @@ def headline_table(d: dict) -> str:
     """The README's results at a glance: depth and width (planned on the CPU, run on the GPU)
     and speed against PyTorch, each row with its device and date."""
     deep, wide, gpu, conf = d["deepest"], d["widest"], d["throughput"], d["gpu_raw/confirm"]
+    cpu = d["cpu_speed"]
     dp, wp = provenance_of(deep), provenance_of(wide)
     best_deep = max((r for r in deep["neuron"] if r["family"] == "resnet" and r.get("deepest")),
                     key=lambda r: r["deepest"])
@@ -301,6 +302,11 @@ def headline_table(d: dict) -> str:
          f"{cdev}, {cdate}"],
         ["training speed, fp32, no budget (neuron / PyTorch eager img/s)", speed, "1.00x", "",
          f"{gpu['device']}, {_date(gpu['date'])}"],
+        ["training speed, quick-start model on the CPU (neuron / PyTorch img/s)",
+         f"{cpu['neuron_over_pytorch']:.2f}x (replay {cpu['neuron_mode']}; off "
+         f"{cpu['neuron']['off']['over_pytorch']:.2f}x)", "1.00x", "",
+         f"{provenance_of(cpu)['device'].split('), ')[0]}), {provenance_of(cpu)['date']}, "
+         f"{cpu['threads']['torch']} thread"],
     ]
     srcs = ", ".join(f"`bench/results/{n}.json` (commit `{provenance_of(x)['commit'][:12]}`)"
                      for n, x in d.items())
@@ -364,7 +370,8 @@ def _e(x) -> str:
 # name -> JSON, renderer). One line per region, wherever it sits (README.md or docs/).
 GENERATORS: dict[str, tuple[str | tuple[str, ...], Callable[[dict], str]]] = {
     "quickstart": ("quickstart", quickstart_text),
-    "headline": (("deepest", "widest", "throughput", "gpu_raw/confirm"), headline_table),
+    "headline": (("deepest", "widest", "throughput", "gpu_raw/confirm", "cpu_speed"),
+                 headline_table),
     "min_budget": ("plan_min_budget", min_budget_table),
     "resnet50_ratio": ("plan_min_budget", min_budget_ratio("resnet50")),
     "plan_speed": ("plan_speed", plan_speed_table),
