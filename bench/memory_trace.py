@@ -139,7 +139,7 @@ def main(argv=None):
     prov, dirty = provenance(device), library_dirty()
     from neuron.models import build_model
     from neuron.plan import plan
-    from neuron.report import plot_trace
+    from neuron.views.report import plot_trace
     g = build_model(args.model)
 
     def run(label, policy, budget):

@@ -33,7 +33,7 @@ def main():
     from neuron.executor import no_gc
     from neuron.memory.recorder import record_iteration
     from neuron.models import build_model
-    from neuron.timeline_html import write_timeline
+    from neuron.views.timeline_html import write_timeline
     from neuron.units import parse_bytes
     prov = provenance(device=f"CPU ({os.cpu_count()} cores), headless Chromium "
                       "(Debian package), planning only")

@@ -1,10 +1,10 @@
 """When an executor records its iteration, trusts the record, and replays it: as a tape
-(neuron/tape.py) or as one CUDA graph (neuron/cuda_graph.py)."""
+(neuron/tape.py) or as one CUDA graph (neuron/devices/cuda_graph.py)."""
 from __future__ import annotations
 
 import warnings
 
-from .cuda_graph import GraphReplay, GraphUnavailable
+from .devices.cuda_graph import GraphReplay, GraphUnavailable
 from .tape import Tape, arg_key, difference
 
 MODES = ("off", "tape", "graph")
@@ -69,7 +69,7 @@ class Replay:
         return False
 
     def graph_for(self, device, staging):
-        """The trusted tape as a CUDA graph (cuda_graph.py), in graph mode while capturing
+        """The trusted tape as a CUDA graph (devices/cuda_graph.py), in graph mode while capturing
         works; None: replay the tape."""
         if self.mode != "graph" or self.graph_reason is not None:
             return None

@@ -220,7 +220,7 @@ class Tape:
 
     def run_ops(self, ops: list, iteration: int) -> list:
         """The replay loop over ``ops`` (this tape's, or a transformed copy of the same
-        length and order: cuda_graph.py)."""
+        length and order: devices/cuda_graph.py)."""
         results = [None] * len(ops)
         resolve = self._resolve
         i = 0

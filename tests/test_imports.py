@@ -5,7 +5,7 @@ The graph is read from the source with ``ast``: every ``import`` and ``from ... 
 at the top of a module and inside functions alike (a function-local import hides a cycle from
 Python's loader, not from the design), relative and absolute. ``from P import N`` is an edge to
 the module P.N when N is a submodule, else to P. The models of the top-level models/ folder
-count as neuron.models. Plug-ins that registries load by name (devices.py, memory/planners)
+count as neuron.models. Plug-ins that registries load by name (neuron.devices, memory/planners)
 are not imports and are not counted.
 """
 from __future__ import annotations

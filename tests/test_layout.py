@@ -71,6 +71,10 @@ def test_editable_install_uses_the_checkout(source_copy, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     path, layers = _probe(py, tmp_path, env)
     assert path == str(source_copy / "models" / "__init__.py") and int(layers) > 10
+    # the console script of [project.scripts] reaches the command line's entry
+    out = subprocess.run([str(venv / "bin" / "neuron"), "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage: neuron"), out.stderr[-2000:]
 
 
 def test_the_distribution_has_a_name_of_its_own_and_every_install_hint_uses_it():

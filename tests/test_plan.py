@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron.cli import main
+from neuron.cli.main import main
 from neuron.executor import Executor
 from neuron.memory.policy import POLICIES
 from neuron.memory.tensors import Kind
@@ -314,7 +314,7 @@ def test_cli_unknown_policy(capsys):
 
 @pytest.mark.parametrize("budget", ["lots", "-5MiB", "0", "12 parsecs", "0.1"])
 def test_cli_bad_budget(capsys, budget):
-    with pytest.raises(SystemExit) as e:        # refused when parsed (neuron/cli_args.py)
+    with pytest.raises(SystemExit) as e:        # refused when parsed (neuron/cli/args.py)
         main(["plan", "resnet_cifar", "--depth", "8", f"--budget={budget}"])
     err = capsys.readouterr().err
     assert e.value.code == 2

@@ -243,7 +243,7 @@ def test_consecutive_records_must_match_before_one_is_trusted():
 
 
 def test_train_json_reports_the_replay(capsys):
-    from neuron.cli import main
+    from neuron.cli.main import main
     rc = main(["train", "resnet_cifar", "--depth", "8", "--batch", "4", "--iters", "4",
                "--no-progress", "--json", "--dataset", "synthetic"])
     assert rc == 0

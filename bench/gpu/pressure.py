@@ -81,7 +81,7 @@ def pinned_bandwidth(nbytes: int = 256 << 20) -> dict:
     """Host<->device bytes/s over pinned memory, CUDA events around one async copy each way."""
     import cupy as cp
     import numpy as np
-    from neuron.cuda_device import pinned_empty
+    from neuron.devices.cuda import pinned_empty
     host = pinned_empty(nbytes)
     host[:] = 1
     dev = cp.empty(nbytes, np.uint8)

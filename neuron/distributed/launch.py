@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import sys
 
-from ..cli_args import count, numeric, positive_int, positive_number
+from ..cli.args import count, numeric, positive_int, positive_number
 from .comm import DEFAULT_TIMEOUT_S
 from .overlap import DEFAULT_BUCKET_BYTES, DEFAULT_LAG
 

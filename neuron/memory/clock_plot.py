@@ -1,5 +1,5 @@
 """`neuron plan --time --plot`: memory and the streams against simulated time, with the same
-marks as the per-step chart (report.py): the budget, the minimum budget, the forward/backward
+marks as the per-step chart (views/report.py): the budget, the minimum budget, the forward/backward
 boundary and a legend."""
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def _gpu_path_on_standins():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "kernels"))
     import cuda_standins
 
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     from neuron.distributed.nccl import NcclComm
     cuda_standins.install(pytest.MonkeyPatch(), Path(tempfile.mkdtemp(prefix="standin")))
     return CudaDevice(64 << 20, headroom_bytes=0), NcclComm(timeout_s=60.0)

@@ -10,7 +10,7 @@ import pytest
 
 from dp_nets import global_batches, make_executor
 
-from neuron.cli import main
+from neuron.cli.main import main
 from neuron.distributed import (DataParallel, LocalComm, ParameterDivergenceError,
                                 ring_allreduce_seconds)
 from neuron.distributed.comm import make_comm

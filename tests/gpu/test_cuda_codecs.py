@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import neuron as nn
-from neuron.cuda_device import CudaDevice
+from neuron.devices.cuda import CudaDevice
 from neuron.executor import Executor
 from neuron.memory.codecs import Bf16, Bfp8
 from neuron.models import build_model

@@ -31,7 +31,7 @@ def cp():
 def dev(cp):
     """One arena device for the module. Its pool heap is attached, so every CuPy array the
     tests make (and every temporary the kernels make) lives in the arena."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     from neuron.memory.heap import Heap
     d = CudaDevice(1 << 30, scratch_bytes=64 << 20)
     d.test_heap = Heap(d.arena_bytes, block=256)
@@ -404,7 +404,7 @@ def test_cupy_temporaries_live_in_the_arena(cp, dev):
 
 
 def test_arena_larger_than_the_card_is_a_budget_error(cp, dev):
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     from neuron.errors import MemoryBudgetError
     total = cp.cuda.runtime.memGetInfo()[1]
     with pytest.raises(MemoryBudgetError, match=r"cannot allocate a \d+ byte arena") as ei:

@@ -94,7 +94,7 @@ def test_input_batches_are_staged_through_pinned_memory(cp, executor):
 
 
 def test_the_pinned_cap_is_enforced_and_named(cp, executor):
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     probe = Executor(_net(), 4, device="virtual", policy="offload", tensor_cache=False)
     arena = probe.simulate()["arena_bytes"]
     dev = CudaDevice(arena, pinned_capacity=8192)

@@ -1,5 +1,5 @@
 """GPU: the tape and the CUDA graph replay the planned iteration with the bits of eager
-execution (tests/test_tape.py and tests/test_cuda_graph.py check the same on the CPU and the
+execution (tests/test_tape.py and tests/devices/test_cuda_graph.py check the same on the CPU and the
 stand-ins; here CUDA's own stream capture runs), and a replayed iteration costs the host little.
 """
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_cuda_device_itself_trains_like_the_cpu(gpu_kernels, graph, kw):
     addresses): the one arena and its views, CuPy temporaries routed into the pool's heap,
     offloads and prefetches through pinned buffers with memcpyAsync, compaction, the input
     stager, the step guard's flag."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     kw = dict(kw)
     fraction = kw.pop("fraction", None)
     g = GRAPHS[graph]()
@@ -158,7 +158,7 @@ def test_cuda_device_itself_trains_like_the_cpu(gpu_kernels, graph, kw):
         if fraction:
             c = pool.counters()
             assert c["offloads"] > 0 and c["prefetches"] > 0
-            from neuron.cuda_device import pinned_host_bytes
+            from neuron.devices.cuda import pinned_host_bytes
             assert pinned_host_bytes() >= pool.host_pool.reserved_bytes > 0     # pinned
         assert pool.high_water <= arena
     finally:
@@ -172,7 +172,7 @@ def test_an_interrupted_step_on_cuda_device_is_undone(gpu_kernels, interrupt_at,
     """tests/gpu/test_step_guard.py's interrupted step, on CudaDevice's own code here: a step
     interrupted at every 7th kernel leaves parameters, optimizer state and BN statistics
     bitwise as they were (also with parameters offloaded to pinned memory under a budget)."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     kw = dict(kw)
     fraction = kw.pop("fraction", None)
     g = GRAPHS["resnet_cifar8"]()
@@ -210,7 +210,7 @@ def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, graph, kw):
     """CudaDevice's recorded iteration (kernel calls with their descriptors and views, the
     pool's asynchronous copies and event waits, the step guard) replayed gives the bits of the
     same device running every iteration; under a budget too, or it says why it cannot."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     kw = dict(kw)
     fraction = kw.pop("fraction", None)
     g = GRAPHS[graph]()

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from neuron.cuda_device import ArenaAllocator, ArenaLayout
+from neuron.devices.cuda import ArenaAllocator, ArenaLayout
 from neuron.errors import MemoryBudgetError
 from neuron.kernels import cuda as K
 from neuron.kernels import cudnn as dnn
@@ -36,7 +36,7 @@ needs_lib = pytest.mark.skipif(not dnn.available(), reason="libcudnn.so.9 not in
 # ----------------------------------------------------------------------------------------------
 
 def test_import_needs_neither_cupy_nor_cudnn():
-    code = ("import sys, neuron, neuron.kernels.cuda, neuron.kernels.cudnn, neuron.cuda_device\n"
+    code = ("import sys, neuron, neuron.kernels.cuda, neuron.kernels.cudnn, neuron.devices.cuda\n"
             "assert 'cupy' not in sys.modules, 'cupy imported eagerly'\n"
             "assert neuron.kernels.cudnn._lib is None, 'cuDNN loaded eagerly'\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

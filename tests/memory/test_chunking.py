@@ -98,7 +98,7 @@ def test_chunking_lowers_the_largest_step_and_evaluates():
 def test_planner_chooses_the_chunk_count_and_cli_shows_it(capsys):
     import json
 
-    from neuron.cli import main
+    from neuron.cli.main import main
     from neuron.plan import choose_chunks, fits
     g = build_model("resnet_cifar", depth=8)
     whole = plan(g, 16, policy="offload", trace=False)
@@ -121,7 +121,7 @@ def test_auto_chunks_with_a_planner_splits_below_the_whole_layer_bound(capsys):
     """The planners plan a chunked schedule's tensors (it was an error, and before that a bare
     KeyError from the planner's rewrite): `--chunks auto` with a planner splits the layers
     where no whole-layer plan fits, and the CLI says who plans the chunks."""
-    from neuron.cli import main
+    from neuron.cli.main import main
     from neuron.plan import choose_chunks
     g = build_model("resnet_cifar", depth=8)
     budget = plan(g, 8, policy="offload", trace=False)["ideal_bound_bytes"] - 1
@@ -139,7 +139,7 @@ def test_auto_chunks_with_a_planner_splits_below_the_whole_layer_bound(capsys):
 
 
 def test_the_plan_says_that_chunks_turn_the_policys_recomputation_off(capsys):
-    from neuron.cli import main
+    from neuron.cli.main import main
     g = build_model("resnet_cifar", depth=8)
     r = plan(g, 8, policy="superneurons", chunks=2, trace=False)
     assert r["recompute_off_for_chunks"] and r["recompute_strategy"] is None

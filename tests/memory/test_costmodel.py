@@ -30,7 +30,7 @@ def test_an_executor_plans_with_the_default_costs_unless_given_one():
 
 def test_a_binary_or_non_object_profile_names_the_file(tmp_path, capsys):
     import pytest
-    from neuron.cli import main
+    from neuron.cli.main import main
     from neuron.memory.costmodel import CostModel, ProfileError
     binary = tmp_path / "weights.npz"
     binary.write_bytes(b"PK\x03\x04\x89\xff\x00binary")

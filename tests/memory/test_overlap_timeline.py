@@ -30,7 +30,7 @@ def test_a_timeline_of_a_planned_run_on_the_stand_ins(gpu_kernels, cuda_standins
     """Each iteration: its copies by direction with the bytes the pool moved, each step's
     kernels, and consistent sums; only the last ``keep`` iterations are kept."""
     from cuda_standins import runtime
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     from neuron.executor import Executor
     from neuron.memory.traffic import TrafficCheck
     clock = iter(range(10 ** 9))

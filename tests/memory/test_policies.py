@@ -267,7 +267,7 @@ def test_budget_below_minimum_fails_before_any_state(monkeypatch, policy, offloa
 
 
 def test_cli_train_with_too_small_budget_states_the_minimum(capsys):
-    from neuron.cli import main
+    from neuron.cli.main import main
     need = plan(build_model("resnet_cifar", depth=8), 4, policy="liveness",
                 trace=False)["min_budget_bytes"]
     for budget in ("100KiB", str(need - 1)):

@@ -22,7 +22,7 @@ def _run(S, cuda_kw, iters=2):
     CudaDevice with every stream logging; each step's kernels are one logged kernel touching
     the blocks of the step's tensors, its workspace and the CuPy temporaries it took; each
     encode or decode is one on the codec stream touching its source and destination."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     from cuda_standins.stream_check import check
     graph, batch, budget = resnet8_budget(0.5, size=8, batch=4)
     S.log_streams()
@@ -99,7 +99,7 @@ def test_a_fence_widened_to_the_whole_queue_is_caught(gpu_kernels, cuda_standins
 def test_compute_that_waits_for_a_copy_at_once_is_caught(gpu_kernels, cuda_standins, monkeypatch):
     """The old eviction and prefetch rule, compute waits for each copy as it is issued: the
     kernels in between wait for a copy they do not touch."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     offload, prefetch = CudaDevice.offload, CudaDevice.prefetch
 
     def eager_offload(self, *a, **k):

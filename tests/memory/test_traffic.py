@@ -66,7 +66,7 @@ def test_each_iteration_moves_what_the_plan_moves(kw, device):
                                 {"planner": "capuchin"}, {"planner": "vdnn"},
                                 {"planner": "superneurons", "offload_params": True}], ids=_name)
 def test_cuda_device_moves_what_the_plan_moves(gpu_kernels, kw):
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     check, ex = _train(lambda b: CudaDevice(b, headroom_bytes=0), kw)
     ex.device.close()
     assert not check.mismatches, check.mismatches[0]

@@ -19,7 +19,7 @@ their temporaries, the raw kernels' source, and the executor's use of the GPU ke
 it cannot: cuDNN's own numerics, the ctypes marshalling (tests/kernels/test_cudnn_binding.py
 checks that against the headers) and timing: operations run when issued, so a missing stream
 wait changes no number here. Instead, streams made after ``log_streams()`` log what is issued to
-them, and ``happens_before`` reads CUDA's ordering off that log: tests/test_cuda_device.py
+them, and ``happens_before`` reads CUDA's ordering off that log: tests/devices/test_cuda_device.py
 checks CudaDevice's stream graph on it (tests/memory/stream_model.py models the same rules for
 the pool, with copies that complete late).
 
@@ -54,7 +54,7 @@ def install(monkeypatch, build_dir):
     for mod in (cuda, cuda_pool, cuda_helpers, conv_algos):
         monkeypatch.setattr(mod, "dnn", dnn)
     monkeypatch.setattr(cudnn, "get_handle", dnn.get_handle)    # CudaDevice asks it directly
-    from neuron import cuda_check
+    from neuron.devices import cuda_check
     monkeypatch.setattr(cuda_check, "missing_for_cuda", lambda: [])  # driver, NVRTC, cuDNN
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", _Cuda)        # from cupy.cuda import nccl

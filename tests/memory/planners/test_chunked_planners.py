@@ -10,7 +10,7 @@ import json
 import pytest
 
 import neuron as nn
-from neuron.cli import main
+from neuron.cli.main import main
 from neuron.executor import Executor
 from neuron.memory.costmodel import CostModel
 from neuron.memory.planners import planner_names

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import neuron as nn
-from neuron.cli_planning import add_planner_arg, planner_spec
+from neuron.cli.planning import add_planner_arg, planner_spec
 from neuron.executor import Executor
 from neuron.memory.clock import makespan
 from neuron.memory.compressed_swap import sent_uncompressed

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from neuron.cli import main
-from neuron.cli_planning import add_planner_arg, planner_spec
+from neuron.cli.main import main
+from neuron.cli.planning import add_planner_arg, planner_spec
 from neuron.executor import Executor
 from neuron.memory.planners import PlanContext, get_planner
 from neuron.memory.planners.dqn import Dqn
@@ -295,7 +295,7 @@ def test_bundled_agent_keeps_everything_at_the_liveness_peak():
 
 def test_an_agent_path_that_breaks_the_option_string_is_refused():
     import argparse
-    from neuron.cli_planning import add_planner_arg, planner_spec
+    from neuron.cli.planning import add_planner_arg, planner_spec
     p = argparse.ArgumentParser()
     add_planner_arg(p)
     assert planner_spec(p.parse_args(["--planner", "dqn", "--agent", "a.npz"])) == \

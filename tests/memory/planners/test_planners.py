@@ -108,7 +108,7 @@ def test_a_planner_option_of_the_wrong_type_or_name_is_named(spec, fragment):
 
 
 def test_a_planner_option_of_the_wrong_type_is_one_cli_line(capsys):
-    from neuron.cli import main
+    from neuron.cli.main import main
     rc = main(["plan", "resnet_cifar", "--depth", "8", "--budget", "4MiB", "--no-min-budget",
                "--planner", "home:seed=abc"])
     err = capsys.readouterr().err

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from neuron.cli import main
-from neuron.cli_planning import add_planner_arg, planner_spec
+from neuron.cli.main import main
+from neuron.cli.planning import add_planner_arg, planner_spec
 from neuron.executor import Executor
 from neuron.memory.planners import get_planner, planner_names
 from neuron.memory.planners.sublinear_recursive import SublinearRecursive, split_groups

@@ -7,9 +7,9 @@ its offloaded bytes, host peak and step count are plan's.
 """
 from __future__ import annotations
 
-from .memory.recorder import per_step
-from .plan import make_plan
-from .units import fmt_bytes
+from ..memory.recorder import per_step
+from ..plan import make_plan
+from ..units import fmt_bytes
 
 
 def memory_summary(graph, batch: int, *, budget: int | None = None, top: int = 10,

@@ -1,4 +1,4 @@
-"""`neuron plan --html`: the self-contained canvas timeline (neuron/timeline_html.py), checked
+"""`neuron plan --html`: the self-contained canvas timeline (neuron/views/timeline_html.py), checked
 as data and in a real headless Chromium (Debian's package, driven by Playwright)."""
 import json
 import re
@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from neuron.cli import main
+from neuron.cli.main import main
 from neuron.memory.recorder import record_iteration
 from neuron.models import build_model
 from neuron.plan import plan
-from neuron.timeline_html import timeline_data, write_timeline
+from neuron.views.timeline_html import timeline_data, write_timeline
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -105,7 +105,7 @@ def test_renders_in_chromium_and_hover_names_the_tensor(browser, tmp_path):
 
 def test_plot_marks_what_the_recording_holds(tmp_path):
     pytest.importorskip("matplotlib")
-    from neuron.report import plot_recording
+    from neuron.views.report import plot_recording
     rec, budget = recording()
     marks = plot_recording(rec, str(tmp_path / "p.png"), "t", budget=budget)
     phases = [s.phase for s in rec.steps]

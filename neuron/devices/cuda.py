@@ -42,10 +42,10 @@ import threading
 
 import numpy as np
 
-from .devices import Device
-from .errors import MemoryBudgetError
-from .kernels.pinned_host import pinned_empty, pinned_host_bytes
-from .memory.host_budget import default_host_cap
+from . import Device
+from ..errors import MemoryBudgetError
+from ..kernels.pinned_host import pinned_empty, pinned_host_bytes
+from ..memory.host_budget import default_host_cap
 
 MiB = 1 << 20
 
@@ -141,7 +141,7 @@ class ArenaAllocator:
     def _replayed(self, nbytes: int) -> int:
         want, ptr = next(self._script, (None, 0))
         if want != nbytes:
-            from .recording import TapeDiverged
+            from ..recording import TapeDiverged
             raise TapeDiverged(f"a replayed kernel asked for a {nbytes}-byte CuPy temporary "
                                f"where the record took {want}")
         self._scripted[ptr] = self._scripted.get(ptr, 0) + 1
@@ -249,8 +249,8 @@ class CudaDevice(Device):
         cp = _cupy()
         if not cp.cuda.is_available():
             raise RuntimeError("no usable CUDA device (cupy.cuda.is_available() is False)")
-        from .kernels import cudnn
-        from .memory.heap import Heap
+        from ..kernels import cudnn
+        from ..memory.heap import Heap
 
         self.device_id = int(device_id)
         self._cp = cp
@@ -375,7 +375,7 @@ class CudaDevice(Device):
     # ---- Device interface -------------------------------------------------------------------
     @property
     def kernels(self):
-        from .kernels import cuda
+        from ..kernels import cuda
         return cuda
 
     def view(self, offset: int, shape, dtype):
@@ -600,7 +600,7 @@ class CudaDevice(Device):
     def is_done(event) -> bool:
         return bool(event.done)
 
-    # ---- CUDA graphs (neuron/cuda_graph.py) ----------------------------------------------------
+    # ---- CUDA graphs (neuron/devices/cuda_graph.py) ----------------------------------------------
     graph_replay = True             # the tape can be captured as one CUDA graph
     replay_default = "tape"         # graph stays opt-in until a GPU run confirms it
 

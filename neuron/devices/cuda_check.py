@@ -8,7 +8,7 @@ nvidia-cuda-nvrtc wheel of cupy's [ctk] extra), and cuDNN 9 (nvidia-cudnn-cu13).
 """
 from __future__ import annotations
 
-from .errors import DeviceUnavailableError
+from ..errors import DeviceUnavailableError
 
 INSTALL = "pip install 'neuron-arena[cuda]' (in a checkout: pip install -e '.[cuda]')"
 
@@ -87,7 +87,7 @@ def _check_nvrtc(cupy):
 
 
 def _check_cudnn():
-    from .kernels import cudnn
+    from ..kernels import cudnn
     try:
         cudnn.lib()
     except Exception as e:
@@ -100,7 +100,7 @@ def _check_cudnn():
 def missing_for_cuda() -> list[str]:
     """What the GPU path lacks on this machine (empty: nothing): every missing piece, CuPy's
     absence included, so that one run names all there is to install. Nothing may import CuPy
-    before this runs (the CLI calls it first; tests/test_cuda_check.py keeps that so)."""
+    before this runs (the CLI calls it first; tests/devices/test_cuda_check.py keeps that so)."""
     cupy, err = _check_cupy()
     if err:                 # the driver and cuDNN are still checked, without CuPy
         problems = [err, _check_driver_library()]
@@ -115,7 +115,7 @@ def missing_for_cuda() -> list[str]:
 def require_cuda() -> None:
     """Raise CudaSetupError, one line naming every missing piece, unless the GPU path can run."""
     problems = missing_for_cuda()
-    if problems:        # one line, as every CLI error (cli_errors.py)
+    if problems:        # one line, as every CLI error (cli/errors.py)
         wheels = any("wheel" in p for p in problems)
         raise CudaSetupError("device cuda is not usable: " + "; ".join(problems) + ". " +
                              (f"{INSTALL} brings the wheels, or use" if wheels else "Use") +

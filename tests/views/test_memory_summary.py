@@ -1,10 +1,10 @@
-"""`neuron memory` (neuron/memory_summary.py): the report's numbers come from the plan."""
+"""`neuron memory` (neuron/views/memory_summary.py): the report's numbers come from the plan."""
 import json
 
 import pytest
 
-from neuron.cli import main
-from neuron.memory_summary import format_summary, memory_summary
+from neuron.cli.main import main
+from neuron.views.memory_summary import format_summary, memory_summary
 from neuron.models import build_model
 from neuron.plan import plan
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tape import TIMELINE_OPS
+from ..tape import TIMELINE_OPS
 
 
 class GraphUnavailable(RuntimeError):
@@ -122,7 +122,7 @@ def _mean_loss(rows) -> float:
 
 
 def _varying_args(tape) -> list:
-    from .recording import Varying
+    from ..recording import Varying
     found = []
 
     def walk(a):

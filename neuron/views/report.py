@@ -39,7 +39,7 @@ def plot_recording(rec, path: str, title: str = "", budget: int | None = None,
     backward boundary, recomputation steps shaded, compactions marked; below, bytes moved to
     and from the host per step. ``rec``: a memory/recorder.py Recording. Returns what it
     marked."""
-    from .memory.recorder import per_step
+    from ..memory.recorder import per_step
     plt = _pyplot()
     mib = 2 ** 20
     ps = per_step(rec)

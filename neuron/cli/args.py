@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from .units import parse_bytes
+from ..units import parse_bytes
 
 
 def _bound(kind: type, low, high, low_open: bool, high_open: bool) -> str:

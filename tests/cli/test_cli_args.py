@@ -1,12 +1,12 @@
-"""Every numeric option of every command goes through neuron/cli_args.py and refuses NaN,
+"""Every numeric option of every command goes through neuron/cli/args.py and refuses NaN,
 infinities, fractions where an integer is meant, and values out of its range: one line naming
 the option, exit 2, before any work."""
 import argparse
 
 import pytest
 
-from neuron import cli_args
-from neuron.cli import build_parser, main
+from neuron.cli import args as cli_args
+from neuron.cli.main import build_parser, main
 
 # what each command needs besides the option under test
 REQUIRED = {"profile": ["resnet_cifar", "-o", "p.json"], "deepest": ["resnet_cifar", "--budget",
@@ -33,7 +33,7 @@ def test_every_numeric_option_is_checked_in_one_place():
         is_number = isinstance(a.default, (int, float)) and not isinstance(a.default, bool)
         if a.type is not None or is_number:
             assert getattr(a.type, "__module__", None) == cli_args.__name__, \
-                f"{cmd} {a.option_strings[0]}: type {a.type!r} is not from neuron.cli_args"
+                f"{cmd} {a.option_strings[0]}: type {a.type!r} is not from neuron.cli.args"
         if hasattr(a.type, "kind"):
             numeric.append(a.option_strings[-1])
     for name in ("--link-gbps", "--search-seconds", "--lr", "--batch", "--seed", "--chunks",

@@ -1,12 +1,12 @@
-"""`--device cuda` says what is missing (neuron/cuda_check.py), checked with stand-ins for CuPy
-and cuDNN so that it runs without a GPU."""
+"""`--device cuda` says what is missing (neuron/devices/cuda_check.py), checked with stand-ins
+for CuPy and cuDNN so that it runs without a GPU."""
 import sys
 import types
 
 import pytest
 
-from neuron import cuda_check
-from neuron.cli import main
+from neuron.devices import cuda_check
+from neuron.cli.main import main
 from neuron.kernels import cudnn
 
 

@@ -1,13 +1,14 @@
-"""The `neuron` command, run in-process through neuron.cli.main (and once as python -m neuron)."""
+"""The `neuron` command, run in-process through neuron.cli.main.main (and once as
+python -m neuron)."""
 import json
 import os
 import subprocess
 import sys
 
 
-from neuron.cli import main
+from neuron.cli.main import main
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 SMALL = ["resnet_cifar", "--depth", "8"]
 
 

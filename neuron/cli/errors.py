@@ -21,9 +21,9 @@ USAGE, RUNTIME = 2, 1
 
 def classify(e: BaseException) -> int:
     """The exit code for an exception that ended a command."""
-    from .data import DataFormatError
-    from .errors import DataError, MemoryBudgetError, NonFiniteLossError, UsageError
-    from .image_folder import ImageFolderError
+    from ..data import DataFormatError
+    from ..errors import DataError, MemoryBudgetError, NonFiniteLossError, UsageError
+    from ..data.image_folder import ImageFolderError
     if isinstance(e, (UsageError, MemoryBudgetError)):
         return USAGE                # a budget too small is known from the plan, before any work
     if isinstance(e, (DataFormatError, DataError, NonFiniteLossError, ImageFolderError)):
@@ -60,7 +60,7 @@ def _quiet_stdout() -> None:
 def _ignore_further_signals() -> None:
     """The run is stopping and its state is saved: a second Ctrl-C arriving now must not turn
     the orderly exit into a KeyboardInterrupt at interpreter shutdown (exit status -2)."""
-    from .interrupt import SIGNALS
+    from ..interrupt import SIGNALS
     for s in SIGNALS:
         try:
             signal.signal(s, signal.SIG_IGN)
@@ -71,7 +71,7 @@ def _ignore_further_signals() -> None:
 def run_command(name: str, fn, args, exiting: bool = False) -> int:
     """exiting: the process ends after this command (the console script), so a run that
     stops may stop listening to further signals; in-process callers keep their handlers."""
-    from .errors import TrainingStopped
+    from ..errors import TrainingStopped
     err = sys.stderr
     try:
         return fn(args)
@@ -107,6 +107,6 @@ def run_command(name: str, fn, args, exiting: bool = False) -> int:
 
 
 def _expected(e: BaseException) -> bool:
-    from .errors import NeuronError
+    from ..errors import NeuronError
     return isinstance(e, (NeuronError, ValueError, KeyError, TypeError, OSError, MemoryError,
                           ImportError, FloatingPointError))

@@ -8,13 +8,13 @@ import math
 
 import numpy as np
 
-from .graph import Graph
-from .memory.schedule import build_schedule
-from .optim import SGD
+from ..graph import Graph
+from ..memory.schedule import build_schedule
+from ..optim import SGD
 
 
 def summarize(graph: Graph, batch: int, dtype=np.float32, optimizer: SGD | None = None) -> dict:
-    from .executor import with_loss
+    from ..executor import with_loss
     opt = optimizer or SGD()
     sched = build_schedule(with_loss(graph), batch, dtype, opt.state_names)
     fwd, bwd = {}, {}

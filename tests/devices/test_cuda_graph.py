@@ -1,5 +1,5 @@
-"""The tape as a CUDA graph (neuron/cuda_graph.py), on the CPU: the GPU kernel module over the
-stand-ins, and a device whose "graph" is the captured work deferred to its launch, with every
+"""The tape as a CUDA graph (neuron/devices/cuda_graph.py), on the CPU: the GPU kernel module over
+the stand-ins, and a device whose "graph" is the captured work deferred to its launch, with every
 host synchronization refused while the work runs (what a real capture forbids). What this
 checks: which operations the capture rewrites (the batch from pinned staging, the loss rows
 into a fixed buffer averaged after the launch, host waits as device waits), capturing again
@@ -14,7 +14,7 @@ import neuron as nn
 from neuron.devices import CpuDevice
 from neuron.executor import Executor
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/kernels")
+sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/../kernels")
 from test_cuda_on_standins import GRAPHS  # noqa: E402
 
 

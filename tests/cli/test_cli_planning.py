@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from neuron.cli import main
+from neuron.cli.main import main
 
 
 def _last_json(capsys):
@@ -57,8 +57,8 @@ def test_plan_time_reports_the_codec_stream_with_compress(capsys):
 
 
 def _planner_of(command, *args):
-    from neuron.cli import build_parser
-    from neuron.cli_planning import resolve_planner
+    from neuron.cli.main import build_parser
+    from neuron.cli.planning import resolve_planner
     a = build_parser().parse_args([command, "resnet_cifar", "--depth", "8", *args])
     resolve_planner(a, command)
     return a.planner
@@ -77,8 +77,8 @@ def test_a_budgeted_superneurons_run_gets_the_superneurons_planner_by_default():
 
 
 def _policy_of(command, *args):
-    from neuron.cli import build_parser
-    from neuron.cli_planning import resolve_planner
+    from neuron.cli.main import build_parser
+    from neuron.cli.planning import resolve_planner
     a = build_parser().parse_args([command, "resnet_cifar", "--depth", "8", *args])
     resolve_planner(a, command)
     return a.policy
@@ -158,7 +158,7 @@ def test_time_and_plot_do_what_their_help_says(budget, monkeypatch, tmp_path, ca
     the forward/backward boundary."""
     pytest.importorskip("matplotlib")
     import neuron.memory.clock_plot as clock_plot
-    import neuron.report as report
+    import neuron.views.report as report
     calls = []
     _spy(monkeypatch, report, "plot_recording", calls)
     _spy(monkeypatch, clock_plot, "plot_timeline", calls)

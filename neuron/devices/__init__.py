@@ -3,7 +3,7 @@
 - CpuDevice: the arena is one NumPy byte buffer; tensors are views at offsets; NumPy kernels.
 - VirtualDevice: offsets only, no storage, no kernels; the planner and simulator run the same
   executor code on it, so planned and measured peaks agree by construction.
-- CudaDevice (neuron.cuda_device) has the same interface on the GPU. It is found through the
+- CudaDevice (neuron.devices.cuda) has the same interface on the GPU. It is found through the
   device registry (``make_device``/``register_device``), imported only when asked for.
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ class CpuDevice(Device):
         # imported on first use, then kept: an import statement costs ~3 us, a step asks ~1,500 times
         k = CpuDevice._numpy_ref
         if k is None:
-            from .kernels import numpy_ref as k
+            from ..kernels import numpy_ref as k
             CpuDevice._numpy_ref = k
         return k
 
@@ -145,7 +145,7 @@ class _VirtualBuffer:
 #: device kind -> class, or "module:Class" imported on first use (GPU code stays unimported on
 #: machines without a GPU, and this module never imports the devices built on top of it)
 _REGISTRY: dict[str, object] = {"cpu": CpuDevice, "virtual": VirtualDevice,
-                                "cuda": "neuron.cuda_device:CudaDevice"}
+                                "cuda": "neuron.devices.cuda:CudaDevice"}
 
 
 def register_device(kind: str, factory) -> None:
@@ -176,8 +176,8 @@ def make_device(kind: str, arena_bytes: int) -> Device:
     if kind not in _REGISTRY:
         raise ValueError(f"unknown device {kind!r}; expected one of {', '.join(device_kinds())}")
     factory = _REGISTRY.get(kind)
-    if kind == "cuda" and (factory == "neuron.cuda_device:CudaDevice" or
-                           getattr(factory, "__module__", "") == "neuron.cuda_device"):
+    if kind == "cuda" and (factory == "neuron.devices.cuda:CudaDevice" or
+                           getattr(factory, "__module__", "") == "neuron.devices.cuda"):
         from .cuda_check import require_cuda
         require_cuda()      # CuPy, driver, NVRTC, cuDNN: one line naming each that is missing
     return _resolve(kind)(arena_bytes)

@@ -13,8 +13,8 @@ PLANNED_BY_DEFAULT = ("plan", "train", "memory")
 
 
 def add_planner_arg(p, default_under_budget: bool = False) -> None:
-    from .cli_args import count, numeric, positive_number
-    from .memory.planners import planner_names
+    from .args import count, numeric, positive_number
+    from ..memory.planners import planner_names
     default = ("default: superneurons under --budget with --policy superneurons, else the "
                "policy alone" if default_under_budget else "default: the policy alone")
     p.add_argument("--planner", default=None, metavar="NAME",
@@ -56,7 +56,7 @@ def resolve_planner(args, command: str) -> None:
         return
     if args.planner == "none":
         if getattr(args, "compress", None):
-            from .errors import UsageError
+            from ..errors import UsageError
             raise UsageError("--compress plans with a planner (superneurons unless --planner "
                              "names another); leave out --planner none")
         args.planner = None
@@ -96,10 +96,10 @@ def train_chunks(args, graph, budget) -> int:
     fits --budget with the policy or --planner (1 where none does: the budget error follows)."""
     if args.chunks != "auto":
         return args.chunks
-    from .errors import UsageError
+    from ..errors import UsageError
     if budget is None:
         raise UsageError("--chunks auto needs --budget: it picks the fewest chunks that fit it")
-    from .plan import choose_chunks
+    from ..plan import choose_chunks
     return choose_chunks(graph, args.batch, budget, policy=args.policy,
                          offload_params=args.offload_params, planner=planner_spec(args)) or 1
 
@@ -138,7 +138,7 @@ def add_profile_command(sub, positive) -> None:
 def cost_model(args, dtype=None):
     """The cost model a command asked for, or None without --time/--planner."""
     import numpy as np
-    from .memory.costmodel import CostModel
+    from ..memory.costmodel import CostModel
     dtype = dtype or np.float32
     if getattr(args, "profile", None):
         return CostModel.from_profile(args.profile, dtype=dtype)
@@ -146,8 +146,8 @@ def cost_model(args, dtype=None):
 
 
 def cmd_profile(args) -> int:
-    from .memory.profile import profile_model
-    from .models import build_model
+    from ..memory.profile import profile_model
+    from ..models import build_model
     in_shape = None
     if args.image_size:
         g = build_model(args.model, depth=args.depth)

@@ -6,10 +6,10 @@ import json
 import sys
 import time
 
-from .cli_args import byte_size, count, numeric, path_arg, positive_int, positive_number
-from .cli_planning import cmd_profile
-from .memory.policy import POLICIES
-from .units import fmt_bytes, parse_bytes
+from .args import byte_size, count, numeric, path_arg, positive_int, positive_number
+from .planning import cmd_profile
+from ..memory.policy import POLICIES
+from ..units import fmt_bytes, parse_bytes
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--on-corrupt", choices=["skip", "refuse"], default="skip",
                    help="folder:DIR: leave unreadable images out and count them, or stop at "
                    "the first (default skip)")
-    from .distributed.launch import add_plan_arguments, add_train_arguments
+    from ..distributed.launch import add_plan_arguments, add_train_arguments
     add_train_arguments(t)
 
     s = sub.add_parser("summary", help="layers, shapes, parameters and per-step bytes",
@@ -202,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     _device_arg(wd)
     _policy_args(wd, "superneurons", budget_required=True)
 
-    # time and planners (issue 12): cli_planning.py
-    from .cli_planning import add_planner_arg, add_profile_command, add_time_args
+    # time and planners (issue 12): cli/planning.py
+    from .planning import add_planner_arg, add_profile_command, add_time_args
     add_time_args(pl)
     add_profile_command(sub, _positive)
     for cmd in (pl, dp, wd, t):
@@ -238,12 +238,12 @@ def main(argv=None, exiting: bool = False) -> int:
     Every failure is one line on stderr (NEURON_TRACEBACK=1 shows the traceback)."""
     ap = build_parser()
     args = ap.parse_args(argv)
-    from .cli_errors import run_command
-    from .cli_planning import resolve_planner
+    from .errors import run_command
+    from .planning import resolve_planner
 
     def command(args):
         if getattr(args, "device", None) == "cuda":     # before anything imports CuPy
-            from .cuda_check import require_cuda
+            from ..devices.cuda_check import require_cuda
             require_cuda()          # one line naming every missing piece
         resolve_planner(args, args.command)     # a usage error is reported like the others
         return COMMANDS[args.command](args)
@@ -251,15 +251,15 @@ def main(argv=None, exiting: bool = False) -> int:
 
 
 def _build(args, in_shape=None, num_classes=None):
-    from .executor import no_gc
-    from .models import build_model
+    from ..executor import no_gc
+    from ..models import build_model
     with no_gc():       # 10^4-layer graphs: nothing cyclic to collect while building
         return build_model(args.model, depth=args.depth, in_shape=in_shape,
                            num_classes=num_classes or args.classes)
 
 
 def cmd_models(args) -> int:
-    from .models import model_names
+    from ..models import model_names
     names = model_names()
     if args.json:
         print(json.dumps({"models": names}))
@@ -269,7 +269,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_summary(args) -> int:
-    from .summary import summarize
+    from ..views.summary import summarize
     info = summarize(_build(args), args.batch)
     if not args.json or args.all:
         rows = info["layers"]
@@ -290,13 +290,13 @@ def cmd_summary(args) -> int:
 
 
 def _policy_kw(args, host_default=None) -> dict:
-    from .memory.planners import get_planner
-    from .memory.policy import get_policy
+    from ..memory.planners import get_planner
+    from ..memory.policy import get_policy
     get_policy(args.policy)                      # unknown policy: error before any work
     if args.planner:
         get_planner(args.planner)                # unknown planner: the error lists the names
     hb = args.host_budget or host_default
-    from .cli_planning import planner_spec
+    from .planning import planner_spec
     return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
@@ -305,7 +305,7 @@ def _policy_kw(args, host_default=None) -> dict:
 
 
 def cmd_plan(args) -> int:
-    from .plan import make_plan
+    from ..plan import make_plan
     if args.plot:                   # a missing matplotlib is an error now, not after the plan
         try:
             import matplotlib  # noqa: F401
@@ -314,8 +314,8 @@ def cmd_plan(args) -> int:
                               "checkout: pip install -e '.[plot]')") from None
     budget = parse_bytes(args.budget) if args.budget else None
     graph = _build(args)
-    from .cli_planning import cost_model, print_time
-    from .distributed.launch import plan_allreduce, plan_comm_model, plan_grad_buckets, plan_lag
+    from .planning import cost_model, print_time
+    from ..distributed.launch import plan_allreduce, plan_comm_model, plan_grad_buckets, plan_lag
     cost = cost_model(args) if args.time or args.planner else None
     lag, lag_search = plan_lag(args, graph, budget, cost, **_policy_kw(args))
     # a planner plans with the cost model; the iteration is timed (and drawn against time)
@@ -386,7 +386,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    from .memory_summary import format_summary, memory_summary
+    from ..views.memory_summary import format_summary, memory_summary
     r = memory_summary(_build(args), args.batch, model=args.model, top=args.top,
                        budget=parse_bytes(args.budget) if args.budget else None,
                        **_policy_kw(args))
@@ -405,23 +405,23 @@ def _draw_plan(args, planned, timeline) -> None:
     title = (f"{args.model} batch {args.batch}, {how}"
              f"{' + offload-params' if args.offload_params else ''}")
     if args.plot and args.time:
-        from .memory.clock_plot import plot_timeline
+        from ..memory.clock_plot import plot_timeline
         plot_timeline(timeline, r["steps"], args.plot, title=title, budget=budget,
                       min_budget=r["min_budget_bytes"])
         print(f"  memory and streams against simulated time drawn to {args.plot}")
     elif args.plot:
-        from .report import plot_recording
+        from ..views.report import plot_recording
         plot_recording(rec, args.plot, title=title, budget=budget,
                        min_budget=r["min_budget_bytes"])
         print(f"  memory per step drawn to {args.plot}")
     if args.html:
-        from .timeline_html import write_timeline
+        from ..views.timeline_html import write_timeline
         write_timeline(rec, args.html, title=title, budget=budget)
         print(f"  timeline of every tensor written to {args.html}")
 
 
 def _search_cmd(args, kind: str) -> int:
-    from . import plan as P
+    from .. import plan as P
     budget = parse_bytes(args.budget)
     kw = _policy_kw(args, host_default="128GiB")
     from tqdm import tqdm
@@ -462,13 +462,13 @@ def _search_cmd(args, kind: str) -> int:
 
 def _confirm(args, kind, ans, budget, kw) -> dict:
     import numpy as np
-    from .executor import Executor
-    from .models import build_model
+    from ..executor import Executor
+    from ..models import build_model
     depth = ans if kind == "deepest" else args.depth
     batch = args.batch if kind == "deepest" else ans
     graph = build_model(args.model, depth=depth)
     if kw.get("chunks") == "auto":
-        from .plan import choose_chunks
+        from ..plan import choose_chunks
         kw = {**kw, "chunks": choose_chunks(graph, batch, budget,
                                             **{k: v for k, v in kw.items() if k != "chunks"})}
     ex = Executor(graph, batch, device=args.device, budget=budget, **kw)
@@ -499,19 +499,19 @@ def _replay_text(r: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    from .data import load_dataset
-    from .errors import MemoryBudgetError
-    from .executor import Executor
-    from .optim import SGD
-    from .train import fit
-    from .checkpoint import check_checkpoint_target
-    from .distributed.launch import (grad_lag, make_train_comm, stop_all_ranks_on_error,
+    from ..data import load_dataset
+    from ..errors import MemoryBudgetError
+    from ..executor import Executor
+    from ..optim import SGD
+    from ..train import fit
+    from ..checkpoint import check_checkpoint_target
+    from ..distributed.launch import (grad_lag, make_train_comm, stop_all_ranks_on_error,
                                      train_grad_buckets)
-    from .errors import UsageError
+    from ..errors import UsageError
     started = time.perf_counter()
     grad_buckets, lag = train_grad_buckets(args), grad_lag(args)
     comm = make_train_comm(args)        # before the device: a GPU rank picks its GPU first
-    from .cli_planning import planner_spec
+    from .planning import planner_spec
     budget = parse_bytes(args.budget) if args.budget else None
     if args.checkpoint is None and args.resume:     # a resumed run goes on saving where it was
         args.checkpoint = args.resume
@@ -530,7 +530,7 @@ def cmd_train(args) -> int:
     graph = _build(args, in_shape=split.train.sample_shape, num_classes=split.train.num_classes)
     opt = SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
               nesterov=args.nesterov)
-    from .cli_planning import train_chunks
+    from .planning import train_chunks
     chunks = train_chunks(args, graph, budget)
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
@@ -538,7 +538,7 @@ def cmd_train(args) -> int:
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
                       chunks=chunks, replay=args.replay)
     except MemoryBudgetError as e:
-        from .plan import plan
+        from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
                     trace=False, planner=planner_spec(args), chunks=chunks)["min_budget_bytes"]
         hint = ""
@@ -555,14 +555,14 @@ def cmd_train(args) -> int:
     with stop_all_ranks_on_error(comm, "train"):
         dp = None
         if comm is not None:
-            from .distributed import DataParallel
+            from ..distributed import DataParallel
             dp = DataParallel(ex, comm, sync_bn=args.sync_bn, check_every=args.dp_check_every)
         res = fit(ex, split.train, split.test, iters=args.iters, epochs=args.epochs, lr=args.lr,
                   schedule=args.schedule, warmup=args.warmup, seed=args.seed,
                   checkpoint=args.checkpoint, resume=args.resume, meta=meta,
                   progress=not args.no_progress, checkpoint_every=args.checkpoint_every, dp=dp)
     if dp is not None:
-        from .distributed.launch import comm_report
+        from ..distributed.launch import comm_report
         stats, comm_line = comm_report(dp, res["seconds"])
         res.update(world_size=dp.world_size, global_batch=dp.global_batch, sync_bn=dp.sync_bn,
                    engine=comm.engine, bucket_mb=args.bucket_mb if dp.overlap else None, **stats)

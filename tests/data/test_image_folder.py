@@ -1,4 +1,4 @@
-"""`--dataset folder:DIR` (neuron/image_folder.py) on folders of generated images."""
+"""`--dataset folder:DIR` (neuron/data/image_folder.py) on folders of generated images."""
 import json
 import time
 
@@ -7,9 +7,9 @@ import pytest
 
 Image = pytest.importorskip("PIL.Image")
 
-from neuron.cli import main  # noqa: E402
+from neuron.cli.main import main  # noqa: E402
 from neuron.data import iterate, load_dataset  # noqa: E402
-from neuron.image_folder import ImageFolderError  # noqa: E402
+from neuron.data.image_folder import ImageFolderError  # noqa: E402
 
 SHAPE = (3, 16, 16)
 

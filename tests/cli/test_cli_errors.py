@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from neuron.cli import build_parser, main
-from neuron.cli_errors import run_command
+from neuron.cli.main import build_parser, main
+from neuron.cli.errors import run_command
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 SMALL = ["resnet_cifar", "--depth", "8"]
 TRAIN = ["train", *SMALL, "--batch", "4", "--device", "cpu", "--no-progress"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuron.cuda_device import ArenaAllocator, ArenaLayout, kernel_context
+from neuron.devices.cuda import ArenaAllocator, ArenaLayout, kernel_context
 from neuron.errors import MemoryBudgetError
 from neuron.memory.heap import Heap
 
@@ -39,8 +39,8 @@ def test_device_registry_resolves_lazily_and_names_the_kinds():
     import sys
 
     from neuron import devices
-    assert devices._REGISTRY["cuda"] == "neuron.cuda_device:CudaDevice" or \
-        "neuron.cuda_device" in sys.modules
+    assert devices._REGISTRY["cuda"] == "neuron.devices.cuda:CudaDevice" or \
+        "neuron.devices.cuda" in sys.modules
     assert isinstance(devices.make_device("cpu", 1 << 16), devices.CpuDevice)
     with pytest.raises(ValueError, match="expected one of cpu, virtual, cuda"):
         devices.make_device("tpu", 1 << 16)
@@ -66,7 +66,7 @@ def test_device_registry_resolves_lazily_and_names_the_kinds():
 @pytest.fixture
 def gpu(cuda_standins):
     """A CudaDevice over the stand-ins, its streams logging; and the stand-in module."""
-    from neuron.cuda_device import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     cuda_standins.log_streams()
     dev = CudaDevice(1 << 16, headroom_bytes=0)
     yield dev, cuda_standins

@@ -35,7 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from .batch_order import epoch_permutation
-from .errors import NeuronError
+from ..errors import NeuronError
 from .image_folder import load_image_folder
 
 __all__ = [

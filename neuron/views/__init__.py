@@ -1,0 +1,1 @@
+"""What a run is shown as: text summaries, memory tables, plots and the HTML timeline."""
