@@ -145,7 +145,7 @@ def main(argv=None) -> int:
             checks.append(r["seconds_per_iter"] <= args.max_seconds_per_iter)
         met = all_met(checks)
         detail = (f"depth {depth} batch {batch} in {budget / (1 << 20):.1f} MiB"
-                  + (f", --offload-params" if args.offload_params else "")
+                  + (", --offload-params" if args.offload_params else "")
                   + (f", --compress {args.compress}" if args.compress else "")
                   + f", replay {r['replay']}: {r['seconds_per_iter']:.2f} s/iter"
                   + ("" if args.compress or args.smoke

@@ -266,7 +266,7 @@ def _write(args, rows, expected):
              + (f"{r['neuron_over_pytorch']:.2f}x ({r['neuron_mode']})"
                 if r.get("neuron_over_pytorch") else "failed") for r in rows]
     met = sum(bool(r.get("target_met")) for r in rows)
-    detail = (f"neuron/PyTorch " + ", ".join(parts)
+    detail = ("neuron/PyTorch " + ", ".join(parts)
               + f"; {met}/{expected} at target (fp32 >= {TARGET['fp32']}, tf32 >= "
               f"{TARGET['tf32']})" + ("" if len(rows) == expected else
                                       f"; {len(rows)}/{expected} configurations done"))

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..executor import Executor
-from .costmodel import PROFILE_FORMAT, ProfileError, cpu_spec, device_spec, gpu_kind, layer_key
+from .costmodel import PROFILE_FORMAT, cpu_spec, device_spec, gpu_kind, layer_key
 
 
 #: the stopwatches: wall time, or the process's CPU time, which other users of shared cores do

@@ -113,7 +113,6 @@ def test_models_gate_fails_a_relu_gradient_1e5_off(monkeypatch):
 
 def test_models_gate_fails_a_bn_gradient_68_percent_off(monkeypatch):
     """The case that passed the float32 gate on the H100: a BN bias gradient 68% off."""
-    from bench.gpu import models as gpu_models
     from neuron.kernels import numpy_ref
 
     def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, *a, **kw):
