@@ -1,20 +1,23 @@
 """The tape as one CUDA graph: a trusted tape (neuron/tape.py) captured on the compute stream
 and launched once per iteration, so the host issues one call instead of every kernel.
 
-What a replay did on the host becomes device work inside the capture: the batch is copied from
-pinned staging buffers the executor fills before each launch; each loss's per-row values are
-copied to a fixed device buffer and averaged on the host after the launch (as the eager kernel
-does); a host wait for an event (or for a copy) becomes every stream waiting for it. The copy and codec streams
-join the compute stream before the capture ends. An operation that must block the host cannot
-be captured: the executor then replays the tape instead, saying why (``GraphUnavailable``).
+What a replay did on the host becomes device work inside the capture: the batch is copied
+from pinned staging buffers the executor fills before each launch; each loss's per-row values
+are copied to a fixed device buffer and averaged on the host after the launch (as the eager
+kernel does); a host wait for an event (or for a copy) becomes every stream waiting for it.
+The side streams join the compute stream before the capture ends. An operation that must block
+the host cannot be captured: the executor then replays the tape instead, saying why
+(``GraphUnavailable``).
 
-Varying arguments (the learning rate, a dropout seed) are fixed in a captured graph: it is
-captured again when one of them differs from the values it was captured with.
+The learning rate is read by the update kernels from a device buffer written before each launch
+(``sgd_update(neg_lr_buffer=)``); other Varying arguments (a dropout seed) are fixed in a
+captured graph, which is captured again when one of them changes.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..recording import Varying
 from ..tape import TIMELINE_OPS
 
 
@@ -31,10 +34,13 @@ class GraphReplay:
             raise GraphUnavailable(f"{device.name} does not capture CUDA graphs")
         self.device, self.tape = device, tape
         self._staging = {id(a): a for a in staging.values()}
-        self._varying = _varying_args(tape)
-        self._values = None             # the Varying values the graph was captured with
-        self.graph = None
         self._sinks: dict[int, object] = {}     # loss op index -> device buffer of its rows
+        # dtype -> (device buffer of -lr, its host staging, the lr's Varying)
+        self._lr: dict[str, tuple] = {}
+        self._ops = self._capturable_ops()
+        self._varying = _varying_args(self._ops)    # the values still baked into the graph
+        self._values = None             # ... as they were at its capture
+        self.graph = None
         self.captures = self.launches = 0
         self.launched_now = False
 
@@ -46,6 +52,9 @@ class GraphReplay:
         if self.graph is None or values != self._values:
             self._capture(iteration)
             self._values = values
+        for buf, host, lr in self._lr.values():     # this iteration's learning rate
+            host[0] = -host.dtype.type(lr.resolve(iteration))
+            self.device.upload(buf, host)
         self.launched_now = True        # from here the whole graph runs, or a part of it
         self.device.launch(self.graph)
         self.launches += 1
@@ -56,8 +65,7 @@ class GraphReplay:
 
     # ---- capture -----------------------------------------------------------------------
     def _capture(self, iteration: int) -> None:
-        dev, tape = self.device, self.tape
-        ops = self._capturable_ops()
+        dev, tape, ops = self.device, self.tape, self._ops
 
         def work():
             with dev.replaying_temporaries(tape.temporaries):
@@ -88,12 +96,22 @@ class GraphReplay:
             elif name in ("copy_to_host", "copy_to_device"):
                 # a copy the host waited for: in a graph, later work waits for it instead
                 fn = getattr(dev, name + "_captured", fn)
+            elif name == "sgd_update" and len(args) > 3 and isinstance(args[3], Varying):
+                args, kw = args[:3] + (0.0,) + args[4:], dict(kw, neg_lr_buffer=self._lr_buffer(
+                    args[0].dtype, args[3]))    # the learning rate from a device buffer
             elif name == "nonfinite_flag_read":
                 fn = _nothing                   # read after the launch
             elif name in TIMELINE_OPS:
                 fn = _nothing                   # no timing events inside a graph
             out.append((fn, args, kw, flags))
         return out
+
+    def _lr_buffer(self, dtype, lr):
+        key = str(dtype)
+        if key not in self._lr:
+            self._lr[key] = (self.device.fixed_array((1,), dtype),
+                             self.device.staging_array((1,), dtype), lr)
+        return self._lr[key][0]
 
     def _loss_into_sink(self, index: int):
         dev, k = self.device, self.device.kernels
@@ -121,8 +139,7 @@ def _mean_loss(rows) -> float:
     return float(np.mean(rows.get().astype(np.float64)))
 
 
-def _varying_args(tape) -> list:
-    from ..recording import Varying
+def _varying_args(ops) -> list:
     found = []
 
     def walk(a):
@@ -134,7 +151,7 @@ def _varying_args(tape) -> list:
         elif isinstance(a, dict):
             for x in a.values():
                 walk(x)
-    for _, args, kw, flags in tape.ops:
+    for _, args, kw, flags in ops:
         if flags:
             walk(args)
             walk(kw)

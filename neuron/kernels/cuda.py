@@ -424,19 +424,22 @@ def mse_backward(pred, target, dpred, accumulate=False, total=None):
 
 
 def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False,
-               flag=None):
+               flag=None, neg_lr_buffer=None):
     """One kernel per parameter; with ``flag`` (the step guard's), the kernel also sets it when
-    the new parameter or velocity is not finite."""
+    the new parameter or velocity is not finite. ``neg_lr_buffer``: a one-element device array
+    of the parameter's dtype holding -lr, read by the kernel instead of ``lr`` (a CUDA graph's
+    learning rate, written before each launch: devices/cuda_graph.py)."""
     t = param.dtype.type
-    ks = _k_sgd(flag is not None)
+    ks = _k_sgd(flag is not None, neg_lr_buffer is not None)
     tail = (flag,) if flag is not None else ()
+    neg_lr = t(-lr) if neg_lr_buffer is None else neg_lr_buffer
     if momentum != 0:
         if velocity is None:
             raise ValueError("sgd_update: momentum != 0 needs a velocity buffer")
-        ks[0](grad, t(weight_decay), t(momentum), t(-lr), np.int32(bool(first_step)),
+        ks[0](grad, t(weight_decay), t(momentum), neg_lr, np.int32(bool(first_step)),
               np.int32(bool(nesterov)), param, velocity, *tail)
     else:
-        ks[1](grad, t(weight_decay), t(-lr), param, *tail)
+        ks[1](grad, t(weight_decay), neg_lr, param, *tail)
 
 
 # ------------------------------------------------------------------------------------------

@@ -228,12 +228,16 @@ def _k_xent():
 
 
 @functools.cache
-def _k_sgd(check_finite: bool = False):
+def _k_sgd(check_finite: bool = False, lr_on_device: bool = False):
     """(with momentum, plain) SGD kernels; ``check_finite`` adds a last ``raw bool flag`` output
     that is set when the new parameter or velocity is NaN or infinite (the step guard's check,
     fused into the update instead of a kernel per tensor). An output, not an input: CuPy makes
-    inputs const."""
+    inputs const. ``lr_on_device``: -lr is read from a one-element device buffer (``raw T
+    neg_lr``) instead of a scalar argument, so a CUDA graph keeps its learning rate there."""
     cp = _cp()
+    lr_param = "raw T neg_lr_buf" if lr_on_device else "T neg_lr"
+    lr_read = "\n        const T neg_lr = neg_lr_buf[0];" if lr_on_device else ""
+    suffix_lr = "_lrbuf" if lr_on_device else ""
     # --fmad=false keeps velocity*momentum + d as two roundings (torch: buf.mul_(m).add_(d));
     # the explicit fused() calls are the fused multiply-adds of torch's add(alpha=...).
     opts = ("--fmad=false",)
@@ -243,16 +247,18 @@ def _k_sgd(check_finite: bool = False):
     check_p = "\n        if (!isfinite((double)p)) flag[0] = true;" if check_finite else ""
     suffix = "_checked" if check_finite else ""
     with_v = cp.ElementwiseKernel(
-        "T g, T wd, T mom, T neg_lr, int32 first, int32 nesterov", "T p, T v" + flag_out, r"""
+        f"T g, T wd, T mom, {lr_param}, int32 first, int32 nesterov", "T p, T v" + flag_out,
+        lr_read + r"""
         T d = (wd != T(0)) ? fused(wd, p, g) : g;
         T vv;
         if (first) { vv = d; } else { vv = v * mom; vv = vv + d; }
         v = vv;
         d = nesterov ? fused(mom, vv, d) : vv;
-        p = fused(neg_lr, d, p);""" + check_v, "neuron_sgd_momentum" + suffix,
+        p = fused(neg_lr, d, p);""" + check_v, "neuron_sgd_momentum" + suffix + suffix_lr,
         preamble=_FMA_PREAMBLE, options=opts)
-    plain = cp.ElementwiseKernel("T g, T wd, T neg_lr", "T p" + flag_out, r"""
+    plain = cp.ElementwiseKernel(f"T g, T wd, {lr_param}", "T p" + flag_out, lr_read + r"""
         T d = (wd != T(0)) ? fused(wd, p, g) : g;
-        p = fused(neg_lr, d, p);""" + check_p, "neuron_sgd" + suffix, preamble=_FMA_PREAMBLE,
+        p = fused(neg_lr, d, p);""" + check_p, "neuron_sgd" + suffix + suffix_lr,
+        preamble=_FMA_PREAMBLE,
         options=opts)
     return with_v, plain

@@ -498,7 +498,7 @@ def _axpy(a, alpha, b, out):
 
 
 def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, first_step=False,
-               flag=None):
+               flag=None, neg_lr_buffer=None):
     """In-place torch.optim.SGD step (dampening=0, maximize=False).
 
         d = grad + weight_decay*param
@@ -513,8 +513,12 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
     forces the clone and is only needed if the buffer is not zeroed.
     ``flag`` (the step guard's): set when the new parameter or velocity is not finite.
     ``grad`` is not modified.  In float32 the result is bit-identical to torch
-    (CPU), whose add(alpha=...) uses fused multiply-add.
+    (CPU), whose add(alpha=...) uses fused multiply-add.  ``neg_lr_buffer``: the GPU module's
+    device-resident learning rate (a one-element array holding -lr, used instead of ``lr``);
+    taken here for the same signature (the CPU replays no CUDA graph).
     """
+    if neg_lr_buffer is not None:
+        lr = -float(neg_lr_buffer[0])
     if weight_decay != 0:
         d = np.empty_like(param)
         _axpy(grad, weight_decay, param, d)

@@ -46,6 +46,8 @@ def kernels():
         for f in FACTORIES:
             f()
         cuda_raw._k_sgd(True)       # the step guard's fused check
+        cuda_raw._k_sgd(True, True)     # and a CUDA graph's learning rate on the device
+        cuda_raw._k_sgd(False, True)
     finally:
         for m, cp in zip(modules, saved):
             m._cp = cp
@@ -68,7 +70,8 @@ def _bindings(k) -> list:
 def test_every_factory_is_recorded(kernels):
     names = [k["name"] for k in kernels.elementwise]
     assert len(names) == len(set(names)), names
-    for expected in ("neuron_sgd_momentum_checked", "neuron_flag_nonfinite",
+    for expected in ("neuron_sgd_momentum_checked", "neuron_sgd_momentum_checked_lrbuf",
+                     "neuron_sgd_lrbuf", "neuron_flag_nonfinite",
                      "neuron_bf16_encode", "neuron_bf16_decode"):
         assert expected in names
     assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
