@@ -262,7 +262,7 @@ class Executor:
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
         self.pool.compact_first = self.policy.compact_first
-        if getattr(self, "_replay", None) is not None and os.environ.get("NEURON_OVERLAP") != "1":
+        if self._replay is not None and os.environ.get("NEURON_OVERLAP") != "1":
             # the copy/compute timeline times each copy with an event of its own, so no two
             # iterations use the same events and no tape is trusted under a budget: measuring
             # overlap (NEURON_OVERLAP=1, or replay off) means running eagerly
@@ -544,6 +544,8 @@ class Executor:
         pool.release_held()
         pool.locked.clear()
         pool.host_pool.settle()
+        if self._replay is not None:
+            self._replay.pool_moved()
         if self.offload_params:
             for t in list(pool.live.values()):
                 pool.offload(t)

@@ -5,17 +5,15 @@ from __future__ import annotations
 import warnings
 
 from .devices.cuda_graph import GraphReplay, GraphUnavailable
+from .layers.loss import record_loss
 from .tape import Tape, arg_key, difference
 
 MODES = ("off", "tape", "graph")
 
 
-#: the pool's traffic counters a replayed iteration repeats (Pool.counters() name -> attribute)
-_COUNTERS = {"offload_bytes": "offload_bytes", "prefetch_bytes": "prefetch_bytes",
-             "offloads": "offload_count", "prefetches": "prefetch_count",
-             "evictions": "evictions", "evicted_bytes": "evicted_bytes",
-             "cache_hits": "hits", "cache_misses": "misses",
-             "compactions": "compactions", "compacted_bytes": "moved_bytes"}
+#: the Pool's traffic counters (attributes) a replayed iteration adds to, as its record did
+_TRAFFIC = ("offload_bytes", "prefetch_bytes", "offload_count", "prefetch_count", "evictions",
+            "evicted_bytes", "hits", "misses", "compactions", "moved_bytes")
 
 
 def pool_state(pool) -> tuple:
@@ -25,7 +23,7 @@ def pool_state(pool) -> tuple:
 
 
 def traffic(pool) -> dict:
-    return {k: getattr(pool, a) for k, a in _COUNTERS.items()}
+    return {a: getattr(pool, a) for a in _TRAFFIC}
 
 
 class _LossContext:
@@ -52,6 +50,7 @@ class Replay:
         self.tape: Tape | None = None
         self._last: Tape | None = None
         self._attempts = 0                  # settled records that did not repeat the last one
+        self._moved = True                  # the pool may have moved since ready() last looked
         self._unsettled = 0                 # records in a row that ended elsewhere
         self.reason: str | None = None
         self.replayed = self.recorded = 0
@@ -59,10 +58,18 @@ class Replay:
         self.graph_reason: str | None = None    # why the tape is replayed instead
         self.last_ran = "off"           # what the last train_step ran: "off" (eager) or mode
 
+    def pool_moved(self) -> None:
+        """An eager iteration or evaluate() ended: tensors may be elsewhere now (a replay moves
+        none, so between replays the pool's state is not read again)."""
+        self._moved = True
+
     def ready(self, pool) -> bool:
         tape = self.tape
         if tape is None:
             return False
+        if not self._moved:
+            return True
+        self._moved = False
         if pool_state(pool) == tape.start_state:
             return True
         self.tape, self._last, self._attempts, self.graph = None, None, 0, None
@@ -143,7 +150,6 @@ class Replay:
                           RuntimeWarning, stacklevel=4)
 
     def losses(self, tape: Tape, results) -> dict:
-        from .layers.loss import record_loss
         ctx = _LossContext()
         for index, name, chunk in tape.losses:
             ctx.chunk = chunk
@@ -151,8 +157,7 @@ class Replay:
         return ctx.losses
 
     def repeat_traffic(self, tape: Tape, pool) -> None:
-        for k, d in tape.counters.items():
-            a = _COUNTERS[k]
+        for a, d in tape.counters.items():
             setattr(pool, a, getattr(pool, a) + d)
 
     def info(self) -> dict:

@@ -84,8 +84,7 @@ class Tape:
         self.start_state = None             # the pool's state it was recorded from
         self.diverged: str | None = None    # why it cannot be replayed
         self._produced: dict[int, int] = {}  # id(result) -> op index
-        self._keep: list = []               # results alive while recording (ids stay unique)
-        self._results: list = []
+        self._results: list = []            # every result, alive while recording: ids unique
         self._inside = False                # an operation is running (its own calls are not)
 
     # ---- recording ---------------------------------------------------------------------
@@ -99,7 +98,7 @@ class Tape:
         kconv, kflags = self._convert(kwargs) if kwargs else (kwargs, 0)
         flags |= kflags
         if flags:
-            real_args, real_kw = self._resolve(conv, kconv, self.iteration, self._results)
+            real_args, real_kw = _resolved(conv, kconv, self.iteration, self._results)
         else:
             real_args, real_kw = args, kwargs
         self._inside = True
@@ -112,34 +111,26 @@ class Tape:
         self._results.append(result)
         if result is not None and not isinstance(result, (bool, int, float, str)):
             self._produced[id(result)] = index
-            self._keep.append(result)
         return result
 
     def _convert(self, a):
         """(argument with earlier results as _Ref, flags): _RESOLVE where a replay must
         compute it again."""
-        if isinstance(a, Varying):
-            return a, _RESOLVE
-        if isinstance(a, (list, tuple)):
-            items = [self._convert(x) for x in a]
-            flags = 0
-            for _, f in items:
-                flags |= f
-            if not flags:
-                return a, 0
-            out = [x for x, _ in items]
-            return (tuple(out) if isinstance(a, tuple) else out), flags
-        if isinstance(a, dict):
-            items = {k: self._convert(v) for k, v in a.items()}
-            flags = 0
-            for _, f in items.values():
-                flags |= f
-            return ({k: x for k, (x, _) in items.items()} if flags else a), flags
-        index = self._produced.get(id(a))
-        if index is not None and self._results[index] is a:
-            self._mark_produces(index)
-            return _Ref(index), _RESOLVE
-        return a, 0
+        flags = 0
+
+        def leaf(x):
+            nonlocal flags
+            if isinstance(x, Varying):
+                flags |= _RESOLVE
+                return x
+            index = self._produced.get(id(x))
+            if index is not None and self._results[index] is x:
+                self._mark_produces(index)
+                flags |= _RESOLVE
+                return _Ref(index)
+            return x
+        out = map_args(a, leaf)
+        return (out if flags else a), flags
 
     def _mark_produces(self, index: int) -> None:
         fn, args, kw, flags = self.ops[index]
@@ -200,7 +191,6 @@ class Tape:
                     delattr(obj, name)
                 else:
                     setattr(obj, name, old)
-            self._keep.clear()
             self._produced.clear()
             self._results = []
 
@@ -222,7 +212,7 @@ class Tape:
         """The replay loop over ``ops`` (this tape's, or a transformed copy of the same
         length and order: devices/cuda_graph.py)."""
         results = [None] * len(ops)
-        resolve = self._resolve
+        resolve = _resolved
         i = 0
         try:
             for i, (fn, args, kw, flags) in enumerate(ops):
@@ -240,24 +230,30 @@ class Tape:
         self.stopped_at = len(ops)
         return results
 
-    @staticmethod
-    def _resolve(args, kw, iteration, results):
-        def res(a):
-            if isinstance(a, Varying):
-                return a.resolve(iteration)
-            if isinstance(a, _Ref):
-                return results[a.index]
-            if isinstance(a, (list, tuple)):
-                out = [res(x) for x in a]
-                return tuple(out) if isinstance(a, tuple) else out
-            if isinstance(a, dict):
-                return {k: res(v) for k, v in a.items()}
-            return a
-        return res(args), (res(kw) if kw else kw)
-
     def saved_before(self, stop: int) -> list:
         """The blocks whose snapshot a replay stopped at operation ``stop`` has completed."""
         return [b for b, j in self.saved if j < stop]
+
+
+def map_args(a, leaf):
+    """``a`` with every leaf (not a list, tuple or dict) replaced by ``leaf(x)``."""
+    if isinstance(a, (list, tuple)):
+        out = [map_args(x, leaf) for x in a]
+        return tuple(out) if isinstance(a, tuple) else out
+    if isinstance(a, dict):
+        return {k: map_args(v, leaf) for k, v in a.items()}
+    return leaf(a)
+
+
+def _resolved(args, kw, iteration, results):
+    """A recorded call's arguments for ``iteration``: Varying values and earlier results."""
+    def leaf(x):
+        if isinstance(x, Varying):
+            return x.resolve(iteration)
+        if isinstance(x, _Ref):
+            return results[x.index]
+        return x
+    return map_args(args, leaf), (map_args(kw, leaf) if kw else kw)
 
 
 def _fn_key(fn):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..recording import Varying
-from ..tape import TIMELINE_OPS
+from ..tape import TIMELINE_OPS, map_args
 
 
 class GraphUnavailable(RuntimeError):
@@ -140,19 +140,14 @@ def _mean_loss(rows) -> float:
 
 
 def _varying_args(ops) -> list:
+    """The Varying arguments of ``ops``, in order (the values a captured graph fixes)."""
     found = []
 
-    def walk(a):
-        if isinstance(a, Varying):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                walk(x)
-        elif isinstance(a, dict):
-            for x in a.values():
-                walk(x)
+    def leaf(x):
+        if isinstance(x, Varying):
+            found.append(x)
+        return x
     for _, args, kw, flags in ops:
         if flags:
-            walk(args)
-            walk(kw)
+            map_args((args, kw), leaf)
     return found

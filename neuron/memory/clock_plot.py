@@ -3,6 +3,19 @@ marks as the per-step chart (views/report.py): the budget, the minimum budget, t
 boundary and a legend."""
 from __future__ import annotations
 
+MIB = 2 ** 20
+
+
+def budget_lines(ax, budget: int | None, min_budget: int | None) -> None:
+    """The budget (solid) and, where it differs, the minimum budget (dashed), in MiB: the marks
+    both memory charts draw."""
+    if budget:
+        ax.axhline(budget / MIB, color="tab:red", linewidth=1.2,
+                   label=f"budget {budget / MIB:,.0f} MiB")
+    if min_budget and min_budget != budget:
+        ax.axhline(min_budget / MIB, color="tab:red", linewidth=0.8, linestyle="--",
+                   label=f"minimum budget {min_budget / MIB:,.0f} MiB")
+
 
 def plot_timeline(timeline: list, trace: list, path: str, title: str = "",
                   budget: int | None = None, min_budget: int | None = None) -> dict:
@@ -23,12 +36,7 @@ def plot_timeline(timeline: list, trace: list, path: str, title: str = "",
     mem.step([0.0] + [e * 1e3 for e in ends[:n]],
              [0.0] + [r["bytes_in_use"] / mib for r in trace[:n]], where="pre",
              label="bytes in use after each step")
-    if budget:
-        mem.axhline(budget / mib, color="tab:red", linewidth=1.2,
-                    label=f"budget {budget / mib:,.0f} MiB")
-    if min_budget and min_budget != budget:
-        mem.axhline(min_budget / mib, color="tab:red", linewidth=0.8, linestyle="--",
-                    label=f"minimum budget {min_budget / mib:,.0f} MiB")
+    budget_lines(mem, budget, min_budget)
     first_b = next((i for i in range(n) if trace[i].get("phase") == "B"), None)
     boundary_ms = None
     if first_b is not None:

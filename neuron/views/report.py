@@ -39,6 +39,7 @@ def plot_recording(rec, path: str, title: str = "", budget: int | None = None,
     backward boundary, recomputation steps shaded, compactions marked; below, bytes moved to
     and from the host per step. ``rec``: a memory/recorder.py Recording. Returns what it
     marked."""
+    from ..memory.clock_plot import budget_lines
     from ..memory.recorder import per_step
     plt = _pyplot()
     mib = 2 ** 20
@@ -51,12 +52,7 @@ def plot_recording(rec, path: str, title: str = "", budget: int | None = None,
                     color="tab:blue", label="most bytes in use during the step")
     ax.plot(steps, [s.used_bytes / mib for s in rec.steps], color="tab:blue", linewidth=0.8,
             label="bytes in use after the step")
-    if budget:
-        ax.axhline(budget / mib, color="tab:red", linewidth=1.2,
-                   label=f"budget {budget / mib:,.0f} MiB")
-    if min_budget and min_budget != budget:
-        ax.axhline(min_budget / mib, color="tab:red", linewidth=0.8, linestyle="--",
-                   label=f"minimum budget {min_budget / mib:,.0f} MiB")
+    budget_lines(ax, budget, min_budget)
     first_b = next((i for i, p in enumerate(phases) if p == "B"), None)
     for a in (ax, mv):
         if first_b is not None:

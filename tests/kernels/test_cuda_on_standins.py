@@ -81,6 +81,19 @@ def train(graph, device, steps=3, **kw):
     return losses, ex.state_dict(), ex
 
 
+def _arena_for(graph, kw):
+    """(graph, arena bytes, executor keywords, fraction): ``kw["fraction"]`` of the graph's
+    liveness peak as the budget, or a roomy 64 MiB arena without one."""
+    kw = dict(kw)
+    fraction = kw.pop("fraction", None)
+    g = GRAPHS[graph]()
+    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
+        if fraction else 64 << 20
+    if fraction:
+        kw["budget"] = arena
+    return g, arena, kw, fraction
+
+
 def _same(a, b):
     (la, sa, _), (lb, sb, _) = a, b
     np.testing.assert_allclose(la, lb, rtol=2e-5)
@@ -137,13 +150,7 @@ def test_cuda_device_itself_trains_like_the_cpu(gpu_kernels, graph, kw):
     offloads and prefetches through pinned buffers with memcpyAsync, compaction, the input
     stager, the step guard's flag."""
     from neuron.devices.cuda import CudaDevice
-    kw = dict(kw)
-    fraction = kw.pop("fraction", None)
-    g = GRAPHS[graph]()
-    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
-        if fraction else 64 << 20
-    if fraction:
-        kw["budget"] = arena
+    _, arena, kw, fraction = _arena_for(graph, kw)
     dev = CudaDevice(arena, headroom_bytes=0)
     temporaries = []
     malloc = dev.allocator.malloc
@@ -173,13 +180,7 @@ def test_an_interrupted_step_on_cuda_device_is_undone(gpu_kernels, interrupt_at,
     interrupted at every 7th kernel leaves parameters, optimizer state and BN statistics
     bitwise as they were (also with parameters offloaded to pinned memory under a budget)."""
     from neuron.devices.cuda import CudaDevice
-    kw = dict(kw)
-    fraction = kw.pop("fraction", None)
-    g = GRAPHS["resnet_cifar8"]()
-    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
-        if fraction else 64 << 20
-    if fraction:
-        kw["budget"] = arena
+    g, arena, kw, _ = _arena_for("resnet_cifar8", kw)
     dev = CudaDevice(arena, headroom_bytes=0)
     try:
         _, _, ex = train("resnet_cifar8", dev, steps=1, **kw)
@@ -211,13 +212,7 @@ def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, graph, kw):
     pool's asynchronous copies and event waits, the step guard) replayed gives the bits of the
     same device running every iteration; under a budget too, or it says why it cannot."""
     from neuron.devices.cuda import CudaDevice
-    kw = dict(kw)
-    fraction = kw.pop("fraction", None)
-    g = GRAPHS[graph]()
-    arena = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * fraction) \
-        if fraction else 64 << 20
-    if fraction:
-        kw["budget"] = arena
+    _, arena, kw, _ = _arena_for(graph, kw)
     runs = {}
     for mode in ("off", "tape"):
         dev = CudaDevice(arena, headroom_bytes=0)
