@@ -22,7 +22,8 @@
 #
 # Environment: PYTHON (default python3); NEURON_CONTACT_DEVICE=cpu and NEURON_CONTACT_SMOKE=1 run
 # the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does);
-# TIMEOUT_<STAGE> (seconds) overrides a stage's limit; NEURON_KIT_DEADLINE_S caps the whole
+# TIMEOUT_<STAGE> (seconds) overrides a stage's limit, ARGS_<STAGE> adds arguments to it;
+# NEURON_KIT_DEADLINE_S caps the whole
 # command (default 470 for first, 570 for second): a stage gets at most what is left of it and
 # none starts with under 20 s left, so the command ends before the device call's own limit.
 # NEURON_SOURCE_COMMIT=<sha> names the code's commit where the machine's .git is stale.
@@ -92,13 +93,15 @@ ensure_built() {
 
 stage_cmd() {
     local s=$1
-    local common=(--out "$RAW" --device "$DEV" "${SMOKE[@]}")
+    # ARGS_<STAGE> (e.g. ARGS_THROUGHPUT="--configs resnet50:64"): more arguments for a stage
+    local extra="ARGS_${s^^}"
+    local common=(--out "$RAW" --device "$DEV" "${SMOKE[@]}" ${!extra:-})
     case $s in
         env)        "$PY" -m bench.gpu.env "${common[@]}" ;;
         install)    "$PY" -m bench.gpu.install "${common[@]}" ;;
         tests)      ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" ;;
         replay_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
-                        --name replay_tests --paths tests/gpu -k replay ;;
+                        --name replay_tests --paths tests/gpu -k "replay or cublas" ;;
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;

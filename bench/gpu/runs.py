@@ -266,9 +266,15 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                       optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed, chunks=chunks,
                       planner=planner, **executor_kwargs(replay))
         out["setup_seconds"] = round(time.perf_counter() - t0, 2)
-        for _ in range(max(1, warmup)):
+        print(f"  [neuron_run] setup (planning, arena) {out['setup_seconds']} s", flush=True)
+        out["warmup_seconds"] = []
+        for i in range(max(1, warmup)):
+            t0 = time.perf_counter()
             ex.train_step(x, y)
-        _sync(ex.device)
+            _sync(ex.device)
+            out["warmup_seconds"].append(round(time.perf_counter() - t0, 3))
+            print(f"  [neuron_run] warmup {i + 1}/{max(1, warmup)}: "
+                  f"{out['warmup_seconds'][-1]} s, replay {replay_of(ex)}", flush=True)
         before = ex.pool.counters()
         timeline = getattr(ex.pool, "overlap", None)     # CUDA-event copy/compute times
         if timeline is not None:

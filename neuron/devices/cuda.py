@@ -43,6 +43,7 @@ import threading
 import numpy as np
 
 from . import Device
+from .capture_scope import CaptureScope
 from ..errors import MemoryBudgetError
 from ..kernels.pinned_host import pinned_empty, pinned_host_bytes
 from ..memory.host_budget import default_host_cap
@@ -286,6 +287,7 @@ class CudaDevice(Device):
         self.layout, self.scratch_layout = whole.split(self.arena_bytes)
         self._views: dict = {}
         self._copy_events: dict = {}        # stream pointer -> [its event ring, next index]
+        self._capture = None                # a CaptureScope while a graph is being captured
 
         self.allocator = ArenaAllocator()
         self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
@@ -301,6 +303,8 @@ class CudaDevice(Device):
         # Create the library handles now so their memory is measured, not discovered later.
         self.cudnn_handle = cudnn.get_handle(self.device_id, self.compute_stream.ptr)
         cp.cuda.device.get_cublas_handle()
+        from ..kernels import cublas
+        cublas.handle(cp)               # neuron's own, for the linear layers (capturable)
         # the step guard's flag: fixed runtime state like the handles, measured with them
         # (inside the arena it was a block the plan does not list: a run sized to its plan was
         # one block short on the H100)
@@ -461,17 +465,34 @@ class CudaDevice(Device):
     def record_compute(self, event):
         """Record ``event`` on the compute stream now (it completes with the kernels queued so
         far); returns it."""
-        return self.compute_stream.record(event)
+        return self._record(self.compute_stream, event)
+
+    def _record(self, stream, event=None):
+        event = stream.record(event)
+        if self._capture is not None:
+            self._capture.register(event)
+        return event
+
+    def _wait_event(self, stream, event) -> None:
+        """``stream`` waits for ``event``; inside a capture, not for one recorded before it
+        (complete by then: capture_scope.py)."""
+        if self._capture is None or self._capture.waited(stream, event):
+            stream.wait_event(event)
+
+    def _enter(self, stream) -> None:
+        """``stream`` is about to take work: inside a capture it must have joined it."""
+        if self._capture is not None:
+            self._capture.join(stream)
 
     def _waits(self, stream, after) -> None:
         """``stream`` waits for ``after``: None, all compute queued so far; else the event(s)."""
         if after is None:
-            stream.wait_event(self.compute_stream.record())
+            self._wait_event(stream, self._record(self.compute_stream))
         elif isinstance(after, (list, tuple)):
             for ev in after:
-                stream.wait_event(ev)
+                self._wait_event(stream, ev)
         else:
-            stream.wait_event(after)
+            self._wait_event(stream, after)
 
     def offload(self, src_view, host_buf, after=None):
         """Copy ``src_view`` (contiguous, in the arena) into ``host_buf`` (pinned, e.g. from
@@ -492,10 +513,11 @@ class CudaDevice(Device):
             raise ValueError("offload needs a contiguous device view of at least nbytes")
         dst = self._host_ptr(host_buf, nbytes)
         self._waits(stream, after)
+        self._enter(stream)
         timing = self._timing_start(stream)
         cp.cuda.runtime.memcpyAsync(dst, src_view.data.ptr, nbytes,
                                     cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-        done = stream.record(self._copy_event(stream, timing))
+        done = self._record(stream, self._copy_event(stream, timing))
         self._timing_end(timing, "d2h", nbytes, done)
         return done
 
@@ -515,13 +537,14 @@ class CudaDevice(Device):
             raise ValueError("prefetch needs a contiguous device view of at least nbytes")
         src = self._host_ptr(host_buf, nbytes)
         self._waits(stream, after)
+        self._enter(stream)
         timing = self._timing_start(stream)
         cp.cuda.runtime.memcpyAsync(dst_view.data.ptr, src, nbytes,
                                     cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        done = stream.record(self._copy_event(stream, timing))
+        done = self._record(stream, self._copy_event(stream, timing))
         self._timing_end(timing, "h2d", nbytes, done)
         if compute_waits:
-            self.compute_stream.wait_event(done)
+            self._wait_event(self.compute_stream, done)
         return done
 
     # ---- overlap timing (memory/overlap.py): off unless a timeline is attached --------------
@@ -537,7 +560,7 @@ class CudaDevice(Device):
     def _timing_start(self, stream):
         if self.timeline is None:
             return None
-        return stream.record(self._cp.cuda.Event())
+        return self._record(stream, self._cp.cuda.Event())
 
     def iteration_start(self) -> None:
         """Every iteration takes its copies' events from the start of the rings, so it uses the
@@ -588,13 +611,14 @@ class CudaDevice(Device):
         self._waits(s, fence)
         if after is not None:
             self._waits(s, after)
+        self._enter(s)
         with s:                         # the codec's kernels launch on the current stream
             fn(src, dst)
-        return s.record(self._copy_event(s, None))
+        return self._record(s, self._copy_event(s, None))
 
     def compute_wait(self, event) -> None:
         """Make later compute work wait for ``event`` (device-side; the host does not block)."""
-        self.compute_stream.wait_event(event)
+        self._wait_event(self.compute_stream, event)
 
     @staticmethod
     def is_done(event) -> bool:
@@ -613,36 +637,44 @@ class CudaDevice(Device):
         return self.streams[1:]
 
     def capture(self, work):
-        """``work()``'s stream operations as a CUDA graph, captured on the compute stream; the
-        side streams it forks to are joined before the capture ends (which it always does, so
-        the stream stays usable after a failure)."""
+        """``work()``'s stream operations as a CUDA graph, captured on the compute stream (the
+        rules it follows: capture_scope.py). The capture always ends, and its events are valid
+        afterwards, so the streams stay usable after a failure."""
         stream = self.compute_stream
         self.synchronize()              # nothing of an earlier iteration still queued
         stream.begin_capture()
+        self._capture = scope = CaptureScope(stream)
         failure = None
         try:
             work()
-            for side in self.side_streams():
-                stream.wait_event(side.record())
+            scope.rejoin()
         except Exception as e:
             failure = e
+        finally:
+            self._capture = None
         try:
             graph = stream.end_capture()
         except Exception:
             if failure is None:
                 raise
+        finally:
+            scope.release(stream)
         if failure is not None:         # what broke the capture, not what ending it said
             raise failure
         return graph
 
     def launch(self, graph) -> None:
-        """Run a captured graph on the compute stream and wait for it."""
+        """Run a captured graph on the compute stream and wait for it. It starts after all
+        work queued on every stream: the capture dropped its waits for events recorded before
+        (capture_scope.py)."""
+        for side in self.side_streams():
+            self.compute_stream.wait_event(side.record())
         graph.launch(stream=self.compute_stream)
         self.compute_stream.synchronize()
 
     def copy_to_host_captured(self, view, buf, nbytes: int) -> None:
         """copy_to_host inside a graph: later work on every stream waits for the copy."""
-        self.order_after(self._d2h(view, buf, int(nbytes)))
+        self.order_after(self._d2h(self.d2h_stream, view, buf, int(nbytes)))
 
     def copy_to_device_captured(self, buf, view, nbytes: int) -> None:
         self.order_after(self._h2d(buf, view, int(nbytes), compute_waits=True))
@@ -674,7 +706,7 @@ class CudaDevice(Device):
         """Make later work on every stream wait for ``event``: what a replay does where the
         recorded run found the event done (neuron/tape.py)."""
         for s in self.streams:
-            s.wait_event(event)
+            self._wait_event(s, event)
 
     @staticmethod
     def wait(event) -> None:

@@ -33,7 +33,7 @@ class GraphReplay:
         if not getattr(device, "graph_replay", False):
             raise GraphUnavailable(f"{device.name} does not capture CUDA graphs")
         self.device, self.tape = device, tape
-        self._staging = {id(a): a for a in staging.values()}
+        self._staging = [_span(a) for a in staging.values()]
         self._sinks: dict[int, object] = {}     # loss op index -> device buffer of its rows
         # dtype -> (device buffer of -lr, its host staging, the lr's Varying)
         self._lr: dict[str, tuple] = {}
@@ -85,8 +85,13 @@ class GraphReplay:
         for i, (fn, args, kw, flags) in enumerate(self.tape.ops):
             name = getattr(fn, "__name__", "")
             if fn is getattr(k, "copy", None) and len(args) == 2 and \
-                    id(args[1]) in self._staging:
-                fn = dev.upload                 # the batch, from its pinned staging buffer
+                    isinstance(args[1], np.ndarray) and not isinstance(args[1], dev.cupy.ndarray):
+                if not self._staged(args[1]):
+                    raise GraphUnavailable(
+                        f"operation {i} copies host memory that is not the batch's staging "
+                        f"(a {args[1].dtype} array of shape {args[1].shape}): a graph would "
+                        "replay the bytes it held at the capture")
+                fn = dev.upload                 # the batch, or a chunk of it, from staging
             elif name == "softmax_xent_forward":
                 fn = self._loss_into_sink(i)
             elif name == "synchronize":
@@ -105,6 +110,12 @@ class GraphReplay:
                 fn = _nothing                   # no timing events inside a graph
             out.append((fn, args, kw, flags))
         return out
+
+    def _staged(self, a: np.ndarray) -> bool:
+        """Whether ``a`` is (a contiguous part of) one of the executor's staging buffers."""
+        lo, hi = _span(a)
+        return a.flags.c_contiguous and any(s_lo <= lo and hi <= s_hi
+                                            for s_lo, s_hi in self._staging)
 
     def _lr_buffer(self, dtype, lr):
         key = str(dtype)
@@ -128,6 +139,11 @@ class GraphReplay:
             dev.cupy.copyto(sink, rows)
         loss_rows.__name__ = "softmax_xent_rows"
         return loss_rows
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    lo = int(a.__array_interface__["data"][0])
+    return lo, lo + a.nbytes
 
 
 def _nothing(*args, **kwargs):

@@ -8,7 +8,8 @@ Where cuDNN has the operation it does the work, through :mod:`neuron.kernels.cud
 convolution (forward, backward data/filter/bias), batch normalization, max/average pooling,
 ReLU/sigmoid/tanh forward, ReLU backward, cross-channel LRN and the softmax of the loss.
 CuPy does the rest with fused elementwise kernels (dropout, leaky ReLU, the SGD step, the
-cross-entropy reduction) and cuBLAS (linear layers, via ``cupy.matmul``). A few cuDNN calls are
+cross-entropy reduction); cuBLAS the linear layers, on a handle of neuron's own
+(:mod:`neuron.kernels.cublas`: CuPy's cannot be captured in a CUDA graph). A few cuDNN calls are
 replaced by CuPy kernels on purpose, each for a reason given at the spot: sigmoid/tanh backward
 (the layers keep only the output, cuDNN's backward wants the input too), average-pool backward
 (same), LRN with an even window (cuDNN centres the window differently from torch) and pooling
@@ -37,7 +38,7 @@ import types
 
 import numpy as np
 
-from . import cuda_switches
+from . import cublas, cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -297,11 +298,14 @@ def leaky_relu_backward(y, dy, dx, slope, accumulate=False):
 
 
 # ------------------------------------------------------------------------------------------
-# linear (cuBLAS through cupy.matmul)
+# linear (cuBLAS on neuron's own handle, which a CUDA graph can capture: kernels/cublas.py;
+# cupy.matmul where it does not apply)
 # ------------------------------------------------------------------------------------------
 
 def _matmul(a, b, out):
-    _cp().matmul(a, b, out=out)
+    cp = _cp()
+    if not cublas.gemm(cp, a, b, out):
+        cp.matmul(a, b, out=out)
 
 
 def linear_forward(x, w, b, y):

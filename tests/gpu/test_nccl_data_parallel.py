@@ -6,17 +6,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def deterministic_kernels():
-    """Bit equality needs deterministic cuDNN algorithms: the fastest backward-filter ones sum
-    with atomics, in an order that changes from run to run (seen on the H100, 2026-11-23)."""
-    from neuron.kernels import cuda as K
-    saved = K.deterministic
-    K.deterministic = True
-    yield
-    K.deterministic = saved
-
-
 def test_nccl_world_of_one_trains_like_plain_cuda(deterministic_kernels):
     pytest.importorskip("mpi4py")
     pytest.importorskip("cupy.cuda.nccl")

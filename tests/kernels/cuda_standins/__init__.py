@@ -34,11 +34,12 @@ from neuron.kernels import conv_algos, cuda, cuda_helpers, cuda_pool, cuda_raw, 
 
 from .cudnn_ops import CudnnStandIn, Desc
 from .cupy_arrays import CupyStandIn, DevArray, ElementwiseKernel, have_compiler
-from .runtime import Memory, MemoryPointer, _Cuda, _Stream, happens_before, launch, log_streams
+from .runtime import (CUDARuntimeError, Memory, MemoryPointer, _Capture, _Cuda, _Stream,
+                      happens_before, launch, log_streams, memory_snapshot)
 
-__all__ = ["CudnnStandIn", "CupyStandIn", "Desc", "DevArray", "ElementwiseKernel",
-           "KERNEL_CACHES", "Memory", "MemoryPointer", "happens_before", "have_compiler",
-           "install", "launch", "log_streams", "uninstall"]
+__all__ = ["CUDARuntimeError", "CudnnStandIn", "CupyStandIn", "Desc", "DevArray",
+           "ElementwiseKernel", "KERNEL_CACHES", "Memory", "MemoryPointer", "happens_before",
+           "have_compiler", "install", "launch", "log_streams", "memory_snapshot", "uninstall"]
 
 KERNEL_CACHES = [getattr(cuda_raw, n) for n in dir(cuda_raw) if n.startswith("_k_")] + \
     [cuda._k_any_nonfinite]
@@ -70,5 +71,6 @@ def uninstall():
     conv_algos.clear_conv_algo_cache()
     _Cuda.allocator = None
     _Stream._current.clear()
+    _Capture.live.clear()
     _Stream._logging = False
     _Stream.issued = []

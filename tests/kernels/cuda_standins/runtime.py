@@ -11,14 +11,20 @@ import numpy as np
 # views at offsets and memcpy are the real thing; streams run each operation at once and every
 # event is complete. What CUDA would order them by is kept in a log, on request (log_streams).
 
+class CUDARuntimeError(RuntimeError):
+    """cupy_backends' CUDARuntimeError: what the runtime refuses, named as CUDA names it."""
+
+
 class Memory:
     """cupy.cuda.Memory: ``nbytes`` of "device" memory at ``ptr``."""
+    allocated = weakref.WeakSet()       # the ones that own their bytes (see memory_snapshot)
 
     def __init__(self, nbytes, ptr=None, free=None):
         self.size = int(nbytes)
         if ptr is None:
             self._buf = np.zeros(max(self.size, 1), np.uint8)
             ptr = int(self._buf.__array_interface__["data"][0])
+            Memory.allocated.add(self)
         self.ptr, self._free = int(ptr), free
 
     def __del__(self):
@@ -43,6 +49,13 @@ class _Event:
         self.t = None
         self.stream = self.pos = None       # where it was recorded: stream.ops[pos]
         self.synced = False                 # the host waited for it
+        self.captured = None                # the _Capture it was last recorded in
+        self.clock = {}                     # what its record follows (see _Capture)
+
+    def _host_use(self, what):
+        if self.captured is not None:
+            raise CUDARuntimeError(f"cudaErrorCapturedEvent: {what}: operation not permitted on "
+                                   "an event last recorded in a capturing stream")
 
     def _stamp(self):
         self.t = time.perf_counter()            # operations ran when issued: now is when
@@ -53,12 +66,47 @@ class _Event:
 
     @property
     def done(self):                     # every operation ran when issued
+        self._host_use("cudaEventQuery")
         _observed(self.stream, self.pos)
         return True
 
     def synchronize(self):
+        self._host_use("cudaEventSynchronize")
         self.synced = True
         _observed(self.stream, self.pos)
+
+
+class _Capture:
+    """One stream capture (cudaStreamBeginCapture on ``origin``) and CUDA's rules for it: a
+    capturing stream may wait only for events recorded in the same capture (else
+    cudaErrorStreamCaptureIsolation), a stream that waits for one joins the capture, the host
+    may not wait for a capturing stream, and every joined stream's last operation must be
+    waited for by the origin before the capture ends (else cudaErrorStreamCaptureUnjoined).
+    A copy or kernel issued to a stream outside a live capture would run once, at capture time,
+    not in the graph: the stand-in refuses it (``strict``), since neuron never means that.
+
+    The join rule is checked with clocks: each stream counts its operations in the capture, an
+    event's record carries what its stream had seen (its own count and what it had waited
+    for), a wait merges that in."""
+    live = []
+    strict = True
+
+    def __init__(self, origin):
+        self.origin, self.streams, self.open = origin, {origin.ptr: origin}, True
+
+    @classmethod
+    def check_issue(cls, stream, what):
+        if cls.strict and cls.live and stream.capture is None:
+            raise CUDARuntimeError(f"{what} on a stream outside the live capture: it would run "
+                                   "now, once, and not be part of the graph")
+
+
+class _Graph:
+    """What end_capture returns: the stand-ins do not keep the captured work (they ran it as it
+    was issued); a test that launches graphs wraps CudaDevice.capture (memory_snapshot)."""
+
+    def launch(self, stream=None):
+        raise NotImplementedError("a stand-in graph holds no work: wrap CudaDevice.capture")
 
 
 class _Stream:
@@ -79,7 +127,39 @@ class _Stream:
         self.ptr = 0 if null else id(self)
         self.ops = [] if _Stream._logging else None
         self.synced = False                 # the host waited for all that was queued so far
+        self.capture = None                 # the _Capture this stream is part of
+        self.clock = {}                     # stream ptr -> its operations this one follows
         _Stream._by_ptr[self.ptr] = self
+
+    def _tick(self):
+        if self.capture is not None:
+            self.clock[self.ptr] = self.clock.get(self.ptr, 0) + 1
+
+    # ---- stream capture (the rules: _Capture) ----------------------------------------------
+    def begin_capture(self, mode=None):
+        if self.capture is not None:
+            raise CUDARuntimeError("cudaErrorIllegalState: the stream is already capturing")
+        self.capture = _Capture(self)
+        self.clock = {}
+        _Capture.live.append(self.capture)
+
+    def is_capturing(self):
+        return self.capture is not None
+
+    def end_capture(self):
+        c = self.capture
+        if c is None or c.origin is not self:
+            raise CUDARuntimeError("cudaErrorIllegalState: not the origin of a capture")
+        unjoined = [s for ptr, s in c.streams.items()
+                    if s is not self and self.clock.get(ptr, 0) < s.clock.get(ptr, 0)]
+        for s in c.streams.values():
+            s.capture, s.clock = None, {}
+        c.open = False
+        _Capture.live.remove(c)
+        if unjoined:
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureUnjoined: {len(unjoined)} stream(s) "
+                                   "forked into the capture were not joined back")
+        return _Graph()
 
     def _log(self, *op):
         if self.ops is not None:
@@ -89,13 +169,33 @@ class _Stream:
     def record(self, event=None):
         ev = (event or _Event())._stamp()
         ev.stream, ev.pos = self, len(self.ops or ())
+        self._tick()
+        ev.captured, ev.clock = self.capture, dict(self.clock)
         self._log("record", ev)
         return ev
 
     def wait_event(self, event):        # CUDA: waits for the event's latest record, now
+        c = event.captured
+        if c is not None and c.open:
+            if self.capture is None:            # a fork: this stream joins the capture
+                self.capture, self.clock = c, {}
+                c.streams[self.ptr] = self
+            elif self.capture is not c:
+                raise CUDARuntimeError("cudaErrorStreamCaptureMerge: two captures joined")
+            for ptr, n in event.clock.items():
+                self.clock[ptr] = max(self.clock.get(ptr, 0), n)
+        elif self.capture is not None:
+            raise CUDARuntimeError("cudaErrorStreamCaptureIsolation: dependency created on "
+                                   "uncaptured work in another stream")
+        elif c is not None:
+            raise CUDARuntimeError("cudaErrorCapturedEvent: a wait for an event last recorded "
+                                   "in a capture that has ended")
         self._log("wait", event, None if event.stream is None else (event.stream, event.pos))
 
     def synchronize(self):
+        if self.capture is not None:
+            raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported: the host waited for a "
+                                   "capturing stream")
         self.synced = True
         if self.ops:
             _observed(self, len(self.ops) - 1)
@@ -121,6 +221,8 @@ def launch(name, ranges=()):
     address ranges ``ranges`` ([(lo, hi)], read or written): returns the operation, (stream,
     index in its ops)."""
     s = _Cuda.get_current_stream()
+    _Capture.check_issue(s, f"kernel {name}")
+    s._tick()
     s._log("kernel", name, tuple(ranges))
     return s, len(s.ops) - 1
 
@@ -150,8 +252,11 @@ class _Runtime:
 
     @staticmethod
     def memcpyAsync(dst, src, n, kind, stream):
-        ctypes.memmove(int(dst), int(src), int(n))
         s = _Stream._by_ptr.get(stream)
+        if s is not None:
+            _Capture.check_issue(s, f"memcpyAsync ({_Runtime._KINDS[kind]})")
+            s._tick()
+        ctypes.memmove(int(dst), int(src), int(n))
         if s is not None:
             s._log(_Runtime._KINDS[kind], dst, src, n)
 
@@ -170,6 +275,29 @@ class _Runtime:
     @staticmethod
     def driverGetVersion():
         return 13000
+
+
+class _Pinned(bytearray):
+    """Pinned host memory (alloc_pinned_memory), kept track of for memory_snapshot."""
+    allocated = weakref.WeakValueDictionary()     # id -> buffer (a bytearray is unhashable)
+
+
+def memory_snapshot():
+    """Every byte of stand-in device memory (each Memory that owns its bytes: the arena, fixed
+    buffers) and of pinned host memory, as a function that writes them all back. A test that
+    launches CUDA graphs takes one before a capture, which runs the work as it is issued, and
+    restores it after, so the graph's launch starts where the capture started."""
+    saved = []
+    for m in list(Memory.allocated):
+        saved.append((m._buf, m._buf.copy()))
+    for p in list(_Pinned.allocated.values()):
+        a = np.frombuffer(p, np.uint8)
+        saved.append((a, a.copy()))
+
+    def restore():
+        for dst, src in saved:
+            dst[...] = src
+    return restore
 
 
 class _PythonFunctionAllocator:
@@ -208,7 +336,9 @@ class _Cuda:
 
     @staticmethod
     def alloc_pinned_memory(nbytes):
-        return bytearray(int(nbytes))
+        mem = _Pinned(int(nbytes))
+        _Pinned.allocated[id(mem)] = mem
+        return mem
 
     @classmethod
     def set_allocator(cls, fn):
