@@ -46,12 +46,13 @@ def _order(x) -> str | None:
     return "C" if x.flags.c_contiguous else "F" if x.flags.f_contiguous else None
 
 
-def _find_library():
+def _find_library(cp):
     """libcublas as CuPy loaded it (its path from the process's mappings), else the system's."""
     try:
-        import cupy_backends.cuda.libs.cublas  # noqa: F401 (loads libcublas)
+        import cupy_backends.cuda.libs.cublas  # noqa: F401
     except ImportError:
         return None
+    cp.cuda.device.get_cublas_handle()          # CuPy may load the library only now
     try:
         with open("/proc/self/maps") as f:
             for line in f:
@@ -102,7 +103,7 @@ def handle(cp):
     """This process's handle on the current device (created on first use), or None where
     libcublas cannot be loaded."""
     if "lib" not in _state:
-        _state["lib"] = _find_library()
+        _state["lib"] = _find_library(cp)
     lib = _state["lib"]
     if lib is None:
         return None
