@@ -145,6 +145,7 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
         pool.uncompressed[t.id] = pool.codecs.pop(t.id)
         return pool.offload(t, defer, until)
     buf = pool.host_pool.get(n)
+    reading = pool.host_pool.pending_read(buf)     # a prefetch from buf may still run
     off = pool.offset.pop(t.id)
     dev = pool.device
     encoded = copied = None
@@ -165,7 +166,8 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
             encoded = dev.encode(codec, flat[lo:hi], staging[:m], after=copied, **_fenced(fence))
             for a, b, k in [(0, 0, n)] if c == num else codec.pieces(lo, hi, num):
                 if pool.async_copies:
-                    copied = dev.offload(staging[a:a + k], buf[b:b + k], after=encoded)
+                    copied = dev.offload(staging[a:a + k], buf[b:b + k], after=encoded
+                                         if reading is None else [encoded, reading])
                     copies.append(copied)
                 else:
                     dev.copy_to_host(staging[a:a + k], buf[b:b + k], k)

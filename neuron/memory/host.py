@@ -28,6 +28,7 @@ class HostPool:
         self.limit = limit              # host bytes that offloaded tensors may occupy
         self.cap = cap                  # host bytes this pool may hold allocated (pinned)
         self._free: dict[int, list] = defaultdict(list)
+        self._pending: dict[int, object] = {}   # buffer address -> event of a copy reading it
         self.in_use_bytes = 0
         self.peak_bytes = 0
         self.reserved_bytes = 0         # everything allocated and not given back (in use + cached)
@@ -71,10 +72,18 @@ class HostPool:
             self.peak_bytes = self.in_use_bytes
         return buf
 
-    def put(self, buf) -> None:
+    def put(self, buf, pending=None) -> None:
+        """``buf`` is free again; ``pending``: the event of a copy still reading it, which the
+        next copy into it must wait for (pending_read)."""
         c = buf.nbytes
         self.in_use_bytes -= c
         self._free[c].append(buf)
+        if pending is not None:
+            self._pending[_address(buf)] = pending
+
+    def pending_read(self, buf):
+        """The event of a copy that may still read ``buf`` (just taken from get()), or None."""
+        return self._pending.pop(_address(buf), None) if self._pending else None
 
     def settle(self) -> None:
         """Order the cached buffers by address: an iteration then draws the same buffers as the
@@ -87,8 +96,15 @@ class HostPool:
     def trim(self) -> int:
         """Give every cached free buffer back (pinned pages return to the OS when the last
         reference goes); returns the bytes given back."""
-        dropped = sum(c * len(v) for c, v in self._free.items())
+        pending = self._pending
+        kept = {c: [b for b in v if _address(b) in pending] for c, v in self._free.items()}
+        dropped = sum(c * (len(v) - len(kept[c])) for c, v in self._free.items())
         self._free.clear()
+        self._free.update({c: v for c, v in kept.items() if v})   # a copy still reads these
         self.reserved_bytes -= dropped
         self.trimmed_bytes += dropped
         return dropped
+
+
+def _address(buf) -> int:
+    return int(buf.__array_interface__["data"][0])

@@ -365,14 +365,14 @@ class Pool:
             self._reap()
 
     def _reap(self) -> None:
-        """Host buffers whose copies have completed go back to the host pool."""
-        keep = []
+        """Host buffers released while a copy still reads them go back to the host pool, each
+        with that copy's event: the next copy into one waits for it on the device (offload).
+        The same buffers come back at the same steps every iteration, whatever the copies'
+        timing: what lets a recorded iteration repeat (neuron/tape.py; asking is_done here
+        made the 4,292-deep ResNet's records differ on the H200)."""
         for ev, buf in self.deferred:
-            if self.device.is_done(ev):
-                self.host_pool.put(buf)
-            else:
-                keep.append((ev, buf))
-        self.deferred = keep
+            self.host_pool.put(buf, pending=ev)
+        self.deferred = []
 
     def _reclaim_host(self, nbytes: int) -> None:
         """The plan releases a prefetched tensor's host buffer at the prefetch; its copy may
@@ -592,6 +592,9 @@ class Pool:
             pre = self.inflight.pop(t.id, None) if self.inflight else None
             if pre is not None:
                 after.append(pre)
+            reading = self.host_pool.pending_read(buf)
+            if reading is not None:         # buf's last prefetch may still read it
+                after.append(reading)
             epoch = fences.epoch if t.id in self.locked else fences.tensor_epoch(t.id)
             ev = self.device.offload(view, buf[:t.nbytes], after=after)
             fences.filled.pop(t.id, None)
@@ -600,6 +603,9 @@ class Pool:
             # copy stream, after the producer; unless deferred, compute waits for the copy on
             # the GPU before any later kernel (which may overwrite the block), so the host
             # never blocks and the block can be reused at once
+            reading = self.host_pool.pending_read(buf)
+            if reading is not None:
+                self.device.wait(reading)
             ev = self.device.offload(view, buf[:t.nbytes])
             if not defer:
                 self.device.compute_wait(ev)
@@ -657,6 +663,9 @@ class Pool:
     def place_on_host(self, t: TensorInfo, value=None) -> None:
         """Create t directly on the host (parameters under --offload-params)."""
         buf = self.host_pool.get(t.nbytes)
+        reading = self.host_pool.pending_read(buf)
+        if reading is not None:             # the host writes it: the copy must be done
+            self.device.wait(reading)
         if value is not None and self.device.computes:
             buf[:t.nbytes] = np.ascontiguousarray(value, dtype=t.dtype).reshape(-1).view(np.uint8)
         self.host[t.id] = (t, buf)

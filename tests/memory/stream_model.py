@@ -11,8 +11,10 @@ What CudaDevice promises the pool, and what this model makes observable:
 The model: kernels run at once on the host, so arena-side results are computed at the call (a
 kernel that raced a copy is caught by ``waited``: every event must have been waited for by
 compute or the host). Host-side results are late. A copy to the host fills its buffer with
-``POISON`` at once and lands the real bytes only when the host learns that it is complete; a
-host read before then (a decode on the host, a checkpoint) sees poison and the numbers change.
+``POISON`` as soon as it could start (at the call, or once the copies before it on its stream
+and those it waits for are complete) and lands the real bytes only when the host learns that it
+is complete; a host read before then (a decode on the host, a checkpoint) sees poison and the
+numbers change.
 A copy from the host reads its buffer at the call and checks, when it completes, that the host
 did not write the buffer in between (a buffer handed back for reuse too early).
 """
@@ -31,9 +33,9 @@ def _span(a) -> tuple[int, int]:
 
 
 class Event:
-    def __init__(self, stream: str, polls: int, deps=(), on_complete=None):
+    def __init__(self, stream: str, polls: int, deps=(), on_complete=None, on_start=None):
         self.stream, self.polls, self.deps = stream, polls, tuple(deps)
-        self.on_complete = on_complete
+        self.on_complete, self.on_start = on_complete, on_start
         self.waited = False         # compute or the host waited for it
         self.complete = False       # the host knows it is done
         self.host_target = None     # a copy to the host: (buffer view, the bytes it will hold)
@@ -66,21 +68,36 @@ class StreamModelDevice(CpuDevice):
         self._queues: dict[str, list[Event]] = {"copy": [], "codec": []}
 
     # ---- streams ---------------------------------------------------------------------------
-    def _op(self, stream, deps=(), on_complete=None) -> Event:
-        ev = Event(stream, self.polls, [d for d in deps if d is not None], on_complete)
+    def _op(self, stream, deps=(), on_complete=None, on_start=None) -> Event:
+        ev = Event(stream, self.polls, [d for d in deps if d is not None], on_complete,
+                   on_start)
         self.events.append(ev)
         self._queues[stream].append(ev)
+        self._start_ready()
         return ev
+
+    def _start_ready(self) -> None:
+        """Each stream's first op whose dependencies are complete may be running now."""
+        for queue in self._queues.values():
+            e = queue[0] if queue else None
+            if e is not None and e.on_start is not None and all(d.complete for d in e.deps):
+                start, e.on_start = e.on_start, None
+                start()
 
     def _complete(self, ev: Event) -> None:
         queue = self._queues[ev.stream]
         while not ev.complete:              # FIFO: the earlier ops of its stream first
-            e = queue.pop(0)
+            e = queue[0]
             for d in e.deps:
                 self._complete(d)
+            queue.pop(0)
+            if e.on_start is not None:
+                start, e.on_start = e.on_start, None
+                start()
             e.complete = True
             if e.on_complete is not None:
                 e.on_complete()
+            self._start_ready()
 
     # ---- copies ----------------------------------------------------------------------------
     def new_event(self):
@@ -98,11 +115,13 @@ class StreamModelDevice(CpuDevice):
         deps = _copy_deps(after)            # e.g. the encode, a prefetch into the block
         data = view.reshape(-1).view(np.uint8)[:nbytes].copy()     # read after the producer
         target = buf[:nbytes]
-        target[...] = POISON                # what a host read sees before the copy completes
+
+        def start():
+            target[...] = POISON            # what a host read sees before the copy completes
 
         def land():
             target[...] = data
-        ev = self._op("copy", deps, land)
+        ev = self._op("copy", deps, land, start)
         ev.host_target = (target, data)
         return ev
 
