@@ -346,20 +346,31 @@ def gpu_contact_table(d: dict) -> str:
         if key not in d:
             raise SchemaError(f"gpu_contact: missing {key}")
     stage_rows = [[name, "yes" if st.get("ok") else "**no**", st.get("verdict", "")[:160],
-                   (st.get("date") or "")[:10]] for name, st in d["stages"].items()]
+                   _short_device(st.get("device") or d["device"]), (st.get("date") or "")[:10]]
+                  for name, st in d["stages"].items()]
     commits = ", ".join(f"`{c[:12]}`" for c in sorted({st["commit"] for st in d["stages"].values()
                                                          if st.get("commit")}))
     model_rows = [[name, _e(m.get("loss_rel_err")), _e(m.get("update_max_rel_err")),
                    "yes" if m.get("ok") else "**no**"] for name, m in d["models"].items()]
-    return ("\n" + table(["stage", "ok", "verdict", "date"], ["l", "l", "l", "l"], stage_rows)
+    return ("\n" + table(["stage", "ok", "verdict", "device", "date"], ["l", "l", "l", "l", "l"],
+                         stage_rows)
             + "\n\n" + table(["model", "loss rel. err vs CPU", "update max rel. err vs CPU",
                                "within tolerance (vs float64)"], ["l", "r", "r", "l"],
                               model_rows)
-            + f"\n\n<sub>Source: `bench/results/gpu_contact.json` ({d['device']}), written by "
+            + "\n\n<sub>Source: `bench/results/gpu_contact.json`, written by "
             "`python -m bench.gpu.import_results` from the kit's outputs; the stages ran at "
-            f"commits {commits}, each stage's listed in "
+            f"commits {commits}: each stage's is in the JSON, the 2026-11-23 ones in "
             "`bench/results/gpu_raw/session_2026-11-23/PROVENANCE.md` (the device's copy named a "
-            "stale commit).</sub>\n")
+            "stale commit), the later ones' raw outputs beside it in `bench/results/gpu_raw/`."
+            "</sub>\n")
+
+
+def _short_device(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100', 'NVIDIA H200' -> 'H200'."""
+    for word in str(name).split():
+        if word[:1] in "HABLV" and any(ch.isdigit() for ch in word):
+            return word
+    return str(name)
 
 
 def _e(x) -> str:

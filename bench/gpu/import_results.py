@@ -196,6 +196,9 @@ def deepest_summary(found: dict, old: dict | None) -> dict | None:
                                                                              [{}])[0].get("batch"),
                    "budget_bytes": j.get("budget_bytes"), "error": p.get("error")}
             put(out["pytorch"], row, ("device", "date", "mode", "depth"))
+    latest = max(out["runs"], key=lambda r: r.get("date") or "")
+    # the file's provenance: its newest run's (each row keeps its own)
+    out["provenance"] = {k: latest.get(k) for k in ("command", "commit", "device", "date")}
     return out
 
 
@@ -278,16 +281,16 @@ def _fmt(x, spec=".2e"):
 
 
 def markdown_contact(s: dict) -> str:
-    lines = [f"# GPU contact: {s['device']}", "",
-             f"date {s['date']}, commit {s['commit']}", "",
-             "| stage | ran | target met | verdict | date |", "|---|---|---|---|---|"]
+    lines = [f"# GPU contact (the environment stage: {s['device']})", "",
+             f"date {s['date']}, commit {s['commit']}; each stage names its own device", "",
+             "| stage | ran | target met | verdict | device | date |", "|---|---|---|---|---|---|"]
     for stage in STAGES:
         if stage in s["stages"]:
             v = s["stages"][stage]
             ran = v.get("ran", v.get("ok"))
             met = {True: "yes", False: "NO", None: "-"}[v.get("target_met")]
             lines.append(f"| {stage} | {'yes' if ran else 'NO'} | {met} | {v['verdict']} | "
-                         f"{(v.get('date') or '')[:10]} |")
+                         f"{v.get('device') or s['device']} | {(v.get('date') or '')[:10]} |")
     if s["tests"]:
         t = s["tests"]
         lines += ["", f"GPU tests: {t['passed']} passed, {t['failed']} failed, "
