@@ -4,10 +4,10 @@
 #   bash bench/gpu/contact.sh OUTDIR STAGE...|first|second|all
 #
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
-#   bash bench/gpu/contact.sh $OUT first    # <= 8 min: throughput (neuron off/tape/graph vs
-#                                           # PyTorch, fp32 and TF32), deepest (Table-4 ResNet
-#                                           # 4,292 at batch 16 in 12 GiB, graph replay),
-#                                           # replay_tests (tests/gpu -k replay)
+#   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
+#                                           # cublas"), deepest (Table-4 ResNet 4,292 at batch
+#                                           # 16 in 12 GiB, graph replay), throughput (neuron
+#                                           # eager and graph vs PyTorch, fp32 and TF32)
 #   bash bench/gpu/contact.sh $OUT second   # the rest, <= 9.5 min: codec_tests, pressure,
 #                                           # deepest_offload, nccl, simulator
 # then, here: python -m bench.gpu.import_results <the fetched folders or tarballs>
@@ -24,7 +24,7 @@
 # the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does);
 # TIMEOUT_<STAGE> (seconds) overrides a stage's limit, ARGS_<STAGE> adds arguments to it;
 # NEURON_KIT_DEADLINE_S caps the whole
-# command (default 470 for first, 570 for second): a stage gets at most what is left of it and
+# command (default 480 for first, 570 for second): a stage gets at most what is left of it and
 # none starts with under 20 s left, so the command ends before the device call's own limit.
 # NEURON_SOURCE_COMMIT=<sha> names the code's commit where the machine's .git is stale.
 set -u
@@ -37,13 +37,13 @@ if [ $# -lt 2 ]; then
     exit 2
 fi
 OUTDIR=$1; shift
-FIRST=(throughput deepest replay_tests)
+FIRST=(replay_tests deepest throughput)
 SECOND=(codec_tests pressure deepest_offload nccl simulator)
 STAGES=()
 DEFAULT_DEADLINE=
 for a in "$@"; do
     case $a in
-        first)  STAGES+=("${FIRST[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-470} ;;
+        first)  STAGES+=("${FIRST[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-480} ;;
         second) STAGES+=("${SECOND[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-570} ;;
         all)    STAGES+=(env install tests models "${FIRST[@]}" "${SECOND[@]}" pool confirm) ;;
         *)      STAGES+=("$a") ;;
@@ -62,9 +62,10 @@ LABEL=$(IFS=-; echo "$*")
 SUMMARY_LINES=()
 T_START=$(date +%s)
 
-# default limits (seconds); first: 280 + 130 + 60 = 470; second: 45 + 200 + 170 + 100 + 150 = 665,
-# cut by its 570 s deadline (simulator, last, gets what is left)
-declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=130
+# default limits (seconds); first: 60 + 230 + 280 = 570, cut by its 480 s deadline (throughput,
+# last, gets what is left: each configuration is saved as it finishes); second:
+# 45 + 200 + 170 + 100 + 150 = 665, cut by its 570 s deadline (simulator, last, gets what is left)
+declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
                   [replay_tests]=60 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
                   [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100)
 
@@ -105,9 +106,10 @@ stage_cmd() {
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
-        throughput) ensure_built && "$PY" -m bench.gpu.throughput "${common[@]}" ;;
+        throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes off,graph \
+                        "${common[@]}" ;;
         deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
-                        --name deepest --depth 4292 --replay graph ;;
+                        --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 ;;
         deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest_offload --depth 10000 --offload-params --compress 4 \
                         --replay graph --warmup 3 --torch "" ;;

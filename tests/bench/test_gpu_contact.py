@@ -379,7 +379,7 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary-first-second.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
-    assert list(got) == ["throughput", "deepest", "replay_tests", "codec_tests", "pressure",
+    assert list(got) == ["replay_tests", "deepest", "throughput", "codec_tests", "pressure",
                          "deepest_offload", "nccl", "simulator"]
     for name, st in got.items():
         assert st["ran"], (name, st["verdict"])
@@ -394,7 +394,7 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
     assert set(t["configs"]) == {"resnet_cifar:4:fp32", "resnet_cifar:4:tf32"}
     for c in t["configs"].values():
         assert c["neuron_over_pytorch"] > 0 and c["neuron_mode"] in ("off", "tape", "graph")
-        assert set(c["neuron_img_per_s_by_mode"]) == {"off", "tape", "graph"}
+        assert set(c["neuron_img_per_s_by_mode"]) == {"off", "graph"}   # the kit runs eager and graph
     d = json.loads((res / "deepest_gpu.json").read_text())
     assert len(d["runs"]) == 2 and len(d["pytorch"]) == 2
     for row in d["runs"]:
