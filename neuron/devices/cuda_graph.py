@@ -9,9 +9,10 @@ The side streams join the compute stream before the capture ends. An operation t
 the host cannot be captured: the executor then replays the tape instead, saying why
 (``GraphUnavailable``).
 
-The learning rate is read by the update kernels from a device buffer written before each launch
-(``sgd_update(neg_lr_buffer=)``); other Varying arguments (a dropout seed) are fixed in a
-captured graph, which is captured again when one of them changes.
+What changes per iteration is read by the kernels from device buffers written before each
+launch: the learning rate (``sgd_update(neg_lr_buffer=)``) and each dropout layer's key
+(``dropout_forward(key_buffer=)``); any other Varying argument is fixed in a captured graph,
+which is captured again when it changes.
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ class GraphReplay:
         self.device, self.tape = device, tape
         self._staging = [_span(a) for a in staging.values()]
         self._sinks: dict[int, object] = {}     # loss op index -> device buffer of its rows
-        # dtype -> (device buffer of -lr, its host staging, the lr's Varying)
-        self._lr: dict[str, tuple] = {}
+        # key -> (one-element device buffer, its pinned host staging, iteration -> its value)
+        self._scalars: dict[tuple, tuple] = {}
         self._ops = self._capturable_ops()
         self._varying = _varying_args(self._ops)    # the values still baked into the graph
         self._values = None             # ... as they were at its capture
@@ -52,8 +53,8 @@ class GraphReplay:
         if self.graph is None or values != self._values:
             self._capture(iteration)
             self._values = values
-        for buf, host, lr in self._lr.values():     # this iteration's learning rate
-            host[0] = -host.dtype.type(lr.resolve(iteration))
+        for buf, host, value in self._scalars.values():  # this iteration's lr and keys
+            host[0] = value(iteration)
             self.device.upload(buf, host)
         self.launched_now = True        # from here the whole graph runs, or a part of it
         self.device.launch(self.graph)
@@ -104,6 +105,9 @@ class GraphReplay:
             elif name == "sgd_update" and len(args) > 3 and isinstance(args[3], Varying):
                 args, kw = args[:3] + (0.0,) + args[4:], dict(kw, neg_lr_buffer=self._lr_buffer(
                     args[0].dtype, args[3]))    # the learning rate from a device buffer
+            elif name == "dropout_forward" and len(args) > 4 and isinstance(args[4], Varying):
+                args, kw = args[:4] + (0,) + args[5:], dict(kw, key_buffer=self._key_buffer(
+                    args[4]))                   # the mask's key from a device buffer
             elif name == "nonfinite_flag_read":
                 fn = _nothing                   # read after the launch
             elif name in TIMELINE_OPS:
@@ -117,12 +121,22 @@ class GraphReplay:
         return a.flags.c_contiguous and any(s_lo <= lo and hi <= s_hi
                                             for s_lo, s_hi in self._staging)
 
+    def _scalar(self, key, dtype, value):
+        """A one-element device buffer written with ``value(iteration)`` before each launch."""
+        if key not in self._scalars:
+            self._scalars[key] = (self.device.fixed_array((1,), dtype),
+                                  self.device.staging_array((1,), dtype), value)
+        return self._scalars[key][0]
+
     def _lr_buffer(self, dtype, lr):
-        key = str(dtype)
-        if key not in self._lr:
-            self._lr[key] = (self.device.fixed_array((1,), dtype),
-                             self.device.staging_array((1,), dtype), lr)
-        return self._lr[key][0]
+        dtype = np.dtype(dtype)
+        return self._scalar(("lr", str(dtype)), dtype,
+                            lambda iteration: -dtype.type(lr.resolve(iteration)))
+
+    def _key_buffer(self, seed):
+        key_of = self.device.kernels.dropout_key
+        return self._scalar(("dropout", id(seed)), np.uint64,
+                            lambda iteration: np.uint64(key_of(seed.resolve(iteration))))
 
     def _loss_into_sink(self, index: int):
         dev, k = self.device, self.device.kernels

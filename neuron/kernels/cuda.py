@@ -330,7 +330,9 @@ def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=Fa
 from .dropout_mask import _GOLDEN, _M64, _seed_key, dropout_mask_reference  # noqa: E402,F401
 
 
-def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None):
+def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None, key_buffer=None):
+    """``key_buffer``: a one-element uint64 device array holding ``dropout_key(seed)``, read
+    in place of ``seed`` (a CUDA graph's per-iteration seed: devices/cuda_graph.py)."""
     if p >= 1.0:
         mask.fill(0)
     elif p <= 0.0:
@@ -339,9 +341,18 @@ def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None):
         # a chunk of the batch: element i of the chunk is element base + i of the batch, and
         # the hash takes key + (index + 1) * golden, so the key moves by base * golden
         base = batch_offset * int(np.prod(x.shape[1:], dtype=np.int64))
-        key = (_seed_key(seed) + base * _GOLDEN) & _M64
-        _k_dropout()[0](np.uint64(key), np.float32(1.0 - p), mask)
+        add = (base * _GOLDEN) & _M64
+        if key_buffer is not None:
+            _k_dropout(True)[0](key_buffer, np.uint64(add), np.float32(1.0 - p), mask)
+        else:
+            key = (dropout_key(seed) + add) & _M64
+            _k_dropout()[0](np.uint64(key), np.float32(1.0 - p), mask)
     dropout_apply(x, y, mask, p)
+
+
+def dropout_key(seed) -> int:
+    """The mask's 64-bit key for ``seed`` (what a key buffer holds)."""
+    return _seed_key(seed)
 
 
 def dropout_apply(x, y, mask, p):

@@ -194,15 +194,22 @@ def _k_leaky():
 
 
 @functools.cache
-def _k_dropout():
+def _k_dropout(key_on_device: bool = False):
+    """(mask, apply) kernels; ``key_on_device``: the mask's key is read from a one-element
+    device buffer plus a per-call ``add`` (a chunk's offset), so a CUDA graph keeps the
+    iteration's seed there instead of baking it into the capture."""
     cp = _cp()
-    mask = cp.ElementwiseKernel("uint64 key, float32 keep", "uint8 m", r"""
+    key_param = "raw uint64 key_buf, uint64 add" if key_on_device else "uint64 key"
+    key_read = "const unsigned long long key = key_buf[0] + add;\n" if key_on_device else ""
+    mask = cp.ElementwiseKernel(f"{key_param}, float32 keep", "uint8 m", key_read + r"""
         unsigned long long z = key + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ULL;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
         z = z ^ (z >> 31);
         float u = (float)(z >> 40) * (1.0f / 16777216.0f);
-        m = u < keep ? 1 : 0;""", "neuron_dropout_mask")
+        m = u < keep ? 1 : 0;""", "neuron_dropout_mask" + ("_keybuf" if key_on_device else ""))
+    if key_on_device:
+        return mask, _k_dropout()[1]
     apply = cp.ElementwiseKernel("T x, uint8 m, T scale", "T y", "y = (x * T(m)) * scale",
                                  "neuron_dropout_apply", options=("--fmad=false",))
     return mask, apply

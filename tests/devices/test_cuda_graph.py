@@ -76,7 +76,7 @@ class GraphDeviceOnCpu(CpuDevice):
 
 
 def _train(device, replay, steps=6, lr_schedule=False, graph="resnet_cifar8"):
-    g = GRAPHS[graph]()
+    g = GRAPHS[graph]() if isinstance(graph, str) else graph()
     rng = np.random.default_rng(0)
     data = [(rng.standard_normal((4, *g.inputs[0].shape)).astype(np.float32),
              rng.integers(0, 10, 4)) for _ in range(steps)]
@@ -146,3 +146,28 @@ def test_an_iteration_that_cannot_be_captured_replays_the_tape_and_says_why(gpu_
 def test_graph_mode_needs_a_device_that_captures():
     with pytest.raises(ValueError, match="needs a device that captures graphs"):
         Executor(GRAPHS["resnet_cifar8"](), 4, device=CpuDevice(64 << 20), replay="graph")
+
+
+def _with_dropout():
+    x = nn.Input((3, 8, 8), name="data")
+    h = nn.ReLU(name="r1")(nn.Conv2d(4, 3, padding=1, name="c1")(x))
+    h = nn.Dropout(0.5, name="drop")(nn.Linear(16, name="fc1")(h))
+    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
+
+
+def test_dropout_keys_come_from_device_buffers(gpu_kernels):
+    """Each iteration's dropout mask is another one (its seed changes), yet the graph is
+    captured once: the key is written to a device buffer before each launch, as the learning
+    rate is."""
+    l_off, off = _train(GraphDeviceOnCpu(64 << 20), "off", graph=_with_dropout)
+    l_graph, ex = _train(GraphDeviceOnCpu(64 << 20), "graph", graph=_with_dropout)
+    assert l_graph == l_off
+    s_off, s_graph = off.state_dict(), ex.state_dict()
+    assert all(s_off[k].tobytes() == s_graph[k].tobytes() for k in s_off)
+    r = ex.replay
+    assert r["ran"] == "graph" and r["replayed_iterations"] >= 3, r
+    assert r["graph_captures"] == 1
+    ops = ex._replay.graph._capturable_ops()
+    drops = [kw for fn, _, kw, _ in ops if getattr(fn, "__name__", "") == "dropout_forward"]
+    assert drops and all(kw.get("key_buffer") is not None for kw in drops)
+

@@ -48,6 +48,7 @@ def kernels():
         cuda_raw._k_sgd(True)       # the step guard's fused check
         cuda_raw._k_sgd(True, True)     # and a CUDA graph's learning rate on the device
         cuda_raw._k_sgd(False, True)
+        cuda_raw._k_dropout(True)       # a CUDA graph's dropout key on the device
     finally:
         for m, cp in zip(modules, saved):
             m._cp = cp
@@ -71,7 +72,7 @@ def test_every_factory_is_recorded(kernels):
     names = [k["name"] for k in kernels.elementwise]
     assert len(names) == len(set(names)), names
     for expected in ("neuron_sgd_momentum_checked", "neuron_sgd_momentum_checked_lrbuf",
-                     "neuron_sgd_lrbuf", "neuron_flag_nonfinite",
+                     "neuron_sgd_lrbuf", "neuron_flag_nonfinite", "neuron_dropout_mask_keybuf",
                      "neuron_bf16_encode", "neuron_bf16_decode"):
         assert expected in names
     assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
