@@ -86,7 +86,8 @@ class Executor:
     grad_lag: with grad_buckets, how many backward steps later (None: overlap.DEFAULT_LAG).
     replay: "off" (every iteration runs the executor), "tape" (the planned iteration is recorded
     once and its device operations replayed, neuron/tape.py), "graph" (the tape as one CUDA
-    graph); None: the fastest the device supports. Bit-identical to "off".
+    graph); None: the device's (tape on the CPU, graph on a GPU). The bits of "off" (on a GPU
+    with deterministic algorithms: otherwise eager runs differ among themselves too).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",

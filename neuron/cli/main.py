@@ -138,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--replay", choices=["off", "tape", "graph"], default=None,
                    help="off: the executor runs every iteration; tape: the planned iteration is "
-                   "recorded once and its device operations replayed (bit-identical); graph: "
-                   "the tape as one CUDA graph (default: the fastest the device supports)")
+                   "recorded once and its device operations replayed (the bits of off); graph: "
+                   "the tape as one CUDA graph (default: tape on the CPU, graph on a GPU)")
     # folder:DIR (ImageFolder layout, decoded by Pillow in background threads)
     t.add_argument("--loader-workers", type=positive_int("--loader-workers"), default=None,
                    help="folder:DIR: threads decoding images (default: the cores, at most 8)")

@@ -626,7 +626,9 @@ class CudaDevice(Device):
 
     # ---- CUDA graphs (neuron/devices/cuda_graph.py) ----------------------------------------------
     graph_replay = True             # the tape can be captured as one CUDA graph
-    replay_default = "tape"         # graph stays opt-in until a GPU run confirms it
+    # the tape as one CUDA graph: eager's bits on the H200 (tests/gpu/test_replay.py,
+    # 2026-11-27); where a capture fails, the executor replays the tape and says why
+    replay_default = "graph"
 
     @property
     def cupy(self):
