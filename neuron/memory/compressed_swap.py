@@ -144,7 +144,7 @@ def offload_compressed(pool, t, codec, defer: bool = False, until: int | None = 
     if not c:
         pool.uncompressed[t.id] = pool.codecs.pop(t.id)
         return pool.offload(t, defer, until)
-    buf = pool.host_pool.get(n)
+    buf = pool.host_pool.get(n, home=t.id if t.persistent else None)
     reading = pool.host_pool.pending_read(buf)     # a prefetch from buf may still run
     off = pool.offset.pop(t.id)
     dev = pool.device
@@ -252,12 +252,12 @@ def decode_staged(pool, t, step, codec) -> None:
             # reader and the staging block's next tenant wait for it
             decoded = dev.decode(codec, staging, view, after=copied, **_fenced(fence))
             dev.compute_wait(decoded)
-            pool.deferred.append((copied, buf))         # reused once its copy is done
+            pool.release_host(t, buf, copied)           # reused once its copy is done
         else:
             dev.decode(codec, staging, view)
-            pool.host_pool.put(buf)
+            pool.release_host(t, buf)
     else:
-        pool.host_pool.put(buf)
+        pool.release_host(t, buf)
     if pool.fences is not None:
         pool.fences.last_use[t.id] = -1     # the decode, waited for by compute, filled it
         if decoded is not None:
@@ -311,13 +311,13 @@ def bring_back_compressed(pool, t, step, codec) -> None:
             copied = dev.prefetch(buf[:n], staging, compute_waits=False, after=copy_fence)
             decoded = dev.decode(codec, staging, view, after=copied, **_fenced(fence))
             dev.compute_wait(decoded)
-            pool.deferred.append((copied, buf))         # reused once its copy is done
+            pool.release_host(t, buf, copied)           # reused once its copy is done
         else:
             dev.copy_to_device(buf, staging, n)
             dev.decode(codec, staging, view)
-            pool.host_pool.put(buf)
+            pool.release_host(t, buf)
     else:
-        pool.host_pool.put(buf)
+        pool.release_host(t, buf)
     if pool.fences is not None:
         pool.fences.last_use[t.id] = -1
         if decoded is not None:
@@ -344,7 +344,7 @@ def _decode_on_host(pool, t, off, buf, n, codec) -> None:
         codec.decode(buf[:n], full)
         dev.copy_to_device(full.reshape(-1).view(np.uint8), dev.view(off, t.shape, t.dtype),
                            t.nbytes)
-    pool.host_pool.put(buf)
+    pool.release_host(t, buf)
     pool.prefetch_bytes += t.nbytes
     pool.prefetch_count += 1
     if pool.log is not None:

@@ -18,7 +18,13 @@ class HostPool:
     ``cap``: bytes this pool may hold allocated in all, cached free buffers included (the
     device's pinned-memory cap, see neuron.memory.host_budget). Buffers are allocated lazily,
     on first need; when a new one would pass the cap, the cached free buffers are given back
-    first, and only if that is not enough is it an error naming the cap."""
+    first, and only if that is not enough is it an error naming the cap.
+
+    A persistent tensor (a parameter block under --offload-params) has a home: the buffer it
+    left is kept for it, out of the free lists, and it gets that buffer back at its next
+    offload. Between iterations every persistent tensor is then in the buffer it started in,
+    which a recorded iteration needs to repeat (neuron/tape.py); from any free buffer they
+    rotated among themselves. Homes count as reserved, not in use, like cached buffers."""
 
     def __init__(self, allocate=None, granularity: int = 4096, limit: int | None = None,
                  cap: int | None = None):
@@ -29,6 +35,7 @@ class HostPool:
         self.cap = cap                  # host bytes this pool may hold allocated (pinned)
         self._free: dict[int, list] = defaultdict(list)
         self._pending: dict[int, object] = {}   # buffer address -> event of a copy reading it
+        self._homes: dict[int, object] = {}     # persistent tensor id -> the buffer kept for it
         self.in_use_bytes = 0
         self.peak_bytes = 0
         self.reserved_bytes = 0         # everything allocated and not given back (in use + cached)
@@ -41,8 +48,9 @@ class HostPool:
         g = self.granularity
         return max(g, (nbytes + g - 1) // g * g)
 
-    def get(self, nbytes: int):
-        """A buffer of at least nbytes (uint8); reuse a released one of the same class."""
+    def get(self, nbytes: int, home: int | None = None):
+        """A buffer of at least nbytes (uint8); reuse a released one of the same class
+        (``home``: the tensor's own, if it has one)."""
         g = self.granularity
         c = -(-nbytes // g) * g or g
         if self.limit is not None and self.in_use_bytes + c > self.limit \
@@ -53,11 +61,17 @@ class HostPool:
                 f"host memory budget of {self.limit} bytes exceeded: {self.in_use_bytes} in use, "
                 f"{c} more requested for an offloaded tensor", requested=c,
                 free_bytes=self.limit - self.in_use_bytes, budget=self.limit)
+        mine = self._homes.pop(home, None) if home is not None else None
+        if mine is not None and mine.nbytes != c:
+            self._free[mine.nbytes].append(mine)
+            mine = None
         lst = self._free.get(c)
-        buf = lst.pop() if lst else None
+        buf = mine if mine is not None else lst.pop() if lst else None
         if buf is None:
             if self.cap is not None and self.reserved_bytes + c > self.cap:
                 self.trim()
+                if self.reserved_bytes + c > self.cap:
+                    self.trim(homes=True)
                 if self.reserved_bytes + c > self.cap:
                     from .host_budget import describe_cap
                     raise MemoryBudgetError(
@@ -72,12 +86,19 @@ class HostPool:
             self.peak_bytes = self.in_use_bytes
         return buf
 
-    def put(self, buf, pending=None) -> None:
+    def put(self, buf, pending=None, home: int | None = None) -> None:
         """``buf`` is free again; ``pending``: the event of a copy still reading it, which the
-        next copy into it must wait for (pending_read)."""
+        next copy into it must wait for (pending_read); ``home``: the persistent tensor it is
+        kept for."""
         c = buf.nbytes
         self.in_use_bytes -= c
-        self._free[c].append(buf)
+        if home is not None:
+            old = self._homes.pop(home, None)
+            if old is not None:
+                self._free[old.nbytes].append(old)
+            self._homes[home] = buf
+        else:
+            self._free[c].append(buf)
         if pending is not None:
             self._pending[_address(buf)] = pending
 
@@ -93,10 +114,17 @@ class HostPool:
             if len(lst) > 1 and hasattr(lst[0], "__array_interface__"):
                 lst.sort(key=lambda b: -b.__array_interface__["data"][0])
 
-    def trim(self) -> int:
+    def trim(self, homes: bool = False) -> int:
         """Give every cached free buffer back (pinned pages return to the OS when the last
-        reference goes); returns the bytes given back."""
+        reference goes), with ``homes`` the persistent tensors' too; returns the bytes given
+        back. A buffer that a copy may still read is kept."""
         pending = self._pending
+        if homes:
+            for tid, buf in list(self._homes.items()):
+                if _address(buf) not in pending:
+                    del self._homes[tid]
+                    self.reserved_bytes -= buf.nbytes
+                    self.trimmed_bytes += buf.nbytes
         kept = {c: [b for b in v if _address(b) in pending] for c, v in self._free.items()}
         dropped = sum(c * (len(v) - len(kept[c])) for c, v in self._free.items())
         self._free.clear()

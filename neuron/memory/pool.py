@@ -79,7 +79,8 @@ class Pool:
         # asynchronous copies (CudaDevice: copy stream + events); the CPU copies synchronously
         self.async_copies = getattr(device, "async_copies", False)
         self.inflight: dict[int, object] = {}   # tensor id -> event of its prefetch
-        self.deferred: list = []                # (event, host buffer) to reuse once done
+        # (event of a copy reading it, host buffer, its tensor's id if it is the buffer's home)
+        self.deferred: list = []
         # tensors an in-flight collective reads and writes (distributed/overlap.py): tensor
         # id -> a call that waits for it (None in the plan, where nothing is in flight)
         self.collectives: dict[int, object] = {}
@@ -280,11 +281,7 @@ class Pool:
                 drop_staged(self, t)
             buf = self.host.pop(t.id)[1]
             self.outbound.pop(t.id, None)   # a later copy into buf follows it on its stream
-            ev = self.reading.pop(t.id, None) if self.reading else None
-            if ev is None:
-                self.host_pool.put(buf)
-            else:                       # reused once the copy from it is done
-                self.deferred.append((ev, buf))
+            self.release_host(t, buf, self.reading.pop(t.id, None) if self.reading else None)
             if self.uncompressed and t.id in self.uncompressed:
                 self.codecs[t.id] = self.uncompressed.pop(t.id)
         self.locked.discard(t.id)
@@ -370,9 +367,18 @@ class Pool:
         The same buffers come back at the same steps every iteration, whatever the copies'
         timing: what lets a recorded iteration repeat (neuron/tape.py; asking is_done here
         made the 4,292-deep ResNet's records differ on the H200)."""
-        for ev, buf in self.deferred:
-            self.host_pool.put(buf, pending=ev)
+        for ev, buf, home in self.deferred:
+            self.host_pool.put(buf, pending=ev, home=home)
         self.deferred = []
+
+    def release_host(self, t: TensorInfo, buf, reading=None) -> None:
+        """``t`` left its host buffer ``buf`` (kept as its home if ``t`` is persistent:
+        memory/host.py); ``reading``: the event of a copy still reading it."""
+        home = t.id if t.persistent else None
+        if reading is None:
+            self.host_pool.put(buf, home=home)
+        else:
+            self.deferred.append((reading, buf, home))
 
     def _reclaim_host(self, nbytes: int) -> None:
         """The plan releases a prefetched tensor's host buffer at the prefetch; its copy may
@@ -382,9 +388,9 @@ class Pool:
         goal = hp.in_use_bytes - nbytes
         self._reap()
         while self.deferred and hp.in_use_bytes > goal:
-            ev, buf = self.deferred.pop(0)
+            ev, buf, home = self.deferred.pop(0)
             self.device.wait(ev)
-            hp.put(buf)
+            hp.put(buf, home=home)
 
     def _fenced_free(self, t: TensorInfo, off: int) -> None:
         """Free t's block with its fences: its last kernel (the running step's if the step
@@ -531,16 +537,16 @@ class Pool:
                 self.inflight[t.id] = ev
             fences.filled[t.id] = ev
             fences.last_use[t.id] = -1
-            self.deferred.append((ev, buf))
+            self.release_host(t, buf, ev)
         elif ahead and self.async_copies:
             # a prefetch: the copy stream works while compute runs the current step; the
             # consumer's kernel waits on the event (ensure_all), the buffer is reused once done
             ev = self.device.prefetch(buf[:t.nbytes], view, compute_waits=False)
             self.inflight[t.id] = ev
-            self.deferred.append((ev, buf))
+            self.release_host(t, buf, ev)
         else:
             self.device.copy_to_device(buf, view, t.nbytes)
-            self.host_pool.put(buf)
+            self.release_host(t, buf)
         self.prefetch_bytes += t.nbytes
         self.prefetch_count += 1
         if self.log is not None:
@@ -579,7 +585,7 @@ class Pool:
             self._settle(t)
         if self.collectives:
             self._settle_collective(t.id)
-        buf = self.host_pool.get(t.nbytes)
+        buf = self.host_pool.get(t.nbytes, home=t.id if t.persistent else None)
         off = self.offset.pop(t.id)
         view = self.device.view(off, t.shape, t.dtype)
         ev = None
@@ -662,7 +668,7 @@ class Pool:
 
     def place_on_host(self, t: TensorInfo, value=None) -> None:
         """Create t directly on the host (parameters under --offload-params)."""
-        buf = self.host_pool.get(t.nbytes)
+        buf = self.host_pool.get(t.nbytes, home=t.id if t.persistent else None)
         reading = self.host_pool.pending_read(buf)
         if reading is not None:             # the host writes it: the copy must be done
             self.device.wait(reading)

@@ -44,6 +44,27 @@ def test_cached_buffers_are_given_back_before_the_cap_fails():
     pool.put(b)
 
 
+def test_a_persistent_tensor_gets_its_own_buffer_back():
+    pool = HostPool(lambda n: np.empty(n, np.uint8), cap=1 << 20)
+    p1, p2 = pool.get(4096, home=1), pool.get(4096, home=2)
+    pool.put(p1, home=1)
+    pool.put(p2, home=2)
+    other = pool.get(4096)                    # an activation: not a home, a new buffer
+    assert other is not p1 and other is not p2
+    assert pool.get(4096, home=2) is p2 and pool.get(4096, home=1) is p1
+    assert pool.in_use_bytes == 3 * 4096 and pool.reserved_bytes == 3 * 4096
+
+
+def test_homes_are_given_back_last_under_the_cap():
+    pool = HostPool(lambda n: np.empty(n, np.uint8), cap=8 << 10)
+    a = pool.get(4096, home=1)
+    pool.put(a, home=1)                       # kept for tensor 1: reserved, not in use
+    b = pool.get(4096)                        # not handed the home: a new buffer
+    assert b is not a and pool.reserved_bytes == 8 << 10 and pool.trimmed_bytes == 0
+    c = pool.get(4096)                        # past the cap: the home is given back first
+    assert c is not a and pool.trimmed_bytes == 4096 and pool.reserved_bytes == 8 << 10
+
+
 def test_the_plan_limit_and_the_device_cap_are_named_apart():
     pool = HostPool(lambda n: np.empty(n, np.uint8), limit=8 << 10, cap=1 << 20)
     with pytest.raises(MemoryBudgetError, match="host memory budget of 8192 bytes"):
