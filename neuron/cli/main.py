@@ -6,7 +6,8 @@ import json
 import sys
 import time
 
-from .args import byte_size, count, numeric, path_arg, positive_int, positive_number
+from .args import (byte_size, count, numeric, path_arg, positive_int, positive_number,
+                   precision_option)
 from .planning import cmd_profile
 from ..memory.policy import POLICIES
 from ..units import fmt_bytes, parse_bytes
@@ -61,6 +62,7 @@ def _device_arg(p):
 
 def _policy_args(p, default: str, budget_required: bool = False):
     _policy_arg(p, default)
+    precision_option(p)
     p.add_argument("--budget", required=budget_required, default=None, type=byte_size("--budget"),
                    help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000" +
                    ("" if budget_required else " (default: none, i.e. unbounded)"))
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and report loss, accuracy, speed and memory. SIGINT/SIGTERM/SIGHUP stop "
                        "after the current step and write --checkpoint.")
     _model_args(t, 64)
+    precision_option(t)
     g = t.add_mutually_exclusive_group()
     g.add_argument("--iters", type=positive_int("--iters"),
                    help="number of iterations (default: one epoch)")
@@ -298,6 +301,7 @@ def _policy_kw(args, host_default=None) -> dict:
     hb = args.host_budget or host_default
     from .planning import planner_spec
     return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
+                precision=args.precision,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None, chunks=args.chunks,
@@ -374,6 +378,14 @@ def cmd_plan(args) -> int:
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
+    if r.get("bytes_by_dtype"):
+        types = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(
+            r["bytes_by_dtype"].items(), key=lambda kv: -kv[1]))
+        print(f"  at the peak by type ({r['precision']}): {types} (workspaces apart)")
+    print("  all tensors by type     " + "; ".join(
+        f"{d} {fmt_bytes(sum(k.values()))} (" + ", ".join(
+            f"{kind} {fmt_bytes(b)}" for kind, b in k.items()) + ")"
+        for d, k in r["tensor_bytes_by_dtype"].items()))
     timeline = r.pop("timeline", None)
     if (args.plot or args.html) and r["fits"]:
         _draw_plan(args, planned, timeline)
@@ -536,15 +548,17 @@ def cmd_train(args) -> int:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
-                      chunks=chunks, replay=args.replay)
+                      chunks=chunks, replay=args.replay, precision=args.precision)
     except MemoryBudgetError as e:
         from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False, planner=planner_spec(args), chunks=chunks)["min_budget_bytes"]
+                    trace=False, planner=planner_spec(args), chunks=chunks,
+                    precision=args.precision)["min_budget_bytes"]
         hint = ""
         if args.policy != "superneurons" and not args.planner:   # the one that can evict
             least = plan(graph, args.batch, policy="superneurons", trace=False,
-                         offload_params=args.offload_params, chunks=chunks)["min_budget_bytes"]
+                         offload_params=args.offload_params, chunks=chunks,
+                         precision=args.precision)["min_budget_bytes"]
             if least < need:
                 hint = (f"; policy superneurons (the default under --budget) completes one in "
                         f"{fmt_bytes(least)}")

@@ -44,10 +44,10 @@ class RecomputeReport:
 def recompute_step(schedule, layer, ins, out) -> Step:
     """An "R" step: ``layer``'s forward again, from ``ins`` into the new version ``out``."""
     return Step(0, layer, "R", ins=ins, outs=[out],
-                params=dict(schedule.params.get(layer.name, {})),
+                params=schedule.read_params(layer.name),
                 aux=dict(schedule.aux.get(layer.name, {})),
-                workspace_bytes=layer.workspace_bytes("F", schedule.batch,
-                                                      schedule.dtype.itemsize)).bind()
+                workspace_bytes=layer.workspace_bytes("F", schedule.batch, out.dtype.itemsize)
+                ).bind()
 
 
 def rerun_step(fwd: Step, ins, out) -> Step:

@@ -18,6 +18,7 @@ import numpy as np
 from ..graph import Graph
 from ..layers.base import Layer
 from ..layers.data import Input
+from ..precision import FP32, Precision
 from .tensors import Kind, TensorInfo, TensorRegistry
 
 
@@ -136,6 +137,16 @@ class Schedule:
     opt_state: dict             # qualified name -> [TensorInfo]
     aux: dict                   # layer name -> {aux name: TensorInfo}
     chunks: int = 1             # memory/chunking.py: > 1, act and grad are keyed (id, chunk)
+    precision: Precision = FP32
+    # mixed precision (precision.py): what each layer's kernels read (a parameter's low-precision
+    # copy where the layer computes in the low type), and master id -> that copy, re-cast after
+    # every update; both equal to ``params`` / empty in fp32
+    params_read: dict = field(default_factory=dict)
+    copies: dict = field(default_factory=dict)
+
+    def read_params(self, layer_name: str) -> dict:
+        """The parameters a layer's steps bind (its kernels' view of them)."""
+        return dict((self.params_read or self.params).get(layer_name, {}))
 
     def values(self, sym) -> list[TensorInfo]:
         """The tensors holding a symbolic tensor's value: one, or one per chunk."""
@@ -148,17 +159,25 @@ class Schedule:
         return [t for t in self.registry.tensors if t.persistent and t.parent is None]
 
     def state_tensors(self) -> list[TensorInfo]:
-        """Parameters, buffers and optimizer state one by one (the members of the blocks)."""
-        return [m for b in self.persistent() for m in (b.members or (b,))]
+        """Parameters, buffers and optimizer state one by one (the members of the blocks),
+        without the low-precision copies (derived from the master weights, never saved)."""
+        copies = {c.id for c in self.copies.values()}
+        return [m for b in self.persistent() for m in (b.members or (b,))
+                if m.id not in copies]
 
     def forward_steps(self) -> list[Step]:
         return [s for s in self.steps if s.phase == "F"]
 
 
-def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -> Schedule:
+def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
+                   precision: Precision = FP32) -> Schedule:
+    """``dtype``: the master dtype (parameters, optimizer state, statistics); ``precision``
+    (precision.py) says which tensors are stored in its low type instead."""
     dtype = np.dtype(dtype)
+    feat = precision.feature_dtype(dtype)       # feature maps and their gradients
     reg = TensorRegistry()
     params, param_grads, opt_state, aux = {}, {}, {}, {}
+    params_read, copies = {}, {}
     members: dict[str, list] = {}
     for qname, layer, pname, spec in graph.params():
         p = reg.add(qname, Kind.PARAM, spec.shape, dtype, persistent=True)
@@ -169,6 +188,12 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
             opt_state[qname] = [reg.add(f"{s}:{qname}", Kind.OPT_STATE, spec.shape, dtype,
                                         persistent=True) for s in state_names]
             members[layer.name].extend(opt_state[qname])
+        read = p
+        if precision.casts_params(layer):   # in the block: moves with its master weights
+            read = copies[p.id] = reg.add(f"{precision.name}:{qname}", Kind.PARAM, spec.shape,
+                                          feat, persistent=True)
+            members[layer.name].append(read)
+        params_read.setdefault(layer.name, {})[pname] = read
     # a layer's parameters and optimizer state share one allocation: they are used together,
     # so they move to and from the host together (one copy instead of up to six)
     for lname, ms in members.items():
@@ -177,11 +202,11 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
     for layer in graph.route:
         is_data = isinstance(layer, Input)
         for t in layer.outputs:
-            tdtype = np.dtype(layer.dtype) if is_data and layer.dtype is not None else dtype
+            tdtype = _value_dtype(layer, t, dtype, feat)
             act[id(t)] = reg.add(f"act:{t.name}", Kind.DATA if is_data else Kind.ACTIVATION,
                                  (batch, *t.shape), tdtype)
             if not is_data and layer.kind != "loss":
-                grad[id(t)] = reg.add(f"grad:{t.name}", Kind.GRADIENT, (batch, *t.shape), dtype)
+                grad[id(t)] = reg.add(f"grad:{t.name}", Kind.GRADIENT, (batch, *t.shape), feat)
         aux[layer.name] = {n: reg.add(f"aux:{layer.name}.{n}", Kind.AUX, s.shape,
                                       s.dtype if s.dtype is not None else dtype)
                            for n, s in layer.aux_specs(batch).items()}
@@ -190,16 +215,17 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
     for layer in graph.route:
         steps.append(Step(
             len(steps), layer, "F", ins=[act[id(t)] for t in layer.inputs],
-            outs=[act[id(t)] for t in layer.outputs], params=dict(params.get(layer.name, {})),
+            outs=[act[id(t)] for t in layer.outputs],
+            params=dict(params_read.get(layer.name, {})),
             aux=dict(aux[layer.name]),
-            workspace_bytes=layer.workspace_bytes("F", batch, dtype.itemsize)).bind())
+            workspace_bytes=layer.workspace_bytes("F", batch, feat.itemsize)).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
             continue
-        s = Step(len(steps), layer, "B", params=dict(params.get(layer.name, {})),
+        s = Step(len(steps), layer, "B", params=dict(params_read.get(layer.name, {})),
                  aux=dict(aux[layer.name]),
-                 workspace_bytes=layer.workspace_bytes("B", batch, dtype.itemsize))
+                 workspace_bytes=layer.workspace_bytes("B", batch, feat.itemsize))
         s.douts = [grad.get(id(t)) for t in layer.outputs]
         s.ins = [act[id(t)] if i in layer.retain_inputs else None
                  for i, t in enumerate(layer.inputs)]
@@ -220,4 +246,14 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
                 s.updates.append((pname, p, param_grads[qname], opt_state[qname]))
         steps.append(s.bind())
     return Schedule(graph, batch, dtype, reg, steps, act, grad, params, param_grads, opt_state,
-                    aux)
+                    aux, precision=precision, params_read=params_read, copies=copies)
+
+
+def _value_dtype(layer, t, master: np.dtype, feat: np.dtype) -> np.dtype:
+    """A layer output's storage type: feature maps in ``feat``; the loss, labels, an Input of
+    an explicit dtype and an Input only losses read (regression targets) as they are."""
+    if isinstance(layer, Input):
+        if layer.dtype is not None:
+            return np.dtype(layer.dtype)
+        return master if t.consumers and all(c.kind == "loss" for c in t.consumers) else feat
+    return master if layer.kind == "loss" else feat
