@@ -334,7 +334,6 @@ class Executor:
         rng = np.random.default_rng(self.seed)
         compute = pool is None and self.device.computes
         pool = pool or self.pool
-        copies = {c.id for c in self.schedule.copies.values()}
         for block in self.persistent:
             if self.offload_params:
                 pool.place_on_host(block)
@@ -349,23 +348,12 @@ class Executor:
             if not compute:
                 continue
             for t in block.members:
-                if t.id in copies:
-                    continue            # cast from its master below
                 if t.kind is Kind.PARAM:
                     layer_name, pname = t.name.rsplit(".", 1)
                     spec = self.train_graph.layers[layer_name].param_specs[pname]
                     self._write(t, spec.init(rng, spec.shape).astype(self.dtype))
                 else:
                     self._write(t, np.zeros(t.shape, self.dtype))
-            self._recast(t for t in block.members if t.id in self.schedule.copies)
-
-    def _recast(self, masters) -> None:
-        """Re-cast the low-precision copies of these master parameters (mixed precision)."""
-        copies = self.schedule.copies
-        for m in masters:
-            c = copies.get(m.id)
-            if c is not None:
-                self._write(c, self._value(m).astype(c.dtype))
 
     def _check_precision(self) -> None:
         """A precision the device cannot run: one error naming what is missing."""
@@ -398,7 +386,7 @@ class Executor:
 
     def load_state_dict(self, arrays: dict[str, np.ndarray], strict: bool = True) -> None:
         """Parameters and optimizer state from ``state_dict()`` of any precision (a loss scale
-        is taken by an fp16 run, ignored by others); low-precision copies are re-cast."""
+        is taken by an fp16 run, ignored by others)."""
         arrays = dict(arrays)
         scale = {k: arrays.pop(k) for k in (SCALE_KEY, GOOD_STEPS_KEY) if k in arrays}
         persistent = {t.name: t for t in self.state_tensors}
@@ -425,7 +413,6 @@ class Executor:
             t = persistent.get(name)
             if t is not None:
                 self._write(t, np.asarray(a, dtype=self.dtype))
-        self._recast(persistent[n] for n in arrays if n in persistent)
 
     def parameters(self) -> dict[str, np.ndarray]:
         return {k: v for k, v in self.state_dict().items() if ":" not in k}
@@ -733,6 +720,8 @@ class Executor:
         undo = self.undo
         ctx.chunk = step.chunk
         mixed = self.precision.mixed
+        for m, c in step.casts:         # the step's low-precision copy of its parameters
+            k.copy(view(c), view(m))
         if step.phase != "B":
             # a training forward (not a recompute) may update buffers (BN running statistics)
             buffers = [n for n, t in step.params.items() if t.name not in self.schedule.param_grads
@@ -787,11 +776,6 @@ class Executor:
             self.optimizer.update(k, pv, gv, state_views)
             if undo is not None:
                 undo.check_finite([pv, *state_views])
-        copies = self.schedule.copies
-        for _, p, _, _ in updates:      # the low-precision copy a layer reads, re-cast
-            c = copies.get(p.id)
-            if c is not None:
-                k.copy(view(c), view(p))
 
 
 _ACTIVATIONS = (Kind.ACTIVATION, Kind.DATA)

@@ -39,22 +39,35 @@ def test_bf16_stores_feature_maps_and_weight_copies_in_two_bytes(net):
     assert by_kind[Kind.PARAM_GRAD] == {np.dtype(np.float32)}      # what the optimizer sees
     assert by_kind[Kind.OPT_STATE] == {np.dtype(np.float32)}
     assert by_kind[Kind.AUX] == {np.dtype(np.float32)}             # BN statistics, softmax
-    assert by_kind[Kind.PARAM] == {np.dtype(np.float32), BF16}     # masters + copies
+    assert by_kind[Kind.PARAM] == {np.dtype(np.float32)}            # the master weights
+    assert by_kind[Kind.PARAM_COPY] == {BF16}
     for layer in net.route:
         for t in layer.outputs:
             want = BF16 if layer.kind != "loss" else np.dtype(np.float32)
             assert s.act[id(t)].dtype == want, layer.name
-    # a copy for every conv/linear parameter, none for BatchNorm; the copies are what those
-    # layers' steps read, and are never state (checkpoints hold the masters)
-    copied = {s.registry.tensors[i].name for i in s.copies}
-    convfc = {f"{l.name}.{p}" for l in net.route if l.kind in ("conv", "fc")
-              for p in l.param_specs}
-    assert copied == convfc
+    # every step of a conv/linear layer casts a fresh bf16 copy of each of its parameters
+    # (one of its writes, so freed after it) from the float32 master (one of its reads);
+    # BatchNorm reads its float32 parameters; the copies are never state
     for st in s.steps:
+        casts = st.layer.kind in ("conv", "fc")
+        assert sorted(m.name for m, _ in st.casts) == (sorted(
+            f"{st.layer.name}.{p}" for p in st.layer.param_specs) if casts else [])
         for n, t in st.params.items():
-            assert (t.dtype == BF16) == (st.layer.kind in ("conv", "fc")), st.name
-    state = {t.name for t in s.state_tensors()}
-    assert not any(t.name in state for t in s.copies.values())
+            assert t.dtype == (BF16 if casts else np.dtype(np.float32)), st.name
+        for m, c in st.casts:
+            assert c in st.writes and m.storage in st.reads and st.params[m.name.rsplit(".")[-1]] is c
+    copies = [c for st in s.steps for _, c in st.casts]
+    assert len({c.id for c in copies}) == len(copies)
+    assert not any(t.kind is Kind.PARAM_COPY for t in s.state_tensors())
+
+
+def test_a_recomputed_conv_casts_its_own_copy(net):
+    from neuron.memory.recompute import rerun_step
+    s = _virtual(net, "bf16").schedule
+    fwd = next(st for st in s.steps if st.layer.kind == "conv")
+    again = rerun_step(fwd, fwd.ins, fwd.outs[0])
+    assert [m for m, _ in again.casts] == [m for m, _ in fwd.casts]
+    assert not {c.id for _, c in again.casts} & {c.id for _, c in fwd.casts}
 
 
 def test_fp32_and_tf32_plan_the_same_bytes(net):

@@ -120,11 +120,10 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 c = ch.index
                 s = Step(len(steps), layer, "F", ins=[act[id(t), c] for t in layer.inputs],
                          outs=[] if stage == "stats" else [act[id(t), c] for t in layer.outputs],
-                         params=base.read_params(layer.name),
                          aux=dict(aux[layer.name, c]),
                          workspace_bytes=layer.workspace_bytes("F", ch.size, feat.itemsize))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
-                steps.append(s.bind())
+                steps.append(base.bind_params(s).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
@@ -133,7 +132,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
         for stage in _BWD_STAGES.get(layer.kind, ("",)):
             for ch in chunks:
                 c = ch.index
-                s = Step(len(steps), layer, "B", params=base.read_params(layer.name),
+                s = Step(len(steps), layer, "B",
                          aux=dict(aux[layer.name, c]),
                          workspace_bytes=layer.workspace_bytes("B", ch.size, feat.itemsize))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
@@ -151,12 +150,12 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                     if qname in base.param_grads:
                         s.updates.append((pname, p, base.param_grads[qname],
                                           base.opt_state[qname]))
-                steps.append(s.bind())
+                steps.append(base.bind_params(s).bind())
         started.update(id(t) for t in layer.inputs)
     _rebind_accumulations(steps)
     return Schedule(graph, batch, base.dtype, reg, steps, act, grad, base.params,
                     base.param_grads, base.opt_state, base.aux, chunks=count,
-                    precision=base.precision, params_read=base.params_read, copies=base.copies)
+                    precision=base.precision)
 
 
 def _rebind_accumulations(steps) -> None:

@@ -49,6 +49,10 @@ class Step:
     # summed over chunks, memory/chunking.py): updated in place, so resident, so reads; kept
     # here so that a step rebound by a rewrite (recompute, overlap) stays so
     inplace: tuple = ()
+    # mixed precision: (master parameter, low-precision copy) pairs; the copy is one of this
+    # step's writes, cast from its master (a read) before the kernel, which binds the copy
+    casts: list = field(default_factory=list)
+    recast: object = None           # Schedule.bind_params: fresh copies for a re-run of it
     reads: list = field(default_factory=list)      # derived by bind()
     writes: list = field(default_factory=list)
     ids: tuple = ()                                 # ids of reads + writes (locking)
@@ -56,10 +60,17 @@ class Step:
     def bind(self) -> "Step":
         """Derive reads/writes from the bindings (deduplicated, order kept)."""
         reads, writes = {}, {}
+        cast = {c.id for _, c in self.casts}
+        for m, c in self.casts:
+            b = m.storage
+            reads[b.id] = b
+            writes[c.id] = c
         if self.phase in ("F", "R"):
             for t in self.ins:
                 reads[t.id] = t
             for t in self.params.values():
+                if t.id in cast:
+                    continue
                 b = t.storage
                 reads[b.id] = b
             for t in self.outs:
@@ -72,6 +83,8 @@ class Step:
                 if t is not None:
                     reads[t.id] = t
             for t in self.params.values():
+                if t.id in cast:
+                    continue
                 b = t.storage
                 reads[b.id] = b
             started = {g.id for _, g, acc in self.grad_targets if not acc}
@@ -138,15 +151,24 @@ class Schedule:
     aux: dict                   # layer name -> {aux name: TensorInfo}
     chunks: int = 1             # memory/chunking.py: > 1, act and grad are keyed (id, chunk)
     precision: Precision = FP32
-    # mixed precision (precision.py): what each layer's kernels read (a parameter's low-precision
-    # copy where the layer computes in the low type), and master id -> that copy, re-cast after
-    # every update; both equal to ``params`` / empty in fp32
-    params_read: dict = field(default_factory=dict)
-    copies: dict = field(default_factory=dict)
 
-    def read_params(self, layer_name: str) -> dict:
-        """The parameters a layer's steps bind (its kernels' view of them)."""
-        return dict((self.params_read or self.params).get(layer_name, {}))
+    def bind_params(self, step: "Step") -> "Step":
+        """Bind ``step``'s layer parameters: the masters, or (mixed precision, a layer that
+        computes in the low type) a fresh low-precision copy of each, cast at that step
+        (``Step.casts``): one per step, so none lives between a layer's steps."""
+        layer = step.layer
+        params = dict(self.params.get(layer.name, {}))
+        step.casts = []
+        if params and self.precision.casts_params(layer):
+            low = self.precision.low()
+            for pname, m in params.items():
+                c = self.registry.add(f"{self.precision.name}:{m.name}#{len(self.registry)}",
+                                      Kind.PARAM_COPY, m.shape, low)
+                params[pname] = c
+                step.casts.append((m, c))
+        step.params = params
+        step.recast = self.bind_params
+        return step
 
     def values(self, sym) -> list[TensorInfo]:
         """The tensors holding a symbolic tensor's value: one, or one per chunk."""
@@ -159,11 +181,8 @@ class Schedule:
         return [t for t in self.registry.tensors if t.persistent and t.parent is None]
 
     def state_tensors(self) -> list[TensorInfo]:
-        """Parameters, buffers and optimizer state one by one (the members of the blocks),
-        without the low-precision copies (derived from the master weights, never saved)."""
-        copies = {c.id for c in self.copies.values()}
-        return [m for b in self.persistent() for m in (b.members or (b,))
-                if m.id not in copies]
+        """Parameters, buffers and optimizer state one by one (the members of the blocks)."""
+        return [m for b in self.persistent() for m in (b.members or (b,))]
 
     def forward_steps(self) -> list[Step]:
         return [s for s in self.steps if s.phase == "F"]
@@ -177,7 +196,6 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
     feat = precision.feature_dtype(dtype)       # feature maps and their gradients
     reg = TensorRegistry()
     params, param_grads, opt_state, aux = {}, {}, {}, {}
-    params_read, copies = {}, {}
     members: dict[str, list] = {}
     for qname, layer, pname, spec in graph.params():
         p = reg.add(qname, Kind.PARAM, spec.shape, dtype, persistent=True)
@@ -188,12 +206,6 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
             opt_state[qname] = [reg.add(f"{s}:{qname}", Kind.OPT_STATE, spec.shape, dtype,
                                         persistent=True) for s in state_names]
             members[layer.name].extend(opt_state[qname])
-        read = p
-        if precision.casts_params(layer):   # in the block: moves with its master weights
-            read = copies[p.id] = reg.add(f"{precision.name}:{qname}", Kind.PARAM, spec.shape,
-                                          feat, persistent=True)
-            members[layer.name].append(read)
-        params_read.setdefault(layer.name, {})[pname] = read
     # a layer's parameters and optimizer state share one allocation: they are used together,
     # so they move to and from the host together (one copy instead of up to six)
     for lname, ms in members.items():
@@ -211,19 +223,20 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
                                       s.dtype if s.dtype is not None else dtype)
                            for n, s in layer.aux_specs(batch).items()}
 
-    steps: list[Step] = []
+    sched = Schedule(graph, batch, dtype, reg, [], act, grad, params, param_grads, opt_state,
+                     aux, precision=precision)
+    steps = sched.steps
     for layer in graph.route:
-        steps.append(Step(
+        steps.append(sched.bind_params(Step(
             len(steps), layer, "F", ins=[act[id(t)] for t in layer.inputs],
             outs=[act[id(t)] for t in layer.outputs],
-            params=dict(params_read.get(layer.name, {})),
             aux=dict(aux[layer.name]),
-            workspace_bytes=layer.workspace_bytes("F", batch, feat.itemsize)).bind())
+            workspace_bytes=layer.workspace_bytes("F", batch, feat.itemsize))).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
             continue
-        s = Step(len(steps), layer, "B", params=dict(params_read.get(layer.name, {})),
+        s = Step(len(steps), layer, "B",
                  aux=dict(aux[layer.name]),
                  workspace_bytes=layer.workspace_bytes("B", batch, feat.itemsize))
         s.douts = [grad.get(id(t)) for t in layer.outputs]
@@ -244,9 +257,8 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
             qname = f"{layer.name}.{pname}"
             if qname in param_grads:
                 s.updates.append((pname, p, param_grads[qname], opt_state[qname]))
-        steps.append(s.bind())
-    return Schedule(graph, batch, dtype, reg, steps, act, grad, params, param_grads, opt_state,
-                    aux, precision=precision, params_read=params_read, copies=copies)
+        steps.append(sched.bind_params(s).bind())
+    return sched
 
 
 def _value_dtype(layer, t, master: np.dtype, feat: np.dtype) -> np.dtype:

@@ -15,6 +15,9 @@ class Kind(enum.Enum):
     OPT_STATE = "opt_state"
     WORKSPACE = "workspace"
     AUX = "aux"
+    # mixed precision (precision.py): a step's low-precision copy of the parameters its
+    # layer reads, cast from the master weights at that step and freed after it
+    PARAM_COPY = "param_copy"
 
 
 KIND_INDEX = {k: i for i, k in enumerate(Kind)}
