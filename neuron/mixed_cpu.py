@@ -14,6 +14,8 @@ plan's workspace is the GPU's, in the low type).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 
@@ -59,7 +61,17 @@ def forward(layer, k, ins, outs, params, aux, ctx, master) -> None:
 def backward(layer, k, ins, outs, douts, dins, params, dparams, aux, ctx, master, low,
              grad_scale: float = 1.0) -> None:
     """``low``: the low type, to round parameter gradients of cast layers to (None: do not);
-    ``grad_scale``: the loss layer multiplies its input gradient by it (fp16 loss scaling)."""
+    ``grad_scale``: the loss layer multiplies its input gradient by it (fp16 loss scaling,
+    where an overflow to inf is expected now and then: the loss scaler catches it, NumPy's
+    warnings are silenced)."""
+    with np.errstate(over="ignore", invalid="ignore") if grad_scale != 1.0 else \
+            contextlib.nullcontext():
+        _backward(layer, k, ins, outs, douts, dins, params, dparams, aux, ctx, master, low,
+                  grad_scale)
+
+
+def _backward(layer, k, ins, outs, douts, dins, params, dparams, aux, ctx, master, low,
+              grad_scale):
     f_dins = [None if d is None else (_up(d, master) if ctx.acc(i) else _fresh(d, master))
               for i, d in enumerate(dins)]
     layer.backward(k, [_up(a, master) for a in ins], [_up(a, master) for a in outs],
