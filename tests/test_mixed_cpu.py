@@ -189,3 +189,20 @@ def test_an_fp32_checkpoint_loads_into_a_bf16_run_and_back():
     moved = [k for k in bf16.schedule.param_grads if not np.array_equal(
         back.state_dict()[k], state[k])]
     assert moved == list(bf16.schedule.param_grads)
+
+
+def test_every_memory_policy_computes_the_same_bf16_step():
+    """DESIGN 6: parameters after K steps are bit-identical across policies, in bf16 too (the
+    per-step weight copies are evicted, offloaded and recast like any tensor)."""
+    g = build_model("resnet_cifar", depth=8)
+    x, y = _batch(g, 8)
+    states = []
+    for kw in (dict(policy="liveness"), dict(policy="superneurons", budget="3MiB"),
+               dict(offload_params=True), dict(policy="recompute")):
+        ex = nn.Executor(g, 8, precision="bf16", seed=2, **kw)
+        for _ in range(2):
+            ex.train_step(x, y)
+        states.append(ex.state_dict())
+    for s in states[1:]:
+        for k, v in states[0].items():
+            assert np.array_equal(s[k], v), k
