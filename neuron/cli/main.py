@@ -339,7 +339,9 @@ def cmd_plan(args) -> int:
     mb = r["min_budget_bytes"]
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
     print(f"{args.model} batch {args.batch}, {how}"
-          f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
+          f"{' + offload-params' if args.offload_params else ''}"
+          f"{', precision ' + args.precision if args.precision != 'fp32' else ''}: "
+          f"{r['num_layers']} layers, "
           f"{r['num_steps']} steps, {r['params']:,} parameters")
     print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}  (the plan for no "
           "budget)")
@@ -460,7 +462,8 @@ def _search_cmd(args, kind: str) -> int:
     chunked = f", {r['chunks']} chunks" if r.get("chunks") not in (None, 1) else ""
     print(f"{kind} {args.model} under {fmt_bytes(budget)} "
           f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
-          f"{', offload-params' if r['offload_params'] else ''}): "
+          f"{', offload-params' if r['offload_params'] else ''}"
+          f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}): "
           f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
