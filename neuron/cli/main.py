@@ -588,7 +588,10 @@ def cmd_train(args) -> int:
         print(comm_line)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
-               chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay)
+               chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay,
+               precision=ex.precision.name)
+    if ex.loss_scaler is not None:      # fp16
+        res.update(loss_scale=ex.loss_scaler.scale, overflow_skipped_steps=ex.loss_scaler.skipped)
     res.update(ex.pool.counters())
     res["wall_seconds"] = round(time.perf_counter() - started, 3)
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
@@ -598,6 +601,9 @@ def cmd_train(args) -> int:
             f"{fmt_bytes(res['prefetch_bytes'])} back" +
             (f" (planner {args.planner})" if args.planner else "") +
             (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else "") +
+            (f", precision {ex.precision}" if ex.precision.name != "fp32" else "") +
+            (f" (loss scale {ex.loss_scaler.scale:g}, {ex.loss_scaler.skipped} steps skipped for "
+             "overflow)" if ex.loss_scaler is not None else "") +
             _replay_text(ex.replay))
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"
