@@ -29,6 +29,9 @@ from .memory.costmodel import planning_cost
 from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
+from .precision import Precision, get_precision
+from .loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
+from . import mixed_cpu
 from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
@@ -88,6 +91,9 @@ class Executor:
     once and its device operations replayed, neuron/tape.py), "graph" (the tape as one CUDA
     graph); None: the device's (tape on the CPU, graph on a GPU). The bits of "off" (on a GPU
     with deterministic algorithms: otherwise eager runs differ among themselves too).
+    precision: fp32 | tf32 | bf16 | fp16 (precision.py): which tensors are stored in a 2-byte
+    type; ``dtype`` stays the master dtype (parameters, optimizer state, statistics). fp16
+    trains with dynamic loss scaling (``loss_scaler``, loss_scale.py).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -98,7 +104,8 @@ class Executor:
                  compact: bool | None = None, chunks: int = 1,
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
                  loss: str = "softmax", grad_buckets: int | None = None,
-                 grad_lag: int | None = None, replay: str | None = None, _plan_from=None):
+                 grad_lag: int | None = None, replay: str | None = None,
+                 precision: str | Precision | None = None, _plan_from=None):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
@@ -109,6 +116,10 @@ class Executor:
             raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
         self.loss = loss            # "softmax" (integer labels) or "mse" (float targets)
         self.batch, self.dtype, self.seed = int(batch), np.dtype(dtype), int(seed)
+        self.precision = get_precision(precision)
+        # what feature maps, their gradients and convolution workspaces are stored in
+        self.feature_dtype = self.precision.feature_dtype(self.dtype)
+        self.loss_scaler = LossScaler() if self.precision.loss_scaling else None
         self.optimizer = optimizer or SGD()
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.offload_params = bool(offload_params)
@@ -163,6 +174,7 @@ class Executor:
             if not self.planned["fits"]:
                 raise self.planned["error"]
             self.device = make_device(device, budget or self.planned["arena_bytes"])
+        self._check_precision()
         self._replay = self._replay_for(replay)
         self._new_pool()
         self._step_flag = self.device.step_flag() if self.device.computes else None
@@ -182,6 +194,9 @@ class Executor:
         if mode == "off" or not self.device.computes:
             return None
         r = Replay(mode)
+        if self.precision.mixed:
+            r.give_up(f"precision {self.precision} casts around every kernel on the CPU: every "
+                      "iteration runs it", warn=False)
         if self.pool_class is not Pool:
             r.give_up(f"the pool is a {self.pool_class.__name__}: every iteration runs it",
                       warn=False)
@@ -205,7 +220,8 @@ class Executor:
     def _make_plan(self, graph):
         self.train_graph = with_loss(graph, self.loss)
         self.schedule: Schedule = build_chunked_schedule(
-            self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names)
+            self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names,
+            self.precision)
         self.recompute_report = None
         steps = self.schedule.steps
         if self.policy.recompute and self.chunks == 1:
@@ -296,7 +312,8 @@ class Executor:
                          host_budget=self.host_budget, tensor_cache=self.tensor_cache,
                          compact=self.compact, chunks=self.chunks,
                          block=self.block,
-                         strategy=self.strategy, loss=self.loss, _plan_from=self)
+                         strategy=self.strategy, loss=self.loss, precision=self.precision,
+                         _plan_from=self)
             v.record_trace = trace
             if events:
                 v.pool.log = []
@@ -308,6 +325,7 @@ class Executor:
                 "arena_bytes": v.pool.max_extent, "trace": v.last_trace, "executor": v,
                 "events": v.pool.log,
                 "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
+                "bytes_by_dtype_at_peak": v.pool.by_dtype_at_peak,
                 **v.pool.counters()}
 
     # ---- state ------------------------------------------------------------------------
@@ -338,6 +356,13 @@ class Executor:
                 else:
                     self._write(t, np.zeros(t.shape, self.dtype))
 
+    def _check_precision(self) -> None:
+        """A precision the device cannot run: one error naming what is missing."""
+        missing = self.device.precision_missing(self.precision.name)
+        if missing is not None:
+            raise ValueError(f"precision {self.precision} on device {self.device.name}: "
+                             f"{missing}")
+
     def _write(self, t, value) -> None:
         """Set a parameter/state tensor wherever it lives (arena or host)."""
         if self.pool.resident(t):
@@ -353,10 +378,18 @@ class Executor:
         return self.pool.host_view(t).copy()
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters (by torchvision-style names) and optimizer state, copied to NumPy."""
-        return {t.name: self._value(t) for t in self.state_tensors}
+        """Parameters (by torchvision-style names; the float32 master weights in any
+        precision) and optimizer state, copied to NumPy; fp16: the loss scale too."""
+        out = {t.name: self._value(t) for t in self.state_tensors}
+        if self.loss_scaler is not None:
+            out.update(self.loss_scaler.state())
+        return out
 
     def load_state_dict(self, arrays: dict[str, np.ndarray], strict: bool = True) -> None:
+        """Parameters and optimizer state from ``state_dict()`` of any precision (a loss scale
+        is taken by an fp16 run, ignored by others)."""
+        arrays = dict(arrays)
+        scale = {k: arrays.pop(k) for k in (SCALE_KEY, GOOD_STEPS_KEY) if k in arrays}
         persistent = {t.name: t for t in self.state_tensors}
         if strict:
             missing = sorted(set(persistent) - set(arrays))
@@ -375,6 +408,8 @@ class Executor:
                                 f"(parameters are {self.dtype})")
             if not np.isfinite(a).all():
                 raise DataError(f"{name}: contains NaN or infinity; refusing to load it")
+        if self.loss_scaler is not None:
+            self.loss_scaler.load(scale)
         for name, a in arrays.items():          # validated all first: nothing half-loaded
             t = persistent.get(name)
             if t is not None:
@@ -440,7 +475,7 @@ class Executor:
                     self._k = undo.kernels = tape.kernels(self.device.kernels)
                     self.pool.log = []      # its moves, which a replay makes again
                 try:
-                    self._guarded_run(undo, ctx)
+                    self._scaled_run(undo, ctx)
                 finally:
                     if tape is not None:
                         undo.tape, undo.kernels, self._k = None, self.device.kernels, None
@@ -453,6 +488,19 @@ class Executor:
                     replay.finish(tape, self.pool)
             self.iteration += 1
             return ctx.losses.get("loss", float("nan"))
+
+    def _scaled_run(self, undo, ctx) -> None:
+        """The guarded step; fp16: a gradient overflow skips it (undone whole, the batch spent)
+        and shrinks the loss scale, a good step may grow it (loss_scale.py)."""
+        scaler = self.loss_scaler
+        if scaler is None:
+            return self._guarded_run(undo, ctx)
+        try:
+            self._guarded_run(undo, ctx)
+        except GradientOverflow:
+            scaler.overflowed()
+        else:
+            scaler.stepped()
 
     def _guarded_run(self, undo, ctx) -> None:
         undo.begin()
@@ -602,14 +650,15 @@ class Executor:
                     if dynamic_ws:              # never past the shared block
                         ws_bytes = min(shared_ws[1], step.layer.workspace_request(
                             dev.kernels, "F" if step.phase != "B" else "B",
-                            step.chunk.size if step.chunk else self.batch, self.dtype,
+                            step.chunk.size if step.chunk else self.batch, self.feature_dtype,
                             shared_ws[1]))
                 elif ws_bytes:
                     free = pool.heap.largest_free
                     if dynamic_ws:              # choose under what is free right now (§3.5)
                         ws_bytes = step.layer.workspace_request(
                             dev.kernels, "F" if step.phase != "B" else "B",
-                            step.chunk.size if step.chunk else self.batch, self.dtype, free)
+                            step.chunk.size if step.chunk else self.batch, self.feature_dtype,
+                            free)
                     elif ws_bytes > free and step.layer.workspace_shrinks():
                         ws_bytes = 0            # no workspace rather than evicting for one
                     if ws_bytes:
@@ -671,15 +720,22 @@ class Executor:
         aux = {n: view(t) for n, t in step.aux.items()}
         undo = self.undo
         ctx.chunk = step.chunk
+        mixed = self.precision.mixed
+        for m, c in step.casts:         # the step's low-precision copy of its parameters
+            k.copy(view(c), view(m))
         if step.phase != "B":
             # a training forward (not a recompute) may update buffers (BN running statistics)
-            buffers = [n for n, t in step.params.items() if t.name not in self.schedule.param_grads] \
+            buffers = [n for n, t in step.params.items() if t.name not in self.schedule.param_grads
+                       and t.dtype == self.dtype] \
                 if undo is not None and step.phase == "F" and step.params else ()
             for n in buffers:
                 undo.save(step.params[n].storage)
             ctx.recompute = step.phase == "R"
-            layer.forward(k, [view(t) for t in step.ins], [view(t) for t in step.outs], params,
-                          aux, ws, ctx)
+            ins, outs = [view(t) for t in step.ins], [view(t) for t in step.outs]
+            if mixed:
+                mixed_cpu.forward(layer, k, ins, outs, params, aux, ctx, self.dtype)
+            else:
+                layer.forward(k, ins, outs, params, aux, ws, ctx)
             ctx.recompute = False
             if buffers:
                 undo.check_finite(params[n] for n in buffers)
@@ -689,14 +745,25 @@ class Executor:
             dins[i] = view(g)
         ctx.accumulate = frozenset(i for i, _, acc in step.grad_targets if acc)
         dparams = {pname: view(g) for pname, _, g, _ in step.updates}
-        layer.backward(k, [opt(t) for t in step.ins], [opt(t) for t in step.outs],
-                       [opt(t) for t in step.douts], dins, params, dparams, aux, ws, ctx)
+        if mixed:
+            scaler = self.loss_scaler
+            mixed_cpu.backward(
+                layer, k, [opt(t) for t in step.ins], [opt(t) for t in step.outs],
+                [opt(t) for t in step.douts], dins, params, dparams, aux, ctx, self.dtype,
+                self.feature_dtype if self.precision.casts_params(layer) else None,
+                scaler.scale if scaler is not None else 1.0)
+        else:
+            layer.backward(k, [opt(t) for t in step.ins], [opt(t) for t in step.outs],
+                           [opt(t) for t in step.douts], dins, params, dparams, aux, ws, ctx)
         ctx.accumulate = frozenset()
         if step.chunk is not None and not step.chunk.applies_update:
             return                      # the gradients are still being summed over chunks
         if self.dp is not None:     # average gradients over the ranks (or start/finish buckets)
             self.dp.reduce_gradients(step, dparams)
         updates = due_updates(step)     # its own, unless deferred; and those due here
+        if self.loss_scaler is not None:    # fp16: overflow skips the whole step (undone)
+            for _, _, g, _ in updates:
+                self.loss_scaler.unscale(view(g))
         if undo is not None:
             for _, p, _, _ in updates:
                 undo.save(p.storage)

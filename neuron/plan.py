@@ -43,6 +43,18 @@ def lower_bound(ex: Executor, *, ideal: bool = False) -> tuple[int, int]:
     return per_step + resident, per_step
 
 
+def tensor_bytes_by_dtype(ex: Executor) -> dict[str, dict[str, int]]:
+    """Every tensor of the iteration (its baseline: each in a buffer of its own), bytes by
+    dtype name and kind: what a precision changes, before any planning."""
+    out: dict[str, dict[str, int]] = {}
+    for t in ex.schedule.registry.tensors:
+        if t.members:
+            continue                    # a block: counted as its members
+        kinds = out.setdefault(t.dtype_name, {})
+        kinds[t.kind.value] = kinds.get(t.kind.value, 0) + t.nbytes
+    return out
+
+
 def min_budget(ex: Executor, unbounded: dict, lb: int) -> int:
     """Smallest arena the search finds in which the policy completes an iteration.
 
@@ -190,7 +202,7 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
               budget: int | None = None, offload_params: bool = False,
               recompute_strategy: str = "cost", host_budget: int | None = None,
               tensor_cache: bool = True, compact: bool | None = None, dtype=np.float32,
-              search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
+              precision=None, search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
               cost=None, timed: bool | None = None, planner=None, comm=None,
               grad_buckets: int | None = None, grad_lag: int | None = None) -> Plan:
     """``cost`` (a memory.costmodel.CostModel): what a planner plans with, and what times the
@@ -215,7 +227,7 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         raise ValueError("plan: timing the iteration needs a cost model (cost=)")
     kw = dict(policy=policy, offload_params=offload_params,
               recompute_strategy=recompute_strategy, host_budget=host_budget,
-              tensor_cache=tensor_cache, compact=compact, dtype=dtype)
+              tensor_cache=tensor_cache, compact=compact, dtype=dtype, precision=precision)
     more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
     ex = None
     for_budget = bool(planner) and budget is not None      # a planner plans for the budget
@@ -272,6 +284,10 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         "cache_misses": run.get("cache_misses") if fits else None,
         "host_peak_bytes": run.get("host_peak_bytes") if fits else None,
         "bytes_by_kind": run.get("bytes_by_kind_at_peak") if fits else None,
+        "precision": ex.precision.name,
+        # each tensor at its own type (precision.py); workspaces are in bytes_by_kind
+        "bytes_by_dtype": run.get("bytes_by_dtype_at_peak") if fits else None,
+        "tensor_bytes_by_dtype": tensor_bytes_by_dtype(ex),
         "num_steps": len(ex.steps), "num_layers": len(ex.train_graph.route),
         "error": str(run["error"]) if not fits else None,
     }
@@ -427,5 +443,6 @@ def widest(model: str, budget: int, *, depth: int | None = None, progress=None, 
 
 def _kw_report(kw) -> dict:
     return {"policy": kw.get("policy", "superneurons"), "planner": kw.get("planner"),
+            "precision": str(kw.get("precision") or "fp32"),
             "offload_params": kw.get("offload_params", False),
             "chunking": kw.get("chunks", 1)}

@@ -4,14 +4,15 @@ Each numeric option of every command is declared with ``type=numeric(...)`` (or 
 helpers below), so that a value the run cannot use is a usage error (exit 2) naming the option
 ("argument --NAME:", argparse's prefix) and what it accepts, before any work: NaN and infinities are refused everywhere (they pass
 ``float()`` and every ``<`` comparison that would catch them), as are integers written as
-fractions. Byte sizes (``--budget``) and paths are checked here too. Imports nothing of neuron
-but units, so any module that declares options may use it.
+fractions. Byte sizes (``--budget``), precisions and paths are checked here too. Imports nothing
+of neuron but units and precision (leaves), so any module that declares options may use it.
 """
 from __future__ import annotations
 
 import argparse
 import math
 
+from ..precision import PRECISIONS
 from ..units import parse_bytes
 
 
@@ -83,6 +84,32 @@ def byte_size(name: str):
         return text
     convert.__name__ = name.lstrip("-").replace("-", "_")
     return convert
+
+
+def precision_arg(name: str):
+    """One of precision.PRECISIONS (fp32, tf32, bf16, fp16), else a usage error naming the
+    option and the choices."""
+    def convert(text: str) -> str:
+        if text not in PRECISIONS:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(PRECISIONS)}, got "
+                                             f"{text!r}")
+        return text
+    convert.__name__ = name.lstrip("-").replace("-", "_")
+    return convert
+
+
+#: the help text of --precision (every command that plans or trains)
+PRECISION_HELP = ("storage and arithmetic type: fp32 (default), tf32 (float32 storage; a GPU "
+                  "tensor-core math mode), bf16 or fp16 (mixed precision: feature maps, their "
+                  "gradients and conv/linear weight copies in 2 bytes; master weights, their "
+                  "gradients, optimizer state, BatchNorm statistics and the loss in float32; "
+                  "fp16 with dynamic loss scaling); see docs/precision.md")
+
+
+def precision_option(p) -> None:
+    """--precision on a command that plans or trains."""
+    p.add_argument("--precision", default="fp32", type=precision_arg("--precision"),
+                   metavar="{" + ",".join(PRECISIONS) + "}", help=PRECISION_HELP)
 
 
 def path_arg(name: str):

@@ -6,7 +6,8 @@ import json
 import sys
 import time
 
-from .args import byte_size, count, numeric, path_arg, positive_int, positive_number
+from .args import (byte_size, count, numeric, path_arg, positive_int, positive_number,
+                   precision_option)
 from .planning import cmd_profile
 from ..memory.policy import POLICIES
 from ..units import fmt_bytes, parse_bytes
@@ -61,6 +62,7 @@ def _device_arg(p):
 
 def _policy_args(p, default: str, budget_required: bool = False):
     _policy_arg(p, default)
+    precision_option(p)
     p.add_argument("--budget", required=budget_required, default=None, type=byte_size("--budget"),
                    help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000" +
                    ("" if budget_required else " (default: none, i.e. unbounded)"))
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and report loss, accuracy, speed and memory. SIGINT/SIGTERM/SIGHUP stop "
                        "after the current step and write --checkpoint.")
     _model_args(t, 64)
+    precision_option(t)
     g = t.add_mutually_exclusive_group()
     g.add_argument("--iters", type=positive_int("--iters"),
                    help="number of iterations (default: one epoch)")
@@ -298,6 +301,7 @@ def _policy_kw(args, host_default=None) -> dict:
     hb = args.host_budget or host_default
     from .planning import planner_spec
     return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
+                precision=args.precision,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None, chunks=args.chunks,
@@ -335,7 +339,9 @@ def cmd_plan(args) -> int:
     mb = r["min_budget_bytes"]
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
     print(f"{args.model} batch {args.batch}, {how}"
-          f"{' + offload-params' if args.offload_params else ''}: {r['num_layers']} layers, "
+          f"{' + offload-params' if args.offload_params else ''}"
+          f"{', precision ' + args.precision if args.precision != 'fp32' else ''}: "
+          f"{r['num_layers']} layers, "
           f"{r['num_steps']} steps, {r['params']:,} parameters")
     print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}  (the plan for no "
           "budget)")
@@ -374,6 +380,14 @@ def cmd_plan(args) -> int:
     if r.get("bytes_by_kind"):
         kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["bytes_by_kind"].items() if v)
         print(f"  at the peak: {kinds}")
+    if r.get("bytes_by_dtype"):
+        types = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(
+            r["bytes_by_dtype"].items(), key=lambda kv: -kv[1]))
+        print(f"  at the peak by type ({r['precision']}): {types} (workspaces apart)")
+    print("  all tensors by type     " + "; ".join(
+        f"{d} {fmt_bytes(sum(k.values()))} (" + ", ".join(
+            f"{kind} {fmt_bytes(b)}" for kind, b in k.items()) + ")"
+        for d, k in r["tensor_bytes_by_dtype"].items()))
     timeline = r.pop("timeline", None)
     if (args.plot or args.html) and r["fits"]:
         _draw_plan(args, planned, timeline)
@@ -448,7 +462,8 @@ def _search_cmd(args, kind: str) -> int:
     chunked = f", {r['chunks']} chunks" if r.get("chunks") not in (None, 1) else ""
     print(f"{kind} {args.model} under {fmt_bytes(budget)} "
           f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
-          f"{', offload-params' if r['offload_params'] else ''}): "
+          f"{', offload-params' if r['offload_params'] else ''}"
+          f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}): "
           f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
@@ -536,15 +551,17 @@ def cmd_train(args) -> int:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
-                      chunks=chunks, replay=args.replay)
+                      chunks=chunks, replay=args.replay, precision=args.precision)
     except MemoryBudgetError as e:
         from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False, planner=planner_spec(args), chunks=chunks)["min_budget_bytes"]
+                    trace=False, planner=planner_spec(args), chunks=chunks,
+                    precision=args.precision)["min_budget_bytes"]
         hint = ""
         if args.policy != "superneurons" and not args.planner:   # the one that can evict
             least = plan(graph, args.batch, policy="superneurons", trace=False,
-                         offload_params=args.offload_params, chunks=chunks)["min_budget_bytes"]
+                         offload_params=args.offload_params, chunks=chunks,
+                         precision=args.precision)["min_budget_bytes"]
             if least < need:
                 hint = (f"; policy superneurons (the default under --budget) completes one in "
                         f"{fmt_bytes(least)}")
@@ -571,7 +588,10 @@ def cmd_train(args) -> int:
         print(comm_line)
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
-               chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay)
+               chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay,
+               precision=ex.precision.name)
+    if ex.loss_scaler is not None:      # fp16
+        res.update(loss_scale=ex.loss_scaler.scale, overflow_skipped_steps=ex.loss_scaler.skipped)
     res.update(ex.pool.counters())
     res["wall_seconds"] = round(time.perf_counter() - started, 3)
     line = (f"{args.model}: {res['iterations']} iterations, final loss {res['final_loss']:.4f}, "
@@ -581,6 +601,9 @@ def cmd_train(args) -> int:
             f"{fmt_bytes(res['prefetch_bytes'])} back" +
             (f" (planner {args.planner})" if args.planner else "") +
             (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else "") +
+            (f", precision {ex.precision}" if ex.precision.name != "fp32" else "") +
+            (f" (loss scale {ex.loss_scaler.scale:g}, {ex.loss_scaler.skipped} steps skipped for "
+             "overflow)" if ex.loss_scaler is not None else "") +
             _replay_text(ex.replay))
     if "test_accuracy" in res:
         line += f", test accuracy {100 * res['test_accuracy']:.2f}%"

@@ -35,6 +35,16 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def precision_missing(self, precision: str) -> str | None:
+        """None when this device runs ``precision`` (precision.py), else what it lacks. Here:
+        float32 only (a device's kernels take its master dtype; mixed precision needs its
+        kernels to read and write 2-byte types)."""
+        if precision == "fp32":
+            return None
+        return (f"{type(self).__name__}'s kernels compute in float32 only (no {precision} "
+                "path: its convolution, matrix and elementwise kernels would need the 2-byte "
+                "type); use --precision fp32")
+
     def step_flag(self):
         """The one-element flag the step guard folds finiteness into (undo.py): the device's
         own fixed state, outside the arena, so that the plan's bytes are the arena's bytes."""
@@ -100,6 +110,17 @@ class CpuDevice(Device):
 
     _numpy_ref = None
 
+    def precision_missing(self, precision):
+        if precision == "tf32":
+            return ("TF32 is a GPU tensor-core math mode; the CPU has no TF32 arithmetic "
+                    "(fp32 stores the same bytes and computes exactly; bf16 and fp16 run here)")
+        if precision == "bf16":
+            try:
+                import ml_dtypes  # noqa: F401
+            except ImportError:
+                return "bf16 on the CPU needs the ml_dtypes package: pip install ml_dtypes"
+        return None
+
     def view(self, offset: int, shape, dtype):
         # one ndarray constructor (~1 us) instead of slice, view and reshape (~4 us, with
         # np.prod ~9 us); a step builds ~1,000 views
@@ -120,6 +141,9 @@ class VirtualDevice(Device):
 
     def view(self, offset, shape, dtype):
         return None
+
+    def precision_missing(self, precision):
+        return None             # planning: every precision's bytes
 
     def host_allocator(self):
         return _VirtualBuffer

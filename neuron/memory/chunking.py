@@ -35,6 +35,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..layers.data import Input
+from ..precision import FP32
 from .schedule import Schedule, Step, build_schedule
 from .tensors import Kind
 
@@ -78,15 +79,15 @@ _BWD_STAGES = {"bn": ("sums", "grad")}
 
 
 def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float32,
-                           state_names=()) -> Schedule:
+                           state_names=(), precision=None) -> Schedule:
     """The iteration with every layer split into ``count`` chunk steps (see the module doc).
 
     Parameters, their gradients and optimizer state are those of the whole-batch schedule
     (shared by the chunks); activations, gradients and batch-shaped aux are per chunk."""
-    base = build_schedule(graph, batch, dtype, state_names)
+    base = build_schedule(graph, batch, dtype, state_names, precision or FP32)
     if count == 1:
         return base
-    dtype = np.dtype(dtype)
+    feat = base.precision.feature_dtype(dtype)     # feature maps, their gradients, workspaces
     reg = base.registry
     sizes = chunk_sizes(batch, count)
     starts = np.cumsum([0, *sizes[:-1]]).tolist()
@@ -103,7 +104,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 g = base.grad.get(id(t))
                 if g is not None:
                     grad[id(t), c] = reg.add(f"{g.name}#{c}", Kind.GRADIENT, (n, *t.shape),
-                                             dtype)
+                                             g.dtype)
             specs = layer.aux_specs(n)
             aux[layer.name, c] = {
                 # batch-independent aux (BN statistics) is shared by the chunks
@@ -119,11 +120,10 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 c = ch.index
                 s = Step(len(steps), layer, "F", ins=[act[id(t), c] for t in layer.inputs],
                          outs=[] if stage == "stats" else [act[id(t), c] for t in layer.outputs],
-                         params=dict(base.params.get(layer.name, {})),
                          aux=dict(aux[layer.name, c]),
-                         workspace_bytes=layer.workspace_bytes("F", ch.size, dtype.itemsize))
+                         workspace_bytes=layer.workspace_bytes("F", ch.size, feat.itemsize))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
-                steps.append(s.bind())
+                steps.append(base.bind_params(s).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
@@ -132,9 +132,9 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
         for stage in _BWD_STAGES.get(layer.kind, ("",)):
             for ch in chunks:
                 c = ch.index
-                s = Step(len(steps), layer, "B", params=dict(base.params.get(layer.name, {})),
+                s = Step(len(steps), layer, "B",
                          aux=dict(aux[layer.name, c]),
-                         workspace_bytes=layer.workspace_bytes("B", ch.size, dtype.itemsize))
+                         workspace_bytes=layer.workspace_bytes("B", ch.size, feat.itemsize))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
                 s.douts = [grad.get((id(t), c)) for t in layer.outputs]
                 s.ins = [act[id(t), c] if i in layer.retain_inputs else None
@@ -150,11 +150,12 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                     if qname in base.param_grads:
                         s.updates.append((pname, p, base.param_grads[qname],
                                           base.opt_state[qname]))
-                steps.append(s.bind())
+                steps.append(base.bind_params(s).bind())
         started.update(id(t) for t in layer.inputs)
     _rebind_accumulations(steps)
-    return Schedule(graph, batch, dtype, reg, steps, act, grad, base.params, base.param_grads,
-                    base.opt_state, base.aux, chunks=count)
+    return Schedule(graph, batch, base.dtype, reg, steps, act, grad, base.params,
+                    base.param_grads, base.opt_state, base.aux, chunks=count,
+                    precision=base.precision)
 
 
 def _rebind_accumulations(steps) -> None:

@@ -68,6 +68,8 @@ class Pool:
         self.max_extent = 0                     # highest byte ever handed out
         self.by_kind = [0] * len(Kind)          # bytes on device by kind index, now
         self._peak_kinds = list(self.by_kind)
+        self.by_dtype: dict[str, int] = {}      # tensor bytes on device by dtype name, now
+        self._peak_dtypes: dict[str, int] = {}
         self._peak_used = 0
         self.tensor_high_water = 0      # the high-water mark of everything but workspaces
         self.step_peak = 0              # the most in use since the executor last reset it
@@ -209,12 +211,21 @@ class Pool:
             if u >= self._peak_used:        # a new high-water mark: remember its make-up
                 self._peak_used = u
                 self._peak_kinds = list(bk)
+                self._peak_dtypes = dict(self.by_dtype)
             if kind_index != _WS and u - bk[_WS] > self.tensor_high_water:
                 self.tensor_high_water = u - bk[_WS]
 
     def _account_tensor(self, t: TensorInfo, sign: int) -> None:
         b = self._block
         n = -(-(t.nbytes or 1) // b) * b
+        bd = self.by_dtype
+        if t.dtype_parts:               # a block: its members' types, the rounding the first's
+            slack = n - t.nbytes
+            for name, pb in t.dtype_parts:
+                bd[name] = bd.get(name, 0) + sign * (pb + slack)
+                slack = 0
+        else:
+            bd[t.dtype_name] = bd.get(t.dtype_name, 0) + sign * n
         if t.parts:                     # a parameter block: split by its members' kinds
             bk = self.by_kind
             for k, pb in t.parts:
@@ -225,6 +236,11 @@ class Pool:
     @property
     def by_kind_at_peak(self) -> dict:
         return {k: self._peak_kinds[i] for k, i in KIND_INDEX.items()}
+
+    @property
+    def by_dtype_at_peak(self) -> dict:
+        """Tensor bytes by dtype name at the high-water mark (workspaces: by_kind_at_peak)."""
+        return {n: b for n, b in self._peak_dtypes.items() if b}
 
     def alloc(self, t: TensorInfo, step=None, pin: bool = False):
         """Place t in the arena; a pinned tensor is never evicted (nor kept in the LRU)."""

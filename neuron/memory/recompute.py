@@ -43,11 +43,9 @@ class RecomputeReport:
 
 def recompute_step(schedule, layer, ins, out) -> Step:
     """An "R" step: ``layer``'s forward again, from ``ins`` into the new version ``out``."""
-    return Step(0, layer, "R", ins=ins, outs=[out],
-                params=dict(schedule.params.get(layer.name, {})),
-                aux=dict(schedule.aux.get(layer.name, {})),
-                workspace_bytes=layer.workspace_bytes("F", schedule.batch,
-                                                      schedule.dtype.itemsize)).bind()
+    return schedule.bind_params(Step(
+        0, layer, "R", ins=ins, outs=[out], aux=dict(schedule.aux.get(layer.name, {})),
+        workspace_bytes=layer.workspace_bytes("F", schedule.batch, out.dtype.itemsize))).bind()
 
 
 def rerun_step(fwd: Step, ins, out) -> Step:
@@ -58,6 +56,8 @@ def rerun_step(fwd: Step, ins, out) -> Step:
     s = Step(0, fwd.layer, "R", ins=list(ins), outs=[out], params=dict(fwd.params),
              aux=dict(fwd.aux), workspace_bytes=fwd.workspace_bytes)
     s.chunk = fwd.chunk
+    if fwd.casts:               # mixed precision: a copy of its own, cast again
+        fwd.recast(s)
     return s.bind()
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from ..graph import Graph
 from ..layers.base import Layer
 from ..layers.data import Input
+from ..precision import FP32, Precision
 from .tensors import Kind, TensorInfo, TensorRegistry
 
 
@@ -48,6 +49,10 @@ class Step:
     # summed over chunks, memory/chunking.py): updated in place, so resident, so reads; kept
     # here so that a step rebound by a rewrite (recompute, overlap) stays so
     inplace: tuple = ()
+    # mixed precision: (master parameter, low-precision copy) pairs; the copy is one of this
+    # step's writes, cast from its master (a read) before the kernel, which binds the copy
+    casts: list = field(default_factory=list)
+    recast: object = None           # Schedule.bind_params: fresh copies for a re-run of it
     reads: list = field(default_factory=list)      # derived by bind()
     writes: list = field(default_factory=list)
     ids: tuple = ()                                 # ids of reads + writes (locking)
@@ -55,10 +60,17 @@ class Step:
     def bind(self) -> "Step":
         """Derive reads/writes from the bindings (deduplicated, order kept)."""
         reads, writes = {}, {}
+        cast = {c.id for _, c in self.casts}
+        for m, c in self.casts:
+            b = m.storage
+            reads[b.id] = b
+            writes[c.id] = c
         if self.phase in ("F", "R"):
             for t in self.ins:
                 reads[t.id] = t
             for t in self.params.values():
+                if t.id in cast:
+                    continue
                 b = t.storage
                 reads[b.id] = b
             for t in self.outs:
@@ -71,6 +83,8 @@ class Step:
                 if t is not None:
                     reads[t.id] = t
             for t in self.params.values():
+                if t.id in cast:
+                    continue
                 b = t.storage
                 reads[b.id] = b
             started = {g.id for _, g, acc in self.grad_targets if not acc}
@@ -136,6 +150,25 @@ class Schedule:
     opt_state: dict             # qualified name -> [TensorInfo]
     aux: dict                   # layer name -> {aux name: TensorInfo}
     chunks: int = 1             # memory/chunking.py: > 1, act and grad are keyed (id, chunk)
+    precision: Precision = FP32
+
+    def bind_params(self, step: "Step") -> "Step":
+        """Bind ``step``'s layer parameters: the masters, or (mixed precision, a layer that
+        computes in the low type) a fresh low-precision copy of each, cast at that step
+        (``Step.casts``): one per step, so none lives between a layer's steps."""
+        layer = step.layer
+        params = dict(self.params.get(layer.name, {}))
+        step.casts = []
+        if params and self.precision.casts_params(layer):
+            low = self.precision.low()
+            for pname, m in params.items():
+                c = self.registry.add(f"{self.precision.name}:{m.name}#{len(self.registry)}",
+                                      Kind.PARAM_COPY, m.shape, low)
+                params[pname] = c
+                step.casts.append((m, c))
+        step.params = params
+        step.recast = self.bind_params
+        return step
 
     def values(self, sym) -> list[TensorInfo]:
         """The tensors holding a symbolic tensor's value: one, or one per chunk."""
@@ -155,8 +188,12 @@ class Schedule:
         return [s for s in self.steps if s.phase == "F"]
 
 
-def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -> Schedule:
+def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
+                   precision: Precision = FP32) -> Schedule:
+    """``dtype``: the master dtype (parameters, optimizer state, statistics); ``precision``
+    (precision.py) says which tensors are stored in its low type instead."""
     dtype = np.dtype(dtype)
+    feat = precision.feature_dtype(dtype)       # feature maps and their gradients
     reg = TensorRegistry()
     params, param_grads, opt_state, aux = {}, {}, {}, {}
     members: dict[str, list] = {}
@@ -177,29 +214,31 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
     for layer in graph.route:
         is_data = isinstance(layer, Input)
         for t in layer.outputs:
-            tdtype = np.dtype(layer.dtype) if is_data and layer.dtype is not None else dtype
+            tdtype = _value_dtype(layer, t, dtype, feat)
             act[id(t)] = reg.add(f"act:{t.name}", Kind.DATA if is_data else Kind.ACTIVATION,
                                  (batch, *t.shape), tdtype)
             if not is_data and layer.kind != "loss":
-                grad[id(t)] = reg.add(f"grad:{t.name}", Kind.GRADIENT, (batch, *t.shape), dtype)
+                grad[id(t)] = reg.add(f"grad:{t.name}", Kind.GRADIENT, (batch, *t.shape), feat)
         aux[layer.name] = {n: reg.add(f"aux:{layer.name}.{n}", Kind.AUX, s.shape,
                                       s.dtype if s.dtype is not None else dtype)
                            for n, s in layer.aux_specs(batch).items()}
 
-    steps: list[Step] = []
+    sched = Schedule(graph, batch, dtype, reg, [], act, grad, params, param_grads, opt_state,
+                     aux, precision=precision)
+    steps = sched.steps
     for layer in graph.route:
-        steps.append(Step(
+        steps.append(sched.bind_params(Step(
             len(steps), layer, "F", ins=[act[id(t)] for t in layer.inputs],
-            outs=[act[id(t)] for t in layer.outputs], params=dict(params.get(layer.name, {})),
+            outs=[act[id(t)] for t in layer.outputs],
             aux=dict(aux[layer.name]),
-            workspace_bytes=layer.workspace_bytes("F", batch, dtype.itemsize)).bind())
+            workspace_bytes=layer.workspace_bytes("F", batch, feat.itemsize))).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
             continue
-        s = Step(len(steps), layer, "B", params=dict(params.get(layer.name, {})),
+        s = Step(len(steps), layer, "B",
                  aux=dict(aux[layer.name]),
-                 workspace_bytes=layer.workspace_bytes("B", batch, dtype.itemsize))
+                 workspace_bytes=layer.workspace_bytes("B", batch, feat.itemsize))
         s.douts = [grad.get(id(t)) for t in layer.outputs]
         s.ins = [act[id(t)] if i in layer.retain_inputs else None
                  for i, t in enumerate(layer.inputs)]
@@ -218,6 +257,15 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=()) -
             qname = f"{layer.name}.{pname}"
             if qname in param_grads:
                 s.updates.append((pname, p, param_grads[qname], opt_state[qname]))
-        steps.append(s.bind())
-    return Schedule(graph, batch, dtype, reg, steps, act, grad, params, param_grads, opt_state,
-                    aux)
+        steps.append(sched.bind_params(s).bind())
+    return sched
+
+
+def _value_dtype(layer, t, master: np.dtype, feat: np.dtype) -> np.dtype:
+    """A layer output's storage type: feature maps in ``feat``; the loss, labels, an Input of
+    an explicit dtype and an Input only losses read (regression targets) as they are."""
+    if isinstance(layer, Input):
+        if layer.dtype is not None:
+            return np.dtype(layer.dtype)
+        return master if t.consumers and all(c.kind == "loss" for c in t.consumers) else feat
+    return master if layer.kind == "loss" else feat

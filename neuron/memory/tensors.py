@@ -15,6 +15,9 @@ class Kind(enum.Enum):
     OPT_STATE = "opt_state"
     WORKSPACE = "workspace"
     AUX = "aux"
+    # mixed precision (precision.py): a step's low-precision copy of the parameters its
+    # layer reads, cast from the master weights at that step and freed after it
+    PARAM_COPY = "param_copy"
 
 
 KIND_INDEX = {k: i for i, k in enumerate(Kind)}
@@ -23,7 +26,7 @@ KIND_INDEX = {k: i for i, k in enumerate(Kind)}
 class TensorInfo:
     """Plain slots, sizes precomputed: the planner touches these millions of times."""
     __slots__ = ("id", "name", "kind", "kind_index", "shape", "dtype", "persistent", "nbytes",
-                 "parent", "byte_offset", "members", "parts")
+                 "parent", "byte_offset", "members", "parts", "dtype_name", "dtype_parts")
 
     def __init__(self, id: int, name: str, kind: Kind, shape, dtype, persistent: bool = False):
         self.id, self.name, self.kind = id, name, kind
@@ -37,6 +40,10 @@ class TensorInfo:
         self.byte_offset = 0
         self.members: tuple = ()
         self.parts: tuple = ()          # a block's bytes by kind index, for accounting
+        # the byte reports count each tensor at its own type (precision.py): a block's
+        # bytes by its members' dtype names, else this tensor's dtype name
+        self.dtype_name = dtype.name
+        self.dtype_parts: tuple = ()
 
     @property
     def storage(self) -> "TensorInfo":
@@ -75,6 +82,11 @@ class TensorRegistry:
             by_kind[m.kind_index] = by_kind.get(m.kind_index, 0) + \
                 -(-max(m.nbytes, 1) // align) * align
         block.parts = tuple(by_kind.items())
+        by_dtype: dict[str, int] = {}
+        for m in members:
+            by_dtype[m.dtype_name] = by_dtype.get(m.dtype_name, 0) + \
+                -(-max(m.nbytes, 1) // align) * align
+        block.dtype_parts = tuple(by_dtype.items())
         return block
 
     def __getitem__(self, name: str) -> TensorInfo:

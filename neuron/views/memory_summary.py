@@ -20,7 +20,7 @@ def memory_summary(graph, batch: int, *, budget: int | None = None, top: int = 1
     p = planned.report
     arena = budget if budget is not None else p["min_budget_bytes"]
     out = {"model": p["model"], "batch": batch, "policy": p["policy"],
-           "planner": p.get("planner"),
+           "planner": p.get("planner"), "precision": p.get("precision", "fp32"),
            "offload_params": p["offload_params"], "arena_bytes": arena,
            "arena_is_minimum": budget is None, "unbounded_peak_bytes": p["unbounded_peak_bytes"],
            "min_budget_bytes": p["min_budget_bytes"], "lower_bound_bytes": p["lower_bound_bytes"],
@@ -84,6 +84,8 @@ def _frag(s) -> dict:
 def format_summary(r: dict) -> str:
     """The report as text: one block per question, numbers aligned."""
     op = " + offload-params" if r["offload_params"] else ""
+    if r.get("precision", "fp32") != "fp32":
+        op += f", precision {r['precision']}"
     arena = fmt_bytes(r["arena_bytes"]) + (" (the minimum budget)" if r["arena_is_minimum"]
                                            else "")
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"

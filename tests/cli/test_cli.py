@@ -189,3 +189,12 @@ def test_python_m_neuron_help():
     p = subprocess.run([sys.executable, "-m", "neuron", "models"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "resnet_cifar" in p.stdout
+
+
+def test_train_at_fp16_reports_its_precision_and_loss_scale(capsys):
+    rc, out, _ = run(capsys, "train", *SMALL, "--batch", "4", "--iters", "2", "--device", "cpu",
+                     "--no-progress", "--precision", "fp16", "--json")
+    assert rc == 0
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["precision"] == "fp16" and r["loss_scale"] == 2.0 ** 16
+    assert r["overflow_skipped_steps"] == 0 and "precision fp16 (loss scale 65536" in out

@@ -99,3 +99,32 @@ def test_an_empty_checkpoint_or_resume_path_is_a_usage_error(capsys):
             main(["train", "resnet_cifar", "--depth", "8", "--iters", "1", opt, ""])
         assert e.value.code == 2
         assert f"argument {opt}: needs a file name" in capsys.readouterr().err
+
+
+PRECISION_COMMANDS = ("train", "plan", "memory", "deepest", "widest", "profile")
+
+
+def test_every_planning_and_training_command_takes_a_checked_precision(capsys):
+    cmds = _commands()
+    for cmd in PRECISION_COMMANDS:
+        a = next(a for a in cmds[cmd]._actions if "--precision" in a.option_strings)
+        assert a.type.__module__ == cli_args.__name__ and a.default == "fp32"
+        assert "bf16" in a.help and "docs/precision.md" in a.help
+        argv = [cmd, *REQUIRED.get(cmd, ["resnet_cifar"]), "--precision", "half"]
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(argv)
+        assert e.value.code == 2
+        assert "argument --precision: must be one of fp32, tf32, bf16, fp16, got 'half'" in \
+            capsys.readouterr().err
+    assert build_parser().parse_args(["plan", "resnet_cifar", "--precision", "bf16"]
+                                     ).precision == "bf16"
+
+
+def test_plan_reports_bytes_by_type(capsys):
+    import json
+    assert main(["plan", "resnet_cifar", "--depth", "8", "--precision", "bf16",
+                 "--no-min-budget", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "at the peak by type (bf16): bfloat16" in out and "all tensors by type" in out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["precision"] == "bf16" and set(r["bytes_by_dtype"]) == {"bfloat16", "float32"}

@@ -236,3 +236,15 @@ def test_ctrl_c_in_a_parallel_search_is_one_line():
     assert p.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "ForkPoolWorker" not in err
     assert err.rstrip().splitlines()[-1] == "neuron deepest: interrupted"
+
+
+def test_a_precision_the_device_cannot_run_is_one_line(capsys):
+    rc, _, err = run(capsys, *TRAIN, "--iters", "1", "--precision", "tf32")
+    one_line_error(rc, err, 2, "precision tf32 on device cpu:", "no TF32 arithmetic")
+
+
+def test_bf16_without_ml_dtypes_names_the_package(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)     # import fails as if not installed
+    rc, _, err = run(capsys, "plan", *SMALL, "--precision", "bf16", "--no-min-budget")
+    assert rc != 0 and "ml_dtypes" in err and "pip install ml_dtypes" in err, err
+    assert "Traceback" not in err
