@@ -362,6 +362,9 @@ class Executor:
         if missing is not None:
             raise ValueError(f"precision {self.precision} on device {self.device.name}: "
                              f"{missing}")
+        use = getattr(self.device, "use_precision", None)
+        if use is not None:
+            use(self.precision.name)
 
     def _write(self, t, value) -> None:
         """Set a parameter/state tensor wherever it lives (arena or host)."""

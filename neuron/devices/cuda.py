@@ -714,6 +714,23 @@ class CudaDevice(Device):
     def wait(event) -> None:
         event.synchronize()
 
+    # ---- precision (precision.py) -------------------------------------------------------------
+    def precision_missing(self, precision: str) -> str | None:
+        if precision in ("fp32", "tf32"):
+            return None
+        return (f"CudaDevice runs fp32 and tf32; {precision} needs 2-byte GPU kernels, not "
+                "built yet (convolution, matrix products and elementwise in the low type with "
+                "float32 accumulation): use --precision fp32 or tf32, or bf16/fp16 on the CPU")
+
+    def use_precision(self, precision: str) -> None:
+        """tf32: float32 convolutions and matrix products on TF32 tensor cores from now on
+        (cuDNN's math type and neuron's cuBLAS handle). Process-wide switches, as PyTorch's
+        allow_tf32 are; fp32 leaves them as they are (strict float32 unless set)."""
+        if precision == "tf32":
+            from ..kernels import cuda as K
+            K.allow_tf32 = True
+            os.environ["CUPY_TF32"] = "1"
+
     # ---- reporting / teardown ----------------------------------------------------------------
     def memory_info(self) -> dict:
         free, total = self._cp.cuda.runtime.memGetInfo()

@@ -289,11 +289,14 @@ def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=Fa
 # dropout
 # --------------------------------------------------------------------------
 
-def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None):
+def dropout_forward(x, y, mask, p, seed, batch_offset=0, batch_total=None, key_buffer=None):
     """mask[i] ~ Bernoulli(1-p) from np.random.default_rng(seed) (keep iff
     u < 1-p with u uniform float32 in [0, 1)); y = x*mask/(1-p).
     p >= 1 drops everything (y = 0) like torch. A chunk of a batch of ``batch_total``
-    samples starting at ``batch_offset`` gets its part of the whole batch's mask."""
+    samples starting at ``batch_offset`` gets its part of the whole batch's mask.
+    ``key_buffer``: the GPU's (a CUDA graph's seed on the device); None here."""
+    if key_buffer is not None:
+        raise ValueError("dropout_forward: key_buffer is a CUDA graph's; the CPU takes seed")
     if p >= 1.0:
         mask[...] = 0
     elif p <= 0.0:

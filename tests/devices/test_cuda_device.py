@@ -172,3 +172,18 @@ def test_synchronous_copies_wait_on_the_host_and_synchronize_covers_every_stream
     assert [(m[1] - base, m[2] - base) for m in moves] == [(0, 0x100), (0x100, 0x200),
                                                            (0x200, 0x300)]
     assert np.array_equal(_bytes(dev, 0, 0x300), data)     # overlapping, yet copied whole
+
+
+def test_cuda_device_runs_fp32_and_tf32_and_names_what_bf16_lacks(gpu, monkeypatch):
+    import os
+
+    from neuron.kernels import cuda as K
+    dev, _ = gpu
+    assert dev.precision_missing("fp32") is None and dev.precision_missing("tf32") is None
+    assert "2-byte GPU kernels" in dev.precision_missing("bf16")
+    monkeypatch.setattr(K, "allow_tf32", False)
+    monkeypatch.setenv("CUPY_TF32", "0")
+    dev.use_precision("fp32")                   # leaves the switches as they are
+    assert K.allow_tf32 is False and os.environ["CUPY_TF32"] == "0"
+    dev.use_precision("tf32")
+    assert K.allow_tf32 is True and os.environ["CUPY_TF32"] == "1"
