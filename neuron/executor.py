@@ -33,7 +33,7 @@ from .precision import Precision, get_precision
 from .loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
 from . import mixed_cpu
 from .sizes import byte_size_arg, size_arg
-from .training_graph import LOSSES, feed, with_loss  # noqa: F401 (with_loss: public here too)
+from .training_graph import LOSSES, feed, nonfinite_input, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
 from .recording import TapeDiverged
 from .replay import MODES as REPLAY_MODES, Replay
@@ -422,10 +422,13 @@ class Executor:
         return {k: v for k, v in self.state_dict().items() if ":" not in k}
 
     # ---- running ----------------------------------------------------------------------
-    def _feed(self, x, y) -> dict:
+    def _feed(self, x, y, guarded: bool = False) -> dict:
+        """The checked batch (``guarded``: a training step under the step guard, whose flag
+        checks the images' finiteness on the device: _compute)."""
         if self.device.computes is False:
             return {}
-        fed = feed(self.train_graph, self.batch, self.dtype, self.loss, x, y)
+        fed = feed(self.train_graph, self.batch, self.dtype, self.loss, x, y,
+                   check_finite=not (guarded and self._input_on_device()))
         if self._replay is None:
             return fed
         # a recorded iteration reads its batch from buffers that stay where they are
@@ -462,7 +465,7 @@ class Executor:
                 if loss is not None:
                     return loss
             ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
-                          feed=self._feed(x, y))
+                          feed=self._feed(x, y, guarded=self.transactional))
             if not self.device.computes or not self.transactional:
                 self._run(self.steps, self.frees, ctx, check_loss=self.device.computes)
                 self.iteration += 1
@@ -512,12 +515,31 @@ class Executor:
             self._run(self.steps, self.frees, ctx, check_loss=True)
             if undo.nonfinite():
                 raise self._update_error(ctx.losses.get("loss"))
-        except BaseException:
+        except BaseException as e:
             with signals_deferred():    # a second Ctrl-C must not cut the undo in half
                 undo.restore()      # (_run's finally already returned the pool to its start)
+            bad = self._bad_input(ctx.feed) \
+                if isinstance(e, (NonFiniteLossError, NonFiniteUpdateError)) else None
+            if bad is not None:
+                raise bad from None
             raise
         finally:
             self.undo = None
+
+    def _input_on_device(self) -> bool:
+        """Whether the step guard checks the images (float32/64 inputs) on the device."""
+        return self.device.computes and self.transactional and not self.precision.mixed
+
+    def _bad_input(self, fed) -> DataError | None:
+        """After a non-finite step: the batch's fault, if its images were not finite (checked
+        on the device, named here on the host: the rare path)."""
+        if not self._input_on_device():
+            return None
+        data = self.train_graph.inputs[0]
+        x = fed.get(data.producer.name)
+        if x is not None and x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+            return DataError(nonfinite_input(data.name) + "; the step was undone")
+        return None
 
     def _update_error(self, loss) -> NonFiniteUpdateError:
         return NonFiniteUpdateError(
@@ -530,7 +552,7 @@ class Executor:
         this iteration's batch, seed and learning rate; undone like an eager step. None: the
         replay met what its record did not have, was undone, and the step is to run eagerly."""
         tape, undo = replay.tape, self._undo_record
-        self._feed(x, y)                    # checked, and written where the tape reads it
+        fed = self._feed(x, y, guarded=True)    # checked, written where the tape reads it
         graph = replay.graph_for(self.device, self._staging)
         try:
             results = replay.run(graph, self.iteration, self.device)
@@ -555,7 +577,7 @@ class Executor:
         if failed is not None:
             with signals_deferred():
                 undo.restore(tape.saved_before(len(tape.ops)))
-            raise failed
+            raise self._bad_input(fed) or failed
         replay.repeat_traffic(tape, self.pool)
         if self.pool.log is not None:       # the pool's event log of the recorded iteration
             self.pool.log.extend(tape.pool_log)
@@ -740,6 +762,9 @@ class Executor:
             else:
                 layer.forward(k, ins, outs, params, aux, ws, ctx)
             ctx.recompute = False
+            if undo is not None and step.phase == "F" and layer.kind == "data" \
+                    and self._input_on_device():    # the images, checked on the device
+                undo.check_finite(o for o in outs if o.dtype.kind == "f")
             if buffers:
                 undo.check_finite(params[n] for n in buffers)
             return

@@ -47,8 +47,11 @@ def with_loss(graph: Graph, loss: str = "softmax") -> Graph:
     return tg
 
 
-def feed(train_graph: Graph, batch: int, dtype, loss: str, x, y) -> dict:
-    """{producer name: array} for one training step, after checking the batch."""
+def feed(train_graph: Graph, batch: int, dtype, loss: str, x, y,
+         check_finite: bool = True) -> dict:
+    """{producer name: array} for one training step, after checking the batch.
+    ``check_finite`` False: the caller checks the images' finiteness on the device instead
+    (the step guard's flag: a pass over the batch on the host costs milliseconds a step)."""
     data, labels = train_graph.inputs
     x = np.asarray(x)
     if x.dtype.kind != "f":     # complex loses its imaginary part, integers are unscaled
@@ -71,10 +74,14 @@ def feed(train_graph: Graph, batch: int, dtype, loss: str, x, y) -> dict:
     if y.size and (y.min() < 0 or y.max() >= k):
         bad = y[(y < 0) | (y >= k)][0]
         raise DataError(f"labels: value {bad} out of range [0, {k}) for the loss layer")
-    if not np.all(np.isfinite(x)):
-        raise DataError(f"input {data.name}: batch contains NaN or infinity")
+    if check_finite and not np.all(np.isfinite(x)):
+        raise DataError(nonfinite_input(data.name))
     return {data.producer.name: x.astype(dtype, copy=False),
             labels.producer.name: y.astype(np.int64, copy=False)}
+
+
+def nonfinite_input(name: str) -> str:
+    return f"input {name}: batch contains NaN or infinity"
 
 
 def _regression_targets(train_graph, batch, dtype, x, y):

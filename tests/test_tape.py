@@ -124,6 +124,28 @@ def test_a_nonfinite_loss_in_a_replay_is_undone_with_the_eager_error():
     assert states_equal(ex.state_dict(), before)
 
 
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_a_nonfinite_image_in_a_replay_is_named_and_undone(bad):
+    """The images are checked on the device, into the step guard's flag (the tape holds that
+    check on the input's view), not by a pass on the host before every step; the batch is
+    named on the host only when the step failed."""
+    from neuron.errors import DataError
+    ex, g = _replaying()
+    checks = [args for fn, args, _, _ in ex._replay.tape.ops
+              if getattr(fn, "__name__", "") == "nonfinite_flag_update"]
+    x, y = batch_for(g, 6, _classes(g), seed=9)
+    assert any(a[1].shape == x.shape for a in checks)      # the batch's view in the arena
+    before = ex.state_dict()
+    x = x.astype(np.float32)
+    x[2, 0, 1, 1] = bad
+    with pytest.raises(DataError, match="input data: batch contains NaN or infinity"):
+        ex.train_step(x, y)
+    assert states_equal(ex.state_dict(), before) and ex.iteration == 4
+    x[2, 0, 1, 1] = 0.0
+    ex.train_step(x, y)
+    assert ex.replay["ran"] == "tape" and ex.iteration == 5
+
+
 @pytest.mark.parametrize("where", [0.3, 0.6, 0.95])
 def test_an_interrupted_replay_leaves_the_state_of_the_iteration_before(where):
     """KeyboardInterrupt at an operation of the tape: every block the replay had started to
