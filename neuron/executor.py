@@ -11,6 +11,7 @@ import gc
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -437,9 +438,19 @@ class Executor:
             st = self._staging = {n: self.device.staging_array(a.shape, a.dtype)
                                   for n, a in fed.items()}
         for n, a in fed.items():
-            np.copyto(st[n], a)
+            if a is not st[n]:              # a loader may fill them in place: batch_buffers()
+                np.copyto(st[n], a)
         return st
 
+    def batch_buffers(self) -> dict | None:
+        """The fixed (pinned, on a GPU) buffers a replayed step reads its batch from, by input
+        name ({"data": images, "labels": ...}), once a replaying executor has taken a step;
+        None before. Pass them back to train_step, filled in place, to save a copy of the
+        batch per step."""
+        if self._staging is None:
+            return None
+        return {layer.name: self._staging[layer.producer.name]
+                for layer in self.train_graph.inputs}
     @contextlib.contextmanager
     def _exclusive(self, what: str):
         if not self._busy.acquire(blocking=False):
@@ -552,6 +563,7 @@ class Executor:
         this iteration's batch, seed and learning rate; undone like an eager step. None: the
         replay met what its record did not have, was undone, and the step is to run eagerly."""
         tape, undo = replay.tape, self._undo_record
+        t0, waited = time.perf_counter(), getattr(self.device, "wait_seconds", 0.0)
         fed = self._feed(x, y, guarded=True)    # checked, written where the tape reads it
         graph = replay.graph_for(self.device, self._staging)
         try:
@@ -584,6 +596,9 @@ class Executor:
         replay.replayed += 1
         replay.last_ran = "graph" if graph is not None and replay.graph is graph else "tape"
         self.iteration += 1
+        # the host's own time: all but its waits for a launched graph (replay.info's host_ms)
+        replay.host_seconds.append(time.perf_counter() - t0 - (
+            getattr(self.device, "wait_seconds", 0.0) - waited))
         return loss
 
     def evaluate(self, x, y) -> tuple[float, int]:

@@ -2,7 +2,9 @@
 (neuron/tape.py) or as one CUDA graph (neuron/devices/cuda_graph.py)."""
 from __future__ import annotations
 
+import statistics
 import warnings
+from collections import deque
 
 from .devices.cuda_graph import GraphReplay, GraphUnavailable
 from .layers.loss import record_loss
@@ -57,6 +59,7 @@ class Replay:
         self.graph = None                   # the tape as a CUDA graph (mode "graph")
         self.graph_reason: str | None = None    # why the tape is replayed instead
         self.last_ran = "off"           # what the last train_step ran: "off" (eager) or mode
+        self.host_seconds = deque(maxlen=64)    # per replayed step: wall time less device waits
 
     def pool_moved(self) -> None:
         """An eager iteration or evaluate() ended: tensors may be elsewhere now (a replay moves
@@ -165,4 +168,6 @@ class Replay:
                 "recorded_iterations": self.recorded,
                 "operations": len(self.tape.ops) if self.tape is not None else None,
                 "eager_because": self.reason, "tape_because": self.graph_reason,
-                "graph_captures": self.graph.captures if self.graph is not None else 0}
+                "graph_captures": self.graph.captures if self.graph is not None else 0,
+                "host_ms": round(statistics.median(self.host_seconds) * 1e3, 4)
+                if self.host_seconds else None}

@@ -39,6 +39,7 @@ import math
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -288,6 +289,7 @@ class CudaDevice(Device):
         self._views: dict = {}
         self._copy_events: dict = {}        # stream pointer -> [its event ring, next index]
         self._capture = None                # a CaptureScope while a graph is being captured
+        self.wait_seconds = 0.0             # the host's waits for launched graphs, in all
 
         self.allocator = ArenaAllocator()
         self._scratch_heap = Heap(self.scratch_bytes, block=ARENA_ALIGN) \
@@ -672,7 +674,9 @@ class CudaDevice(Device):
         for side in self.side_streams():
             self.compute_stream.wait_event(side.record())
         graph.launch(stream=self.compute_stream)
+        t0 = time.perf_counter()
         self.compute_stream.synchronize()
+        self.wait_seconds += time.perf_counter() - t0
 
     def copy_to_host_captured(self, view, buf, nbytes: int) -> None:
         """copy_to_host inside a graph: later work on every stream waits for the copy."""
