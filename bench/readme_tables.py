@@ -273,8 +273,8 @@ def headline_table(d: dict) -> str:
     """The README's results at a glance: depth and width (planned on the CPU, run on the GPU)
     and speed against PyTorch, each row with its device and date."""
     deep, wide, gpu, conf = d["deepest"], d["widest"], d["throughput"], d["gpu_raw/confirm"]
-    cpu = d["cpu_speed"]
-    dp, wp = provenance_of(deep), provenance_of(wide)
+    cpu, prec = d["cpu_speed"], d["precision_planned"]
+    dp, wp, pp = provenance_of(deep), provenance_of(wide), provenance_of(prec)
     best_deep = max((r for r in deep["neuron"] if r["family"] == "resnet" and r.get("deepest")),
                     key=lambda r: r["deepest"])
     r50 = [r for r in wide["neuron"] if r["model"] == "resnet50"]
@@ -300,6 +300,14 @@ def headline_table(d: dict) -> str:
          f"{num(parts['widest']['batch'])} "
          f"({parts['widest']['run']['seconds_per_iter']:.1f} s/iteration)", "-", "",
          f"{cdev}, {cdate}"],
+        ["largest batch, 12 GiB, planned, bf16 (fp32 in brackets)",
+         ", ".join(f"{r['model']} {num(r['bf16'])} ({num(r['fp32'])})" for r in prec["widest"]),
+         "-", "", f"{pp['device'].replace(', planning only', '')}, {pp['date']}"],
+        ["deepest ResNet, batch 16, 12 GiB, planned, bf16 (fp32 in brackets)",
+         ", ".join(f"{num(r['bf16'])} ({num(r['fp32'])})"
+                   + (" with offload-params" if r["offload_params"] else "")
+                   for r in prec["deepest"]),
+         "-", "", f"{pp['device'].replace(', planning only', '')}, {pp['date']}"],
         ["training speed, fp32, no budget (neuron / PyTorch eager img/s)", speed, "1.00x", "",
          f"{gpu['device']}, {_date(gpu['date'])}"],
         ["training speed, quick-start model on the CPU (neuron / PyTorch img/s)",
@@ -381,7 +389,8 @@ def _e(x) -> str:
 # name -> JSON, renderer). One line per region, wherever it sits (README.md or docs/).
 GENERATORS: dict[str, tuple[str | tuple[str, ...], Callable[[dict], str]]] = {
     "quickstart": ("quickstart", quickstart_text),
-    "headline": (("deepest", "widest", "throughput", "gpu_raw/confirm", "cpu_speed"),
+    "headline": (("deepest", "widest", "throughput", "gpu_raw/confirm", "cpu_speed",
+                  "precision_planned"),
                  headline_table),
     "min_budget": ("plan_min_budget", min_budget_table),
     "resnet50_ratio": ("plan_min_budget", min_budget_ratio("resnet50")),
