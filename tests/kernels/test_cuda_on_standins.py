@@ -243,6 +243,8 @@ def rerun_graphs(monkeypatch, cuda_standins):
     # the least budget: parameters go to the host and back every iteration, each to the
     # buffer it left (its home), or the records never repeat (memory/host.py)
     ("resnet_cifar8", {"policy": "superneurons", "offload_params": True, "fraction": "min"}),
+    # compressed swaps: the codec stream's kernels inside the capture
+    ("resnet_cifar8", {"planner": "superneurons:compress=2", "fraction": 0.6}),
 ])
 def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs, graph, kw):
     """CudaDevice's recorded iteration (kernel calls with their descriptors and views, the
@@ -267,3 +269,6 @@ def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs,
         assert r["eager_because"] is None, r
         assert r["replayed_iterations"] >= 2, r
         assert r["ran"] == mode and r["tape_because"] is None, r
+    if "compress" in str(kw.get("planner")):        # the codec ran, and is on the tape
+        names = {getattr(fn, "__name__", "") for fn, *_ in runs["graph"][2]._replay.tape.ops}
+        assert {"encode", "decode"} <= names, names
