@@ -14,11 +14,20 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_kernels")]
 
 
-def _train(replay, steps=6, lr_schedule=False, **kw):
+def _with_dropout():
+    import neuron as nn
+    x = nn.Input((3, 16, 16), name="data")
+    h = nn.ReLU(name="r1")(nn.Conv2d(8, 3, padding=1, name="c1")(x))
+    h = nn.Dropout(0.5, name="drop")(nn.Linear(32, name="fc1")(h))
+    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
+
+
+def _train(replay, steps=6, lr_schedule=False, graph=None, **kw):
     import neuron as nn
     from neuron.executor import Executor
     from neuron.models import build_model
-    g = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
+    g = graph() if graph is not None else build_model("resnet_cifar", depth=8,
+                                                       in_shape=(3, 16, 16))
     rng = np.random.default_rng(0)
     ex = Executor(g, 8, device="cuda", seed=1, replay=replay,
                   optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), **kw)
@@ -32,8 +41,9 @@ def _train(replay, steps=6, lr_schedule=False, **kw):
 
 
 @pytest.mark.parametrize("mode", ["tape", "graph"])
-@pytest.mark.parametrize("kw", [{}, {"lr_schedule": True}, {"chunks": 2}],
-                         ids=["plain", "lr_schedule", "chunks"])
+@pytest.mark.parametrize("kw", [{}, {"lr_schedule": True}, {"chunks": 2},
+                                {"graph": _with_dropout}],
+                         ids=["plain", "lr_schedule", "chunks", "dropout"])
 def test_replay_gives_the_bits_of_eager_execution_on_the_gpu(mode, kw):
     l_off, s_off, _ = _train("off", **kw)
     l_rep, s_rep, ex = _train(mode, **kw)
@@ -42,6 +52,24 @@ def test_replay_gives_the_bits_of_eager_execution_on_the_gpu(mode, kw):
     r = ex.replay
     assert r["eager_because"] is None and r["tape_because"] is None, r
     assert r["ran"] == mode and r["replayed_iterations"] >= 3, r
+
+
+def test_a_dropout_network_is_captured_once():
+    _, _, ex = _train("graph", graph=_with_dropout)
+    assert ex.replay["ran"] == "graph" and ex.replay["graph_captures"] == 1, ex.replay
+
+
+def test_a_nonfinite_image_in_a_graph_step_is_named_and_undone():
+    from neuron.errors import DataError
+    _, _, ex = _train("graph")
+    before = ex.state_dict()
+    x = np.random.default_rng(3).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    x[5, 1, 2, 3] = np.nan
+    with pytest.raises(DataError, match="NaN or infinity"):
+        ex.train_step(x, np.zeros(8, np.int64))
+    after = ex.state_dict()
+    assert all(before[k].tobytes() == after[k].tobytes() for k in before)
+    assert ex.replay["ran"] == "graph"
 
 
 def test_replay_under_a_budget_moves_what_eager_moves():

@@ -272,3 +272,28 @@ def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs,
     if "compress" in str(kw.get("planner")):        # the codec ran, and is on the tape
         names = {getattr(fn, "__name__", "") for fn, *_ in runs["graph"][2]._replay.tape.ops}
         assert {"encode", "decode"} <= names, names
+
+
+def test_a_nonfinite_image_in_a_graph_step_is_named_and_undone(gpu_kernels, rerun_graphs):
+    """The images' check runs inside the graph (into the step guard's flag); a bad batch is
+    named on the host after the launch, and the step is undone."""
+    from neuron.devices.cuda import CudaDevice
+    from neuron.errors import DataError
+    _, arena, _, _ = _arena_for("resnet_cifar8", {})
+    dev = CudaDevice(arena, headroom_bytes=0)
+    try:
+        _, _, ex = train("resnet_cifar8", dev, steps=5, replay="graph")
+        assert ex.replay["ran"] == "graph"
+        before = ex.state_dict()
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+        x[1, 1, 1, 1] = np.inf
+        with pytest.raises(DataError, match="NaN or infinity"):
+            ex.train_step(x, np.zeros(4, np.int64))
+        after = ex.state_dict()
+        assert all(before[k].tobytes() == after[k].tobytes() for k in before)
+        x[1, 1, 1, 1] = 0.0
+        ex.train_step(x, np.zeros(4, np.int64))
+        assert ex.replay["ran"] == "graph" and ex.iteration == 6
+    finally:
+        dev.close()
