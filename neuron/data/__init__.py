@@ -34,7 +34,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .batch_order import epoch_permutation
+from .batch_order import epoch_batches, epoch_permutation
 from ..errors import NeuronError
 from .image_folder import load_image_folder
 
@@ -521,17 +521,9 @@ def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0
         return ds.stream(b, seed, int(start_step))
     if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
         raise ValueError(f"start_step must be a non-negative int, got {start_step!r}")
-    n = len(ds)
-    spe = n // b
-
     def gen():
-        epoch, j = divmod(int(start_step), spe)
-        while True:
-            order = epoch_permutation(n, seed, epoch)
-            for i in range(j * b, spe * b, b):
-                idx = order[i:i + b]
-                yield ds.x[idx], ds.y[idx]
-            epoch += 1
-            j = 0
+        for order, i in epoch_batches(len(ds), b, seed, start_step):
+            idx = order[i:i + b]
+            yield ds.x[idx], ds.y[idx]
 
     return gen()

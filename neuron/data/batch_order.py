@@ -10,3 +10,16 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     """The sample indices 0..n-1 in the order of ``epoch`` for ``seed``."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
     return rng.permutation(n)
+
+
+def epoch_batches(n: int, batch: int, seed: int, start_step: int = 0):
+    """Forever, from step ``start_step``: (that epoch's order, start index) of each full batch
+    (the last partial batch of an epoch dropped); step k a pure function of (seed, k)."""
+    spe = n // batch
+    epoch, j = divmod(int(start_step), spe)
+    while True:
+        order = epoch_permutation(n, seed, epoch)
+        for i in range(j * batch, spe * batch, batch):
+            yield order, i
+        epoch += 1
+        j = 0

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .batch_order import epoch_permutation
+from .batch_order import epoch_batches
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 STATS_SAMPLE = 512
@@ -241,18 +241,8 @@ class ImageFolderDataset:
     # ---- the two ways data.py asks for batches ----------------------------------------
     def stream(self, batch: int, seed: int, start_step: int = 0):
         """Infinite shuffled stream, step k a pure function of (seed, k) (as data.iterate)."""
-        n, b = len(self), batch
-        spe = n // b
-
-        def jobs():
-            epoch, j = divmod(int(start_step), spe)
-            while True:
-                order = epoch_permutation(n, seed, epoch)
-                for i in range(j * b, spe * b, b):
-                    yield order, i, b
-                epoch += 1
-                j = 0
-        return self._pipeline(jobs())
+        return self._pipeline((order, i, batch) for order, i in
+                              epoch_batches(len(self), batch, seed, start_step))
 
     def in_order(self, batch: int):
         """One pass in file order, the last batch partial (for evaluation)."""

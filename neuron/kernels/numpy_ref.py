@@ -106,17 +106,8 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
     mean = _channel_sum(x) / m
     _channel_op(np.subtract, x, mean, y)                    # y = x - mean
     var = _channel_dot(y, y) / m                            # biased variance
-    invstd = 1.0 / np.sqrt(var + eps)
-    if save_mean is not None:
-        save_mean[...] = mean
-    if save_invstd is not None:
-        save_invstd[...] = invstd
-    scale = invstd if gamma is None else invstd * gamma
-    _channel_op(np.multiply, y, scale, y)
-    if beta is not None:
-        _channel_op(np.add, y, beta, y)
-    if update_running:
-        update_running_stats(running_mean, running_var, mean, var, m, momentum)
+    bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
+                        running_mean, running_var, momentum, update_running)
 
 
 def bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
@@ -124,16 +115,21 @@ def bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invst
     """The rest of training-mode BN once y = x - mean and the biased variance over m values
     are known (one batch here; the global batch in distributed/sync_bn.py). Works on NumPy
     and CuPy arrays alike (np.sqrt dispatches to CuPy through __array_ufunc__)."""
-    bshape = (1, -1, 1, 1) if y.ndim == 4 else (1, -1)
     invstd = 1.0 / np.sqrt(var + eps)
     if save_mean is not None:
         save_mean[...] = mean
     if save_invstd is not None:
         save_invstd[...] = invstd
     scale = invstd if gamma is None else invstd * gamma
-    y *= scale.reshape(bshape)
-    if beta is not None:
-        y += beta.reshape(bshape)
+    if isinstance(y, np.ndarray):       # a sample-long inner loop (_channel_op)
+        _channel_op(np.multiply, y, scale, y)
+        if beta is not None:
+            _channel_op(np.add, y, beta, y)
+    else:                               # CuPy: in-place operators
+        bshape = (1, -1, 1, 1) if y.ndim == 4 else (1, -1)
+        y *= scale.reshape(bshape)
+        if beta is not None:
+            y += beta.reshape(bshape)
     if update_running:
         update_running_stats(running_mean, running_var, mean, var, m, momentum)
 

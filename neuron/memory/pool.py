@@ -398,15 +398,10 @@ class Pool:
 
     def _reclaim_host(self, nbytes: int) -> None:
         """The plan releases a prefetched tensor's host buffer at the prefetch; its copy may
-        still be reading it. Before that counts as over the host budget, wait (oldest first)
-        for such copies until ``nbytes`` are back: the host blocks briefly, the plan holds."""
-        hp = self.host_pool
-        goal = hp.in_use_bytes - nbytes
+        still be reading it. Before that counts as over the host budget, every such buffer
+        goes back now (_reap: the next copy into one waits for that copy on the device; the
+        host never blocks), so the plan's host budget holds."""
         self._reap()
-        while self.deferred and hp.in_use_bytes > goal:
-            ev, buf, home = self.deferred.pop(0)
-            self.device.wait(ev)
-            hp.put(buf, home=home)
 
     def _fenced_free(self, t: TensorInfo, off: int) -> None:
         """Free t's block with its fences: its last kernel (the running step's if the step

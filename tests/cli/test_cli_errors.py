@@ -9,21 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from neuron.cli.main import build_parser, main
+from neuron.cli.main import build_parser
 from neuron.cli.errors import run_command
+from test_cli import ROOT, SMALL, run  # one runner for both files
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-SMALL = ["resnet_cifar", "--depth", "8"]
 TRAIN = ["train", *SMALL, "--batch", "4", "--device", "cpu", "--no-progress"]
-
-
-def run(capsys, *argv):
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def one_line_error(rc, err, code, *fragments):

@@ -8,21 +8,9 @@ _ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pa
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from neuron.devices import cuda_unavailable_reason  # noqa: E402 (after the path)
 
-def _why_no_gpu():
-    try:
-        import cupy
-    except Exception as e:              # not installed, or a broken install
-        return f"cupy is not importable ({type(e).__name__}: {e})"
-    try:
-        if not cupy.cuda.is_available():
-            return "cupy.cuda.is_available() is False (no GPU or driver)"
-    except Exception as e:              # CuPy 13 raised instead of returning False
-        return f"no usable GPU ({type(e).__name__}: {e})"
-    return None
-
-
-NO_GPU = _why_no_gpu()
+NO_GPU = cuda_unavailable_reason()
 
 
 def pytest_collection_modifyitems(config, items):
