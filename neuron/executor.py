@@ -468,9 +468,8 @@ class Executor:
         statistics, the pool and the iteration counter are exactly as before it."""
         with self._exclusive("train_step"):
             replay = self._replay
-            if replay is not None and (self.dp is not None or not self.transactional
-                                       or self._instrumented()):
-                replay = None   # the all-reduces, the unguarded step, a stopwatch run eagerly
+            if replay is not None and (not self.transactional or self._instrumented()):
+                replay = None   # the unguarded step, a stopwatch run eagerly
             if replay is not None and replay.ready(self.pool):
                 loss = self._replay_step(replay, x, y)
                 if loss is not None:

@@ -3,7 +3,9 @@
 A kernel argument that changes from one iteration to the next (a dropout seed, the learning
 rate) is given through ``per_iteration``: eagerly a plain value, while recording a ``Varying``
 marker that every replay resolves for its own iteration. A helper kernel module that is not the
-device's kernel set (bn_chunks) is called through ``kernel_module`` so its calls are recorded.
+device's kernel set (bn_chunks, sync-BN) is called through ``kernel_module`` so its calls are
+recorded, and a host operation of the iteration (a data-parallel all-reduce) through
+``host_call``.
 """
 from __future__ import annotations
 
@@ -37,6 +39,22 @@ def kernel_module(k, module):
     if getattr(k, "records", False):
         return k.module(module)
     return module
+
+
+def collective(fn):
+    """Marks a host operation of the iteration's program that talks to other processes (a
+    data-parallel all-reduce): recorded and replayed like a kernel, but a CUDA graph cannot
+    hold it (devices/cuda_graph.py replays the tape instead)."""
+    fn.collective = True
+    return fn
+
+
+def host_call(k, fn, *args):
+    """``fn(*args)``, a host operation that is part of the iteration (a collective): recorded
+    on the tape when ``k`` records, so that every replay calls it again at the same point."""
+    if getattr(k, "records", False):
+        return k.host_call(fn, args)
+    return fn(*args)
 
 
 def unrecordable(device, why: str) -> None:

@@ -57,6 +57,10 @@ class RecordingKernels:
             cache[id(module)] = RecordingKernels(module, self._tape)
         return cache[id(module)]
 
+    def host_call(self, fn, args):
+        """A host operation of the iteration (recording.host_call), kept on the tape."""
+        return self._tape.call(fn, args, {})
+
     def __getattr__(self, name):
         fn = getattr(self._kernels, name)
         if not callable(fn):

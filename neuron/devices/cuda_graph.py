@@ -85,6 +85,10 @@ class GraphReplay:
         out = []
         for i, (fn, args, kw, flags) in enumerate(self.tape.ops):
             name = getattr(fn, "__name__", "")
+            if getattr(fn, "collective", False):
+                raise GraphUnavailable(
+                    f"operation {i} ({name}) is a data-parallel collective, a host call between "
+                    "the iteration's kernels: the tape replays it in its place")
             if fn is getattr(k, "copy", None) and len(args) == 2 and \
                     isinstance(args[1], np.ndarray) and not isinstance(args[1], dev.cupy.ndarray):
                 if not self._staged(args[1]):

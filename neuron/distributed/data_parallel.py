@@ -24,6 +24,7 @@ import zlib
 
 import numpy as np
 
+from ..recording import collective, host_call, kernel_module, per_iteration
 from .comm import Communicator, ParameterDivergenceError
 from .overlap import is_deferred
 from .sync_bn import SyncBatchNormKernels
@@ -66,13 +67,18 @@ class DataParallel:
 
     # ---- executor hooks ------------------------------------------------------------
     def kernels(self, base):
-        """The kernels a step runs with (sync-BN wraps the batch-norm ones)."""
-        return self._sync_kernels if self._sync_kernels is not None else base
+        """The kernels a step runs with (sync-BN wraps the batch-norm ones; recorded whole,
+        all-reduces included, when ``base`` records a tape)."""
+        if self._sync_kernels is None:
+            return base
+        return kernel_module(base, self._sync_kernels)
 
     def reduce_gradients(self, step, dparams: dict) -> None:
         """Called per backward step after the layer's kernel, before its updates. Blocking
         plan: average this layer's gradients (one collective per layer). Overlapping plan:
-        progress the collectives in flight, start this step's bucket, finish the due ones."""
+        progress the collectives in flight, start this step's bucket, finish the due ones.
+        Each collective is a host operation of the iteration (recording.host_call): a replayed
+        iteration issues the same collectives at the same points, on every rank."""
         if not self._collect:
             return
         if self.overlap:
@@ -80,39 +86,63 @@ class DataParallel:
         grads = [dparams[pname] for pname, _, _, _ in step.updates]
         if not grads:
             return
+        name, k = step.layer.name, self.ex._k
+        what = per_iteration(k, lambda it: f"all-reduce of {name}'s gradients (iteration {it})",
+                             self.ex.iteration)
+        host_call(k, self._allreduce_mean, grads, what)
+
+    def _overlap_step(self, step) -> None:
+        k = self.ex._k
+        if self._pending:
+            host_call(k, self._progress)
+        b = step.bucket
+        if b is not None:
+            view = self.ex.pool.view
+            layers = f"{', '.join(b.layers[:3])}{', ...' if len(b.layers) > 3 else ''}"
+            what = per_iteration(k, lambda it: f"all-reduce of gradient bucket {b.index} "
+                                 f"({layers}; iteration {it})", self.ex.iteration)
+            self._pending[b.index] = host_call(k, self._start, [view(g) for g in b.grads()],
+                                               what)
+        for d in step.due:
+            host_call(k, self._finish, self._pending.pop(d.index))
+
+    # the collectives themselves: what a tape records and replays
+    @collective
+    def _allreduce_mean(self, grads, what) -> None:
         t0 = time.perf_counter()
-        self.comm.allreduce_mean(grads, f"all-reduce of {step.layer.name}'s gradients "
-                                 f"(iteration {self.ex.iteration})")
+        self.comm.allreduce_mean(grads, what)
         dt = time.perf_counter() - t0
         self.allreduce_wait_s += dt
         self.allreduce_span_s += dt
         self.allreduce_calls += 1
         self.allreduce_bytes += sum(int(g.nbytes) for g in grads)
 
-    def _overlap_step(self, step) -> None:
-        if self._pending:
-            self.comm.progress()
-        b = step.bucket
-        if b is not None:
-            view = self.ex.pool.view
-            grads = [view(g) for g in b.grads()]
-            self._pending[b.index] = self.comm.start_allreduce_sum(
-                grads, f"all-reduce of gradient bucket {b.index} ({', '.join(b.layers[:3])}"
-                f"{', ...' if len(b.layers) > 3 else ''}; iteration {self.ex.iteration})")
-            self.allreduce_calls += 1
-            self.allreduce_bytes += sum(int(g.nbytes) for g in grads)
-        for d in step.due:
-            h = self._pending.pop(d.index)
-            t0 = time.perf_counter()
-            self.comm.wait(h)
-            self.allreduce_wait_s += time.perf_counter() - t0
-            self.allreduce_span_s += (h.t_done or time.perf_counter()) - h.t_start
-            self.comm.sum_to_mean(h.arrays)
+    @collective
+    def _progress(self) -> None:
+        self.comm.progress()
+
+    @collective
+    def _start(self, grads, what):
+        self.allreduce_calls += 1
+        self.allreduce_bytes += sum(int(g.nbytes) for g in grads)
+        return self.comm.start_allreduce_sum(grads, what)
+
+    @collective
+    def _finish(self, h) -> None:
+        t0 = time.perf_counter()
+        self.comm.wait(h)
+        self.allreduce_wait_s += time.perf_counter() - t0
+        self.allreduce_span_s += (h.t_done or time.perf_counter()) - h.t_start
+        self.comm.sum_to_mean(h.arrays)
+
+    @collective
+    def _wait(self, h) -> None:
+        self.comm.wait(h)
 
     def waiter(self, bucket):
         """For the pool: the call that waits for this bucket's collective (before a move)."""
         h = self._pending.get(bucket.index)
-        return None if h is None else (lambda: self.comm.wait(h))
+        return None if h is None else (lambda: host_call(self.ex._k, self._wait, h))
 
     def comm_stats(self) -> dict:
         return {"allreduce_calls": self.allreduce_calls, "allreduce_bytes": self.allreduce_bytes,

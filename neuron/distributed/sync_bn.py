@@ -17,6 +17,7 @@ Written with the array module of its inputs (NumPy or CuPy); the CuPy path is GP
 from __future__ import annotations
 
 from ..kernels.numpy_ref import bn_scale_and_update
+from ..recording import collective
 
 
 def _xp(a):
@@ -50,6 +51,7 @@ class SyncBatchNormKernels:
         self._comm.allreduce_sum([a], what)
         return a
 
+    @collective
     def batchnorm_forward_train(self, x, gamma, beta, y, running_mean, running_var,
                                 save_mean, save_invstd, momentum, eps, update_running):
         xp = _xp(x)
@@ -64,6 +66,7 @@ class SyncBatchNormKernels:
         bn_scale_and_update(y, mean, var, m, gamma, beta, eps, save_mean, save_invstd,
                             running_mean, running_var, momentum, update_running)
 
+    @collective
     def batchnorm_backward(self, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
                            eps=1e-5, accumulate=False):
         # eps: the layer's (cuDNN's backward takes it); the saved inverse std already holds it

@@ -8,7 +8,9 @@ GPU path on the CPU: CudaDevice, kernels/cuda.py and NcclComm over the stand-ins
 tests/kernels/cuda_standins/, whose NCCL all-reduces through MPI) | late (offload on the
 stream model's device, whose copies complete late). A "+ov" suffix
 (plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
-buckets of at least 600 bytes (several per iteration of these small networks)."""
+buckets of at least 600 bytes (several per iteration of these small networks). A "+rp" suffix
+(e.g. plain+rp, syncbn+ov+rp): train 6 steps twice, eagerly (replay off) and with the device's
+default replay, saving both to OUT/replay{r}.npz instead."""
 import os
 import signal
 import sys
@@ -38,7 +40,9 @@ def _gpu_path_on_standins():
 
 
 def main(out, mode, batch):
-    mode, overlap = mode.split("+")[0], mode.endswith("+ov")
+    mode, overlap, rp = mode.split("+")[0], "+ov" in mode, mode.endswith("+rp")
+    if rp:
+        return replay_against_eager(out, mode, overlap, batch)
     if mode == "nccl":
         device, comm = _gpu_path_on_standins()
     else:
@@ -74,6 +78,32 @@ def main(out, mode, batch):
                                if mode == "nccl" else
                                (ex.planned["peak_bytes"], ex.pool.high_water))]),
              **{k.replace(":", "__"): v for k, v in ex.state_dict().items()})
+
+
+def replay_against_eager(out, mode, overlap, batch, steps=6):
+    """The same data-parallel training with replay off and with the device's default replay
+    (tape on the CPU, graph on CudaDevice, which replays a tape with collectives as a tape)."""
+    if mode == "nccl":
+        device, comm = _gpu_path_on_standins()
+    else:
+        device, comm = "cpu", MpiComm(timeout_s=60.0)
+    saved = {}
+    for replay in ("off", None):
+        kw = {"grad_buckets": 600} if overlap else {}
+        if mode == "offload":
+            kw.update(policy="superneurons", offload_params=True, budget=40 * 1024)
+        ex = make_executor(batch, bn=mode == "syncbn", device=device, replay=replay, **kw)
+        dp = DataParallel(ex, comm, sync_bn=mode == "syncbn", check_every=1)
+        losses = [dp.train_step(*dp.shard(xg, yg))
+                  for xg, yg in global_batches(batch * comm.world_size, steps)]
+        tag = "eager" if replay == "off" else "replay"
+        info = ex.replay
+        saved[f"{tag}_losses"] = np.array(losses)
+        saved[f"{tag}_stats"] = np.array([dp.allreduce_calls, dp.allreduce_bytes,
+                                          info["replayed_iterations"]])
+        saved[f"{tag}_ran"] = np.array(info["ran"])
+        saved.update({f"{tag}_{k.replace(':', '__')}": v for k, v in ex.state_dict().items()})
+    np.savez(os.path.join(out, f"replay{comm.rank}.npz"), **saved)
 
 
 if __name__ == "__main__":

@@ -124,3 +124,29 @@ def test_cli_train_data_parallel_reports_global_batch_and_checkpoints_once(tmp_p
     assert ck.exists()
     # only rank 0 wrote: no second temp file was left behind or renamed over it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]
+
+
+@pytest.mark.parametrize("mode", ["plain", "syncbn", "offload", "plain+ov", "syncbn+ov",
+                                  "offload+ov", "nccl", "nccl+ov"])
+def test_replayed_data_parallel_iterations_give_eager_bits(tmp_path, mode):
+    """Each rank's collectives are host operations on its tape (recording.host_call): 6 steps
+    replayed give each rank the bits of the same 6 steps run eagerly, the same collectives
+    (calls, bytes), and the replicas stay identical. nccl: CudaDevice over the stand-ins,
+    whose default is a CUDA graph: a tape with collectives is replayed as a tape."""
+    r, _ = worker(tmp_path, mode + "+rp")
+    assert r.returncode == 0, r.stderr
+    ranks = [load(tmp_path / f"replay{i}.npz") for i in range(2)]
+    for z in ranks:
+        calls, nbytes, replayed = z["replay_stats"]
+        assert replayed >= 3, z["replay_stats"]        # iterations 3..5 at least
+        assert str(z["replay_ran"]) == "tape"
+        np.testing.assert_array_equal(z["replay_stats"][:2], z["eager_stats"][:2])
+        assert z["eager_stats"][2] == 0
+        assert z["replay_losses"].tobytes() == z["eager_losses"].tobytes()
+        names = [k[len("eager_"):] for k in z
+                 if k.startswith("eager_") and k not in ("eager_losses", "eager_stats",
+                                                         "eager_ran")]
+        assert names
+        for name in names:
+            assert z["replay_" + name].tobytes() == z["eager_" + name].tobytes(), name
+            assert z["replay_" + name].tobytes() == ranks[1]["replay_" + name].tobytes(), name
