@@ -20,6 +20,7 @@ from .devices import Device, VirtualDevice, make_device
 from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
 from .graph import Graph
 from .layers.base import Context
+from .layers.loss import LossSum, loss_value
 from .distributed.overlap import after_step, due_updates
 from .memory.liveness import frees_for
 from .memory.policy import Policy, get_policy
@@ -180,6 +181,7 @@ class Executor:
         self._new_pool()
         self._step_flag = self.device.step_flag() if self.device.computes else None
         self._staging = None                # the fixed buffers a replayed batch is written to
+        self._loss_sinks: dict = {}         # (loss, chunk, ...) -> fixed device buffer
         self._k = None                      # the kernels a recorded iteration calls
 
     def _replay_for(self, mode) -> Replay | None:
@@ -479,7 +481,9 @@ class Executor:
             if not self.device.computes or not self.transactional:
                 self._run(self.steps, self.frees, ctx, check_loss=self.device.computes)
                 self.iteration += 1
-                return ctx.losses.get("loss", float("nan"))
+                return loss_value(ctx.losses.get("loss"))
+            if getattr(self.device, "loss_on_device", False) and not self.precision.mixed:
+                ctx.loss_sink = self._loss_sink(ctx)
             undo = self._undo_record
             if undo is None:
                 undo = self._undo_record = UndoRecord(self.device, self.pool, self._step_flag)
@@ -503,7 +507,20 @@ class Executor:
                 if tape is not None:
                     replay.finish(tape, self.pool)
             self.iteration += 1
-            return ctx.losses.get("loss", float("nan"))
+            return loss_value(ctx.losses.get("loss"))
+
+    def _loss_sink(self, ctx):
+        """ctx.loss_sink: a fixed device buffer per loss (and chunk) that the loss kernel
+        leaves its per-row values in, read once the step has been issued whole."""
+        sinks = self._loss_sinks
+
+        def sink(name, rows):
+            key = (name, None if ctx.chunk is None else ctx.chunk.index, rows.shape,
+                   rows.dtype.str)
+            if key not in sinks:
+                sinks[key] = self.device.fixed_array(rows.shape, rows.dtype)
+            return sinks[key]
+        return sink
 
     def _scaled_run(self, undo, ctx) -> None:
         """The guarded step; fp16: a gradient overflow skips it (undone whole, the batch spent)
@@ -523,8 +540,10 @@ class Executor:
         self.undo = undo
         try:
             self._run(self.steps, self.frees, ctx, check_loss=True)
-            if undo.nonfinite():
-                raise self._update_error(ctx.losses.get("loss"))
+            if undo.nonfinite():        # the loss too, where it stayed on the device
+                loss = loss_value(ctx.losses.get("loss"))
+                raise self._loss_error(loss) if not math.isfinite(loss) else \
+                    self._update_error(loss)
         except BaseException as e:
             with signals_deferred():    # a second Ctrl-C must not cut the undo in half
                 undo.restore()      # (_run's finally already returned the pool to its start)
@@ -579,7 +598,7 @@ class Executor:
                 raise
             replay.give_up(str(e))          # undone; this step and the next run eagerly
             return None
-        loss = replay.losses(tape, results).get("loss", float("nan"))
+        loss = loss_value(replay.losses(tape, results).get("loss"))
         failed = None
         if not math.isfinite(loss):
             failed = self._loss_error(loss)
@@ -640,8 +659,12 @@ class Executor:
 
     def _check_loss(self, ctx):
         loss = ctx.losses.get("loss")
-        if loss is not None and not math.isfinite(loss):
-            raise self._loss_error(loss)
+        if isinstance(loss, LossSum) and self.undo is not None:
+            # on the device, into the step guard's flag (read when the step ends)
+            self.undo.check_finite(loss.device_rows())
+            return
+        if loss is not None and not math.isfinite(float(loss)):
+            raise self._loss_error(float(loss))
 
     def _loss_error(self, loss) -> NonFiniteLossError:
         return NonFiniteLossError(f"loss is {loss} at iteration {self.iteration}; the step was "

@@ -631,6 +631,9 @@ class CudaDevice(Device):
     # the tape as one CUDA graph: eager's bits on the H200 (tests/gpu/test_replay.py,
     # 2026-11-27); where a capture fails, the executor replays the tape and says why
     replay_default = "graph"
+    # a guarded step leaves its loss on the device until it ends (layers/loss.py): reading it
+    # mid-step would stall the host until forward is done before it issues backward
+    loss_on_device = True
 
     @property
     def cupy(self):

@@ -97,6 +97,8 @@ class GraphReplay:
                         f"(a {args[1].dtype} array of shape {args[1].shape}): a graph would "
                         "replay the bytes it held at the capture")
                 fn = dev.upload                 # the batch, or a chunk of it, from staging
+            elif name == "softmax_xent_forward" and kw.get("sink") is not None:
+                self._sinks[i] = kw["sink"]     # its rows already go to a fixed buffer
             elif name == "softmax_xent_forward":
                 fn = self._loss_into_sink(i)
             elif name == "synchronize":

@@ -391,15 +391,33 @@ concat_backward = numpy_ref.concat_backward
 # loss: cuDNN softmax for the probabilities, a float64 log-sum-exp per row for the loss
 # ------------------------------------------------------------------------------------------
 
-def softmax_xent_forward(logits, labels, probs, rows=None):
+def softmax_xent_forward(logits, labels, probs, rows=None, sink=None):
     """Softmax into ``probs``; the mean cross entropy as a float. Per-row losses go into ``rows``
     (the loss layer's own output, in the arena) when given: no temporary; without it, a float64
-    CuPy temporary."""
+    CuPy temporary. With ``sink`` (a fixed device buffer shaped like ``rows``, outside the
+    arena) the rows are copied there and a DeviceLoss is returned: nothing is read back until
+    the step ends and asks for the value."""
     if rows is None:
         rows = _cp().empty((logits.shape[0],), np.float64)
     softmax_xent_rows(logits, labels, probs, rows)
-    # the one device->host sync of an iteration; the mean in float64 on the host
-    return float(np.mean(rows.get().astype(np.float64)))
+    if sink is not None:
+        _cp().copyto(sink, rows)
+        return DeviceLoss(sink)
+    return DeviceLoss(rows).value()     # a read back now: a host sync mid-step
+
+
+class DeviceLoss:
+    """A batch's mean loss whose per-row values are still on the device (``rows``): read when
+    the step ends (float()), in float64 on the host, as the eager kernel always averaged."""
+    __slots__ = ("rows",)
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def value(self) -> float:
+        return float(np.mean(self.rows.get().astype(np.float64)))
+
+    __float__ = value
 
 
 def softmax_xent_rows(logits, labels, probs, rows):

@@ -187,6 +187,9 @@ class Context:
     chunk: Any = None
     # the tape recording this iteration (neuron/tape.py), None when it is not recorded
     tape: Any = None
+    # (loss name, its rows array) -> a fixed device buffer the loss kernel leaves its per-row
+    # values in, read when the step ends (a GPU's guarded training step); None: read at once
+    loss_sink: Any = None
 
     def acc(self, i: int = 0) -> bool:
         return i in self.accumulate
