@@ -106,8 +106,10 @@ def run_neuron(name, batch, args, memory, tf32, mode="off") -> dict:
         return {"error": f"replay {mode} not run: the Executor has no replay argument"}
     graph, x, y = _data(name, batch, args.smoke)
     if args.device == "cuda":
+        from neuron.kernels import conv_algos
         from neuron.kernels import cuda as K
         K.allow_tf32, K.deterministic, K.conv_algo_search = tf32, False, "find"
+        conv_algos.conv_algo_trace.clear()      # this run's choices only
     ex = Executor(graph, batch, device=args.device, policy="liveness", budget=memory,
                   optimizer=nn.SGD(lr=1e-6, momentum=0.9), **executor_kwargs(mode))
     try:
@@ -127,6 +129,8 @@ def run_neuron(name, batch, args, memory, tf32, mode="off") -> dict:
                                                                   dict) else None
         res["replay"] = replay_of(ex)
         res["arena_bytes"] = ex.device.arena_bytes
+        if args.device == "cuda":
+            res["conv_choices"] = conv_choices()
         res["pool_peak_bytes"] = ex.pool.high_water
     finally:
         if hasattr(ex.device, "close"):
@@ -135,6 +139,22 @@ def run_neuron(name, batch, args, memory, tf32, mode="off") -> dict:
         import gc
         gc.collect()            # the arena is freed with its last view: before PyTorch starts
     return res
+
+
+def conv_choices() -> dict | None:
+    """Which convolution algorithms ran against the fastest FindEx timed, per geometry
+    (conv_algos.choice_report; None on a neuron without it): the sums are of one call per
+    geometry, a diagnosis of the kernel gap, not a step time."""
+    from neuron.kernels import conv_algos
+    if not hasattr(conv_algos, "choice_report"):
+        return None
+    rows = conv_algos.choice_report()
+    timed = [r for r in rows if r["chosen_ms"] is not None and r["fastest_ms"] is not None]
+    return {"geometries": len(rows),
+            "free_block_decided": sum(r["chosen_ms"] > r["fastest_ms"] for r in timed),
+            "chosen_ms_sum": round(sum(r["chosen_ms"] for r in timed), 3),
+            "fastest_ms_sum": round(sum(r["fastest_ms"] for r in timed), 3),
+            "algorithms": sorted({f"{r['kind']}:{r['algo']}" for r in rows}), "rows": rows}
 
 
 def run_torch(name, batch, args, memory, tf32) -> dict:

@@ -195,6 +195,35 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice
                       best.time if source != "heuristic" else -1.0, source)
 
 
+def choice_report(records=None) -> list[dict]:
+    """Per geometry and kind (the latest call of each in ``records``, default the trace): the
+    algorithm that ran and its FindEx time, the fastest algorithm FindEx timed at all and its
+    time and workspace, and the workspace limit of that call. Where ``fastest_ms`` is below
+    ``chosen_ms`` the free block, not the measurement, decided; where both are slow against
+    PyTorch's kernels the legacy algorithm set is the limit (the GPU kit prints this)."""
+    latest = {}
+    for r in (conv_algo_trace if records is None else records):
+        latest[(r.key, r.kind)] = r
+    by_text = {}
+    for key, (perfs, _) in _measured.items():
+        by_text[(key_text(key), key[0])] = perfs
+    out = []
+    for (text, kind), r in latest.items():
+        perfs = by_text.get((text, kind), ())
+        timed = [p for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.time >= 0]
+        chosen = next((p for p in timed if p.algo == r.algo), None)
+        best = min(timed, key=lambda p: (p.time, p.memory)) if timed else None
+        out.append({
+            "key": text, "kind": kind, "algo": r.algo_name, "source": r.source,
+            "chosen_ms": None if chosen is None else round(float(chosen.time), 4),
+            "fastest": None if best is None else dnn.ALGO_NAMES[kind].get(best.algo,
+                                                                          str(best.algo)),
+            "fastest_ms": None if best is None else round(float(best.time), 4),
+            "fastest_workspace_bytes": None if best is None else int(best.memory),
+            "workspace_bytes": r.workspace_bytes, "limit_bytes": r.limit_bytes})
+    return out
+
+
 def _record(kind, key, choice, limit):
     conv_algo_trace.append(ConvAlgoRecord(
         cuda_switches.trace_label, key_text(key), kind, choice.algo,

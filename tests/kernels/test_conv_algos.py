@@ -167,3 +167,19 @@ def test_no_algorithm_fits(monkeypatch, fake_cudnn):
                         lambda *a: [P(1, -1, 1 << 12, status=2000)])
     with pytest.raises(K.ConvAlgoError, match="no cuDNN algorithm fits a workspace of 100 bytes"):
         _choose(100)
+
+
+def test_the_choice_report_says_when_the_free_block_decided(fake_cudnn):
+    """A geometry measured with room for everything, then run with 100 KiB free: the report
+    names the algorithm that ran (6, 0.2 ms) beside the fastest FindEx timed (7, 0.1 ms, 1 MiB)."""
+    from neuron.kernels import conv_algos
+    _choose(3 << 20)
+    _choose(100 << 10)
+    (row,) = conv_algos.choice_report()
+    assert row["kind"] == "fwd" and row["source"] == "find-cached"
+    assert (row["chosen_ms"], row["fastest_ms"]) == (0.2, 0.1)
+    assert row["fastest_workspace_bytes"] == 1 << 20 and row["limit_bytes"] == 100 << 10
+    assert row["algo"] == K.dnn.ALGO_NAMES["fwd"][6] and row["fastest"] == K.dnn.ALGO_NAMES["fwd"][7]
+    _choose(3 << 20)                            # room again: the fastest runs
+    (row,) = conv_algos.choice_report()
+    assert row["chosen_ms"] == row["fastest_ms"] == 0.1
