@@ -104,3 +104,20 @@ def test_host_time_of_a_replayed_iteration():
         host[mode] = min(times)
     print({k: f"{v * 1e3:.2f} ms" for k, v in host.items()})
     assert host["graph"] < host["off"]
+
+
+@pytest.mark.parametrize("chunks", [None, 2])
+def test_replay_and_eager_loss_left_on_the_device_has_the_bits_of_a_loss_read_at_once(
+        monkeypatch, chunks):
+    """CudaDevice.loss_on_device: the loss read once the step is issued gives the bits of the
+    loss read at the loss layer (layers/loss.py), eager and replayed."""
+    from neuron.devices.cuda import CudaDevice
+    kw = {"chunks": chunks} if chunks else {}
+    monkeypatch.setattr(CudaDevice, "loss_on_device", False)
+    l_read, s_read, _ = _train("off", **kw)
+    monkeypatch.setattr(CudaDevice, "loss_on_device", True)
+    for mode in ("off", "graph"):
+        l_dev, s_dev, ex = _train(mode, **kw)
+        assert l_dev == l_read, mode
+        assert all(s_read[k].tobytes() == s_dev[k].tobytes() for k in s_read), mode
+    assert ex.replay["ran"] == "graph", ex.replay
