@@ -10,7 +10,8 @@ stream model's device, whose copies complete late). A "+ov" suffix
 (plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
 buckets of at least 600 bytes (several per iteration of these small networks). A "+rp" suffix
 (e.g. plain+rp, syncbn+ov+rp): train 6 steps twice, eagerly (replay off) and with the device's
-default replay, saving both to OUT/replay{r}.npz instead."""
+default replay, saving both to OUT/replay{r}.npz instead. fp16 (and fp16+ov): 8 steps at fp16
+from a loss scale that overflows at first, saved to OUT/fp16_{r}.npz."""
 import os
 import signal
 import sys
@@ -43,6 +44,8 @@ def main(out, mode, batch):
     mode, overlap, rp = mode.split("+")[0], "+ov" in mode, mode.endswith("+rp")
     if rp:
         return replay_against_eager(out, mode, overlap, batch)
+    if mode == "fp16":
+        return fp16_overflows(out, overlap, batch)
     if mode == "nccl":
         device, comm = _gpu_path_on_standins()
     else:
@@ -104,6 +107,28 @@ def replay_against_eager(out, mode, overlap, batch, steps=6):
         saved[f"{tag}_ran"] = np.array(info["ran"])
         saved.update({f"{tag}_{k.replace(':', '__')}": v for k, v in ex.state_dict().items()})
     np.savez(os.path.join(out, f"replay{comm.rank}.npz"), **saved)
+
+
+def fp16_overflows(out, overlap, batch, steps=8):
+    """fp16 with dynamic loss scaling from 2**19 (the first steps' scaled gradients overflow
+    fp16): the overflow check reads the all-reduced gradients, so every rank skips the same
+    steps and keeps the same scale."""
+    comm = MpiComm(timeout_s=60.0)
+    ex = make_executor(batch, bn=False, precision="fp16",
+                       **({"grad_buckets": 600} if overlap else {}))
+    ex.loss_scaler.scale = 2.0 ** 19
+    dp = DataParallel(ex, comm, check_every=1)
+    start = {k: v.copy() for k, v in ex.state_dict().items()}
+    scales, losses = [], []
+    for xg, yg in global_batches(batch * comm.world_size, steps):
+        losses.append(dp.train_step(*dp.shard(xg, yg)))
+        scales.append(ex.loss_scaler.scale)
+    state = ex.state_dict()
+    np.savez(os.path.join(out, f"fp16_{comm.rank}.npz"), scales=np.array(scales),
+             losses=np.array(losses), skipped=np.array(ex.loss_scaler.skipped),
+             changed=np.array(any(not np.array_equal(start[k], state[k]) for k in start
+                                  if not k.startswith("loss_scale"))),
+             **{k.replace(":", "__"): v for k, v in state.items()})
 
 
 if __name__ == "__main__":

@@ -150,3 +150,20 @@ def test_replayed_data_parallel_iterations_give_eager_bits(tmp_path, mode):
         for name in names:
             assert z["replay_" + name].tobytes() == z["eager_" + name].tobytes(), name
             assert z["replay_" + name].tobytes() == ranks[1]["replay_" + name].tobytes(), name
+
+
+@pytest.mark.parametrize("mode", ["fp16", "fp16+ov"])
+def test_fp16_overflows_are_agreed_on_by_every_rank(tmp_path, mode):
+    """The overflow check reads the all-reduced gradients, so an overflow on any rank is an
+    overflow on every rank: all skip the same steps, shrink to the same scale, and the
+    replicas stay bitwise identical (check_every=1 compares them after every step)."""
+    r, _ = worker(tmp_path, mode)
+    assert r.returncode == 0, r.stderr
+    a, b = (load(tmp_path / f"fp16_{i}.npz") for i in range(2))
+    assert int(a["skipped"]) >= 1 and int(a["skipped"]) == int(b["skipped"])
+    assert int(a["skipped"]) < len(a["scales"])        # and then it trained
+    assert bool(a["changed"])
+    assert a["scales"].tobytes() == b["scales"].tobytes()
+    assert a["scales"][-1] < 2.0 ** 19
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
