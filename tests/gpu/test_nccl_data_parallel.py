@@ -30,7 +30,7 @@ def test_nccl_world_of_one_trains_like_plain_cuda(deterministic_kernels):
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_nccl_collectives_replayed_give_eager_bits(deterministic_kernels, overlap):
+def test_nccl_collectives_on_the_tape_give_eager_bits(deterministic_kernels, overlap):
     """The collectives (forced in a world of one) as host operations on the tape: 6 replayed
     steps give the bits of 6 eager ones; a graph cannot hold them, so the tape runs."""
     pytest.importorskip("mpi4py")
