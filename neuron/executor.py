@@ -182,6 +182,7 @@ class Executor:
         self._step_flag = self.device.step_flag() if self.device.computes else None
         self._staging = None                # the fixed buffers a replayed batch is written to
         self._loss_sinks: dict = {}         # (loss, chunk, ...) -> fixed device buffer
+        self._early_blocks: list | None = None  # guard snapshots issued at a step's start
         self._k = None                      # the kernels a recorded iteration calls
 
     def _replay_for(self, mode) -> Replay | None:
@@ -536,7 +537,7 @@ class Executor:
             scaler.stepped()
 
     def _guarded_run(self, undo, ctx) -> None:
-        undo.begin()
+        undo.begin(self._snapshots_at_start())
         self.undo = undo
         try:
             self._run(self.steps, self.frees, ctx, check_loss=True)
@@ -554,6 +555,31 @@ class Executor:
             raise
         finally:
             self.undo = None
+
+    def _snapshots_at_start(self) -> list:
+        """The blocks a step writes (BN running statistics, then parameters with their
+        optimizer state in backward order) whose guard snapshots start with the step (undo.py),
+        where they stay in place: a device with per-block fences, a policy that moves no
+        tensor to the host. Elsewhere each snapshot waits until right before its write."""
+        if self._early_blocks is None:
+            self._early_blocks = []
+            if getattr(self.pool, "fences", None) is not None and not self.policy.offload \
+                    and not self.offload_params:
+                seen = set()
+                for step in self.steps:
+                    if step.phase == "F":
+                        blocks = [t.storage for t in step.params.values()
+                                  if t.name not in self.schedule.param_grads
+                                  and t.dtype == self.dtype]
+                    elif step.phase == "B":
+                        blocks = [p.storage for _, p, _, _ in due_updates(step)]
+                    else:
+                        continue
+                    for b in blocks:
+                        if b.id not in seen:
+                            seen.add(b.id)
+                            self._early_blocks.append(b)
+        return self._early_blocks
 
     def _input_on_device(self) -> bool:
         """Whether the step guard checks the images (float32/64 inputs) on the device."""

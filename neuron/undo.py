@@ -11,7 +11,10 @@ reused every step.
 Finiteness is accumulated into one device-side flag (a kernel per written tensor, no host sync)
 and read once, at the end of the step. On a CUDA device the snapshot copy runs on a stream of
 its own (never ahead of the pool's copies), after the block's last kernel only, and the update
-kernel waits for it on the GPU, so the host never blocks per layer.
+kernel waits for it on the GPU, so the host never blocks per layer. Where the executor knows
+the blocks stay in place (``begin(early=...)``), their snapshots are issued when the step starts
+and run under forward, so an update waits for a copy long done instead of one issued right
+before it (which stalled compute for every layer's bytes).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ class UndoRecord:
         self._saved_ids: set[int] = set()
         self._flag = flag                       # made once by the executor
         self.snapshot_bytes = 0                 # bytes copied to the host this step
+        self._early: dict[int, tuple] = {}      # block id -> (its snapshot's event, offset)
         self.tape = None                        # the tape recording this step (neuron/tape.py)
 
     @property
@@ -32,38 +36,66 @@ class UndoRecord:
         """Host memory held for undo copies (each block's buffer, kept across steps)."""
         return sum(b.nbytes for b in self._buffers.values())
 
-    def begin(self) -> None:
+    def begin(self, early=()) -> None:
+        """A step starts. ``early``: blocks the step will write, whose snapshots may start now
+        (a device with per-block fences only: a block freed before its write passes the copy
+        on to its next tenant, memory/fences.py)."""
         self._saved.clear()
         self._saved_ids.clear()
+        self._early.clear()
         self.snapshot_bytes = 0
         if self._flag is None:
             self._flag = self.kernels.nonfinite_flag_new()
         self.kernels.nonfinite_flag_clear(self._flag)
+        fences = getattr(self.pool, "fences", None)
+        for block in early if fences is not None else ():
+            if self.pool.resident(block) and block.id not in self._saved_ids:
+                ev = self._snapshot(block, fences)
+                off = self.pool.offset[block.id]
+                fences.reading[off] = ev
+                self._early[block.id] = (ev, off)
 
     def save(self, block) -> None:
-        """Copy a resident block's bytes to its host buffer before its first write this step."""
+        """Copy a resident block's bytes to its host buffer before its first write this step
+        (or, snapshotted when the step began, make the write wait for that copy)."""
+        early = self._early.pop(block.id, None)
+        if early is not None:
+            ev, off = early
+            self.device.compute_wait(ev)
+            reading = self.pool.fences.reading
+            if reading.get(off) is ev:      # still in place: the write orders later tenants
+                del reading[off]
+            return
         if block.id in self._saved_ids:
             return
+        self._snapshot(block, getattr(self.pool, "fences", None), wait=True)
+
+    def _snapshot(self, block, fences, wait: bool = False):
+        """Start the copy of ``block`` to its host buffer; ``wait``: later compute (the write)
+        waits for it. Returns the copy's event (None where the copy is synchronous)."""
         buf = self._buffers.get(block.id)
         if buf is None:
             buf = self._buffers[block.id] = self.device.host_allocator()(block.nbytes)
         view = self.pool.view(block)
         dev = self.device
-        fences = getattr(self.pool, "fences", None)
+        ev = None
         if fences is not None and hasattr(dev, "snapshot"):
             # the guard's own stream, after the last kernel that used the block (and the copy
             # that filled it): never ahead of a prefetch; the update waits for it on the GPU
-            dev.compute_wait(dev.snapshot(view, buf, after=fences.tensor_fence(block.id)))
+            ev = dev.snapshot(view, buf, after=fences.tensor_fence(block.id))
         elif getattr(dev, "async_copies", False):
             # copy stream; later compute (the update) waits for the copy on the GPU
-            dev.compute_wait(dev.offload(view, buf))
+            ev = dev.offload(view, buf)
         else:
             dev.copy_to_host(view, buf, block.nbytes)
+        if wait and ev is not None:
+            dev.compute_wait(ev)
         self._saved.append(block)
         self._saved_ids.add(block.id)
         self.snapshot_bytes += block.nbytes
         if self.tape is not None:
             self.tape.mark_saved(block)
+        return ev
 
     @property
     def flag(self):

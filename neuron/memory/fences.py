@@ -46,6 +46,10 @@ class BlockFences:
         self._starts: list[int] = []            # free ranges with fences, sorted by start
         self._free: dict[int, list] = {}        # start -> [end, epoch, events]
         self.horizon = -1                       # ranges last used at or before: forgotten
+        # arena offset -> event of a copy reading a block whose tensor stays in place (the step
+        # guard's snapshot issued at an iteration's start, undo.py): if the block is freed
+        # first, its next tenant waits for that copy too (FencedHeap.free)
+        self.reading: dict[int, object] = {}
 
     # ---- compute events ---------------------------------------------------------------------
     def step_end(self, ids) -> None:
@@ -174,6 +178,9 @@ class FencedHeap:
         return off
 
     def free(self, offset: int, epoch: int | None = None, events=()) -> None:
+        reading = self.fences.reading.pop(offset, None) if self.fences.reading else None
+        if reading is not None:
+            events = (*events, reading)
         size = self._impl.size_of(offset)
         self._impl.free(offset)
         self.fences.freed(offset, size, epoch, events)

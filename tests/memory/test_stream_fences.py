@@ -17,16 +17,19 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/planners")
 from planner_training import resnet8_budget  # noqa: E402
 
 
-def _run(S, cuda_kw, iters=2):
-    """Train resnet_cifar 8 (8x8, batch 4) under 0.5 of its liveness peak on the stand-in
-    CudaDevice with every stream logging; each step's kernels are one logged kernel touching
-    the blocks of the step's tensors, its workspace and the CuPy temporaries it took; each
-    encode or decode is one on the codec stream touching its source and destination."""
+def _run(S, cuda_kw, iters=2, fraction=0.5):
+    """Train resnet_cifar 8 (8x8, batch 4) under ``fraction`` of its liveness peak (None: no
+    budget) on the stand-in CudaDevice with every stream logging; each step's kernels are one
+    logged kernel touching the blocks of the step's tensors, its workspace and the CuPy
+    temporaries it took; each encode or decode is one on the codec stream touching its source
+    and destination."""
     from neuron.devices.cuda import CudaDevice
     from cuda_standins.stream_check import check
-    graph, batch, budget = resnet8_budget(0.5, size=8, batch=4)
+    graph, batch, budget = resnet8_budget(fraction or 1.0, size=8, batch=4)
+    if fraction is None:
+        budget = None
     S.log_streams()
-    dev = CudaDevice(budget, headroom_bytes=0)
+    dev = CudaDevice(budget or 64 << 20, headroom_bytes=0)
     try:
         ex = Executor(graph, batch, device=dev, seed=1, budget=budget, **cuda_kw)
         pool, base = ex.pool, dev.arena.ptr
@@ -43,14 +46,18 @@ def _run(S, cuda_kw, iters=2):
         def logged(step, ctx, ws):
             temps.clear()
             compute(step, ctx, ws)
-            ranges = list(temps)
-            for t in step.reads + step.writes:
+            ranges, reads = list(temps), []
+            written = {t.id for t in step.writes} | _written_in_place(ex, step)
+
+            def span(t):
                 off = pool.offset[t.storage.id]
-                ranges.append((base + off, base + off + pool.heap.round(t.storage.nbytes or 1)))
+                return base + off, base + off + pool.heap.round(t.storage.nbytes or 1)
+            for t in step.reads + step.writes:
+                (ranges if t.id in written else reads).append(span(t))
             if ws is not None:
                 ptr = ws.data.ptr
                 ranges.append((ptr, ptr + pool.heap.round(ws.nbytes)))
-            S.launch(step.name, ranges)
+            S.launch(step.name, ranges, reads)
         ex._compute = logged
         on_codec = dev._on_codec_stream
 
@@ -68,6 +75,25 @@ def _run(S, cuda_kw, iters=2):
         return check(_Stream.issued, dev.compute_stream, pool.fences.step_events), ex
     finally:
         dev.close()
+
+
+def _written_in_place(ex, step) -> set:
+    """Ids of what a step reads and also writes in place: gradients it adds into, parameters
+    and optimizer state it updates, BN running statistics in forward (schedule.bind counts
+    them as reads: they must be resident)."""
+    from neuron.distributed.overlap import due_updates
+    ids = set()
+    if step.phase == "F":
+        ids |= {t.storage.id for t in step.params.values()
+                if t.name not in ex.schedule.param_grads}
+    elif step.phase == "B":
+        ids |= {g.id for _, g, _ in step.grad_targets}
+        applies = step.chunk is None or step.chunk.applies_update   # else it sums gradients
+        for _, p, g, states in due_updates(step):
+            ids.add(g.id)
+            if applies:
+                ids |= {p.storage.id, *(s.storage.id for s in states)}
+    return ids
 
 
 RUNS = [{"policy": "superneurons"}, {"planner": "vdnn"}, {"planner": "capuchin"},
@@ -122,3 +148,44 @@ def test_a_missing_fence_is_a_race(gpu_kernels, cuda_standins, monkeypatch):
     monkeypatch.setattr(fences_mod.BlockFences, "compute_event", lambda self, epoch: None)
     rep, _ = _run(cuda_standins, {"policy": "superneurons"})
     assert rep.races
+
+
+def _snapshots_and_kernels(ex):
+    """(issue positions of the step guard's copies, of the compute stream's kernels) in the
+    last iteration of a _run (each iteration logs one kernel per step)."""
+    from cuda_standins.runtime import _Stream
+    dev = ex.device
+    snaps, kernels = [], []
+    for pos, (stream, i) in enumerate(_Stream.issued):
+        if stream == "host":                # what the host saw complete
+            continue
+        op = stream.ops[i]
+        if stream is dev.snapshot_stream and op[0] == "d2h":
+            snaps.append(pos)
+        elif stream is dev.compute_stream and op[0] == "kernel":
+            kernels.append(pos)
+    n = len(ex.steps)
+    last_start, prev_end = kernels[-n], kernels[-n - 1]
+    return [p for p in snaps if p > prev_end], last_start
+
+
+@pytest.mark.parametrize("kw", [{}, {"chunks": 2, "policy": "recompute"}],
+                         ids=["liveness", "chunks,recompute"])
+def test_guard_snapshots_start_with_the_step_and_run_under_forward(gpu_kernels, cuda_standins,
+                                                                    monkeypatch, kw):
+    """Where no tensor moves to the host, every block the step writes is snapshotted before
+    its first kernel, and each write waits for a copy issued long before (not one issued right
+    before it, which stalled compute for every layer's bytes); the ordering stays exact and the
+    bits are those of snapshotting right before each write."""
+    rep, ex = _run(cuda_standins, kw, fraction=None)
+    assert not rep.races, rep.races[:3]
+    snaps, first_kernel = _snapshots_and_kernels(ex)
+    assert snaps and all(p < first_kernel for p in snaps), (snaps[-3:], first_kernel)
+    early = ex.state_dict()
+    monkeypatch.setattr(Executor, "_snapshots_at_start", lambda self: [])
+    rep, ex = _run(cuda_standins, kw, fraction=None)
+    assert not rep.races
+    snaps, first_kernel = _snapshots_and_kernels(ex)
+    assert any(p > first_kernel for p in snaps)      # the old order: the control
+    late = ex.state_dict()
+    assert all(early[k].tobytes() == late[k].tobytes() for k in early)

@@ -216,14 +216,14 @@ def log_streams():
     _Stream.issued = []
 
 
-def launch(name, ranges=()):
-    """A kernel ``name`` issued now, on the current stream, into its log, touching the device
-    address ranges ``ranges`` ([(lo, hi)], read or written): returns the operation, (stream,
-    index in its ops)."""
+def launch(name, ranges=(), reads=()):
+    """A kernel ``name`` issued now, on the current stream, into its log, writing the device
+    address ranges ``ranges`` ([(lo, hi)]; or touching them, when it is not known which) and
+    reading ``reads``: returns the operation, (stream, index in its ops)."""
     s = _Cuda.get_current_stream()
     _Capture.check_issue(s, f"kernel {name}")
     s._tick()
-    s._log("kernel", name, tuple(ranges))
+    s._log("kernel", name, tuple(ranges), tuple(reads))
     return s, len(s.ops) - 1
 
 

@@ -1,15 +1,17 @@
 """Reads CUDA's ordering off the stand-in's stream log (runtime.py) and checks it both ways.
 
-Every logged operation touches address ranges: a kernel (``launch(name, ranges)``) and a
-device-to-device move touch device ranges (counted as written), a copy to the host reads a
-device range and writes a host range, a copy from the host the other way round. Two operations
+Every logged operation touches address ranges: a kernel (``launch(name, writes, reads)``) writes
+and reads device ranges (a range not known to be only read counts as written), a device-to-
+device move touches device ranges (counted as written), a copy to the host reads a device range
+and writes a host range, a copy from the host the other way round. Two operations
 on different streams *conflict* where one writes a range the other touches.
 
 - Safe: of two conflicting operations, the one issued first happens before the other (stream
   order plus the wait_event edges, as CUDA defines them, plus what the host issued after it
   saw an operation complete).
 - Tight, copies: a copy waits directly (the waits issued on its stream just before it) for
-  compute only up to the first step event recorded after the last kernel it conflicts with;
+  compute only up to the first step event recorded after the last kernel that touches its
+  device range (read or written);
   waiting for the whole queue shows up as a wait past that step event.
 - Tight, compute: a wait of compute for a copy is followed, before the next step event, by a
   kernel that touches the copy's device range (it reads the tensor or reuses the block).
@@ -28,7 +30,7 @@ def _touch(op) -> tuple[list, list, list, list]:
     """(device reads, device writes, host reads, host writes) of a logged operation."""
     kind = op[0]
     if kind == "kernel":
-        return [], list(op[2]), [], []
+        return list(op[3]) if len(op) > 3 else [], list(op[2]), [], []
     if kind == "d2d":
         _, dst, src, n = op
         return [], [(src, src + n), (dst, dst + n)], [], []
@@ -75,6 +77,8 @@ def check(issued, compute, step_events) -> Report:
     ops_issued = []
     for s, i in issued:
         if s == "host":                         # what the host saw complete orders the rest
+            if i not in vc:                     # issued before this log began (an earlier
+                continue                        # device's stream): orders nothing in it
             for k, v in vc[i].items():
                 if v > host.get(k, -1):
                     host[k] = v
@@ -127,8 +131,10 @@ def check(issued, compute, step_events) -> Report:
                 waited = max(waited, op[2][1])
         if waited < 0:
             continue
-        dep = max((b[1] for b, tb in touching[:pos[a]] if b[0] is compute and _conflict(ta, tb)),
-                  default=-1)
+        # the rule (issue 37): a copy waits for the last kernel that wrote or read its block
+        dev_a = ta[0] + ta[1]
+        dep = max((b[1] for b, tb in touching[:pos[a]]
+                   if b[0] is compute and _overlap(dev_a, tb[0] + tb[1])), default=-1)
         allowed = next_step_event(dep)
         if waited > allowed:
             rep.copy_waits.append((a, waited, allowed))
@@ -144,7 +150,7 @@ def check(issued, compute, step_events) -> Report:
         end = next_step_event(w)
         tc = _touch(s.ops[copy[1]])
         dev = tc[0] + tc[1]
-        if not any(op2[0] in ("kernel", "d2d") and _overlap(dev, _touch(op2)[1])
+        if not any(op2[0] in ("kernel", "d2d") and _overlap(dev, sum(_touch(op2)[:2], []))
                    for op2 in ops[w + 1:end]):
             rep.compute_waits.append(((compute, w), copy))
     return rep
