@@ -157,7 +157,9 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
         if dp is not None:
             dp.check_parameters(when=f"after resuming from {resume}")
     end = min(total, stop_at) if stop_at is not None else total
-    stream = iterate(train, gbatch, seed=seed, start_step=start)
+    # a replaying executor's batch buffers: the loader gathers each batch there, not the step
+    into = (lambda: _images_and_labels(ex.batch_buffers())) if dp is None else None
+    stream = iterate(train, gbatch, seed=seed, start_step=start, into=into)
     losses: list[float] = []
     saved_at = [None]
 
@@ -268,3 +270,8 @@ def fit(ex: Executor, train: Dataset, test: Dataset | None = None, *, iters: int
         tl, acc = evaluate(ex, test)
         result.update(test_loss=tl, test_accuracy=acc)
     return result
+
+
+def _images_and_labels(buffers):
+    """Executor.batch_buffers() as (images, labels), or None."""
+    return None if buffers is None else tuple(buffers.values())[:2]

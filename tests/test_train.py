@@ -58,6 +58,31 @@ def test_learns_digits(digits):
     assert res["arena_bytes"] >= res["peak_bytes"]
 
 
+def test_fit_gathers_batches_into_the_replay_staging_with_the_same_bits(digits, monkeypatch):
+    """A replaying executor's staging buffers are where fit's loader gathers each batch: the
+    step copies no batch, and training gives the bits of feeding the same batches by hand."""
+    from neuron.data import iterate
+    kw = dict(optimizer=_sgd(), seed=0, replay="tape")
+    by_hand = nn.Executor(small_cnn(), 16, **kw)
+    stream = iterate(digits.train, 16, seed=0)
+    for i in range(8):
+        by_hand.optimizer.lr = lr_at(i, 8, 0.1, "cosine", 0)
+        by_hand.train_step(*next(stream))
+    ex = nn.Executor(small_cnn(), 16, **kw)
+    copies = []
+    real = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, src, **k: (copies.append(dst),
+                                                           real(dst, src, **k))[1])
+    fit(ex, digits.train, iters=8, lr=0.1, schedule="cosine", seed=0, progress=False)
+    monkeypatch.undo()
+    assert ex.replay["replayed_iterations"] > 0
+    # the first step makes the staging and copies its batch there; no later step copies one
+    staging = list(ex.batch_buffers().values())
+    assert sum(any(c is s for s in staging) for c in copies) == len(staging)
+    a, b = by_hand.state_dict(), ex.state_dict()
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
 # ---------------------------------------------------------------- (b) resume
 def test_checkpoint_resume_is_bit_identical(digits, tmp_path):
     """Stop at k with a checkpoint, resume in a new executor to N: identical to N straight.

@@ -506,7 +506,7 @@ def steps_per_epoch(ds: Dataset, batch: int) -> int:
     return len(ds) // _check_batch(ds, batch, True)
 
 
-def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0
+def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0, into=None
             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Infinite shuffled stream over epochs (partial batches dropped).
 
@@ -514,6 +514,10 @@ def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0
     ``batches(ds, batch, shuffle=True, seed=seed, epoch=e)``, so step k is a
     pure function of (seed, k) and ``iterate(..., start_step=k)`` equals the
     tail of ``iterate(..., start_step=0)`` from step k.
+
+    ``into``: called before each batch, returns (images, labels) buffers to gather the batch
+    into (Executor.batch_buffers: the staging a replayed step reads, so the batch is not
+    copied again) or None; buffers of another shape or type are left alone.
     """
     b = _check_batch(ds, batch, True)
     seed = _check_seed(seed)
@@ -524,6 +528,12 @@ def iterate(ds: Dataset, batch: int, *, seed: int, start_step: int = 0
     def gen():
         for order, i in epoch_batches(len(ds), b, seed, start_step):
             idx = order[i:i + b]
-            yield ds.x[idx], ds.y[idx]
+            bufs = into() if into is not None else None
+            if bufs is not None and all(buf.shape == (b, *a.shape[1:]) and buf.dtype == a.dtype
+                                        for buf, a in zip(bufs, (ds.x, ds.y))):
+                yield np.take(ds.x, idx, axis=0, out=bufs[0]), \
+                    np.take(ds.y, idx, axis=0, out=bufs[1])
+            else:
+                yield ds.x[idx], ds.y[idx]
 
     return gen()

@@ -464,6 +464,24 @@ def test_iterate_matches_batches_per_epoch():
             np.testing.assert_array_equal(stream[4 * e + k][1], ref[k][1])
 
 
+def test_iterate_gathers_into_given_buffers_or_leaves_them():
+    """into: each batch gathered into the buffers (the same arrays yielded back, the same
+    values); buffers of another shape or type are not used."""
+    ds = _toy(23)
+    xb, yb = np.empty((5, *ds.x.shape[1:]), ds.x.dtype), np.empty(5, ds.y.dtype)
+    given = iterate(ds, 5, seed=3, into=lambda: (xb, yb))
+    for ref in [next(iterate(ds, 5, seed=3, start_step=k)) for k in range(6)]:
+        x, y = next(given)
+        assert x is xb and y is yb
+        np.testing.assert_array_equal(x, ref[0])
+        np.testing.assert_array_equal(y, ref[1])
+    wrong = np.empty((5, *ds.x.shape[1:]), np.float16)
+    x, _ = next(iterate(ds, 5, seed=3, into=lambda: (wrong, yb)))
+    assert x is not wrong and x.dtype == ds.x.dtype
+    x, _ = next(iterate(ds, 5, seed=3, into=lambda: None))
+    assert x is not xb
+
+
 @pytest.mark.parametrize("k", [0, 1, 3, 4, 5, 11, 17])
 def test_iterate_resumable(k):
     ds = _toy(23)
