@@ -12,9 +12,11 @@ Per layer geometry (kind, shapes, stride/padding/dilation/groups, dtype, switche
    block now**: the request is exactly that algorithm's workspace, and the kernel, handed that
    workspace, picks the same algorithm from the same cache.
 
-Algorithms that needed more than the measuring buffer were not timed; they stay out of the
-choice (a larger free block later does not trigger a second measurement: one timing per shape,
-as the paper does). Without a measurement (``conv_algo_search = "heuristic"``, or no buffer of
+Algorithms that needed more than the measuring buffer were not timed. Where a later call has
+at least twice that buffer free and cuDNN's heuristic list has an algorithm that needs more
+than the measuring buffer and fits the new one, the geometry is measured again with the larger
+buffer (:func:`wants_measurement`), so a measurement under a tight budget never holds back a
+later unbudgeted run in the same process. Without a measurement (``conv_algo_search = "heuristic"``, or no buffer of
 the full limit) the choice is cuDNN's heuristic ranking. With ``deterministic`` the choice is the
 first deterministic algorithm of the (reproducible) heuristic ranking under the *planned*
 workspace (the im2col ceiling every device plans with), so that it does not depend on the free
@@ -129,9 +131,9 @@ def choose_accumulating(kind, key, xd, wd, cd, yd, limit, ptrs, out_index, out_n
     rest of the workspace timing the algorithms; the choice is then made under the whole
     workspace from that measurement. ``ptrs`` in forward naming (x, w, y); ``out_index`` is the
     output's place in it (bwd_data: 0, bwd_filter: 1)."""
-    if _searching() and key not in _measured:
+    if ws[1] > 0 and wants_measurement(key, ws[1]):
         head = -(-int(out_nbytes) // _WS_ALIGN) * _WS_ALIGN
-        if ws[1] > head:
+        if ws[1] > head and wants_measurement(key, ws[1] - head):
             stand_in = list(ptrs)
             stand_in[out_index] = ws[0]
             rest = (ws[0] + head, ws[1] - head)
@@ -156,6 +158,27 @@ def _searching() -> bool:
     return cuda_switches.conv_algo_search == "find" and not cuda_switches.deterministic
 
 
+#: a new measurement needs at least this many times the last one's workspace
+REMEASURE_FACTOR = 2
+
+
+def wants_measurement(key, limit: int) -> bool:
+    """Whether a call of this geometry with ``limit`` bytes free should measure (FindEx): never
+    measured, or measured under less than half of ``limit`` while cuDNN lists an algorithm
+    that needs more than that measurement had and fits ``limit``."""
+    if not _searching():
+        return False
+    rec = _measured.get(key)
+    if rec is None:
+        return True
+    perfs, ws = rec
+    if limit < REMEASURE_FACTOR * ws:
+        return False
+    timed = {p.algo for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.time >= 0}
+    return any(p.status == dnn.CUDNN_STATUS_SUCCESS and ws < p.memory <= limit
+               and p.algo not in timed for p in _heuristic.get(key, ()))
+
+
 def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice:
     """The algorithm for one call under ``limit`` workspace bytes (see the module docstring).
     ``ptrs`` = (x, w, y) device pointers in forward naming and ``ws`` = (pointer, bytes) of the
@@ -168,11 +191,13 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice
     if _searching():
         rec = _measured.get(key)
         source = "find-cached"
-        if rec is None and ptrs is not None and ws[1] > 0 and ws[1] >= limit:
+        if ptrs is not None and ws[1] > 0 and ws[1] >= limit and wants_measurement(key, limit):
             x_ptr, w_ptr, y_ptr = ptrs
             perfs = dnn.find_algorithms(h, kind, xd, x_ptr, wd, w_ptr, cd, yd, y_ptr, ws[0],
                                         ws[1])
             rec = _measured[key] = (perfs, ws[1])
+            if key not in _heuristic:   # what a larger workspace would admit (wants_measurement)
+                _heuristic[key] = dnn.get_algorithms(h, kind, xd, wd, cd, yd)
             source = "find"
         if rec is not None:
             perfs = rec[0]
@@ -294,7 +319,7 @@ def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation,
     need = 0
     for kind in kinds:
         key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
-        if _searching() and key not in _measured:
+        if wants_measurement(key, limit):
             return limit                # the kernel times every algorithm with all of it
         need = max(need, choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation,
                                           groups, dtype, limit, record=False).memory)

@@ -183,3 +183,25 @@ def test_the_choice_report_says_when_the_free_block_decided(fake_cudnn):
     _choose(3 << 20)                            # room again: the fastest runs
     (row,) = conv_algos.choice_report()
     assert row["chosen_ms"] == row["fastest_ms"] == 0.1
+
+
+def test_a_measurement_under_a_tight_budget_is_redone_when_more_is_free(fake_cudnn,
+                                                                       monkeypatch):
+    """Measured first with 4 KiB (algorithms 7 and 6 untimed), the geometry is measured again
+    once a call has room for an algorithm cuDNN lists and the first measurement could not time
+    (so a budgeted run never holds back an unbudgeted one in the same process); not again
+    when nothing new would fit, nor for a little more room."""
+    from neuron.kernels import conv_algos
+    desc = SimpleNamespace(dtype=np.dtype(np.float32))
+    monkeypatch.setattr(conv_algos, "_descriptors", lambda *a: (desc, None, None))
+    monkeypatch.setattr(K.dnn, "convolution_descriptor", lambda *a: _FakeConv())
+    args = ("F", (8, 3, 32, 32), (16, 3, 3, 3), 1, 1, 1, 1, np.float32)
+    c, _ = _choose(1 << 12)
+    assert (c.algo, c.source) == (1, "find") and fake_cudnn["find"] == [1 << 12]
+    assert K.conv2d_workspace_request(*args, 6 << 10) == 1 << 12      # < 2x: as measured
+    assert K.conv2d_workspace_request(*args, 3 << 20) == 3 << 20      # room for 6 and 7
+    c, _ = _choose(3 << 20)
+    assert (c.algo, c.source) == (7, "find") and fake_cudnn["find"] == [1 << 12, 3 << 20]
+    assert K.conv2d_workspace_request(*args, 64 << 20) == 1 << 20     # nothing new would fit
+    c, _ = _choose(64 << 20)
+    assert (c.algo, c.source) == (7, "find-cached") and len(fake_cudnn["find"]) == 2
