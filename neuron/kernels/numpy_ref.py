@@ -438,10 +438,11 @@ def concat_backward(dy, dxs, widths=None, accumulate=()):
 # loss
 # --------------------------------------------------------------------------
 
-def softmax_xent_forward(logits, labels, probs, rows=None):
+def softmax_xent_forward(logits, labels, probs, rows=None, sink=None):
     """Writes softmax(logits) into probs; returns the mean cross entropy
     (log-sum-exp, stable) as a Python float. ``rows`` (the per-row losses' home on devices
-    that need one) is not used here."""
+    that need one) and ``sink`` (where a GPU leaves them until the step ends) are not used
+    here: the host reads nothing back."""
     n = logits.shape[0]
     mx = np.max(logits, axis=1, keepdims=True)
     np.subtract(logits, mx, out=probs)
