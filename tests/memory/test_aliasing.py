@@ -120,6 +120,17 @@ def _live_bytes(steps):
     return np.cumsum(delta[:-1])
 
 
+def _moved_aliased(ex, budget):
+    """Offloads and fetches of aliased gradient tensors in the plan of this budget."""
+    sched = ex.schedule
+    keys = [(k, c) for k in sched.aliases for c in range(sched.chunks)] \
+        if sched.chunks > 1 else list(sched.aliases)
+    shared = {sched.grad[k].id for k in keys}
+    events = ex.simulate(budget, trace=False, events=True)["events"]
+    return sum(e[0] in ("offload", "offload_async", "fetch", "prefetch") and e[1] in shared
+               for e in events)
+
+
 def _copies(ex):
     """The kernel copies of one recorded iteration (the tape's operations named copy)."""
     return sum(getattr(fn, "__name__", "") == "copy" for fn, *_ in ex._replay.tape.ops)
@@ -229,6 +240,8 @@ def test_same_bits_with_and_without_aliasing(name, setting):
             assert ex.planned["fits"] and ex.planned["offload_bytes"] > 0 and \
                 (ex.recompute_report is not None or ex.chunks > 1)
             assert ex.planned["peak_bytes"] <= kw["budget"]
+        if name in ("small_resnet", "bottleneck"):  # an aliased gradient went to the host
+            assert _moved_aliased(on, kw["budget"]) > 0
     if kw.get("replay") == "tape":
         assert on.replay["replayed_iterations"] >= 1 and off.replay["replayed_iterations"] >= 1
 
