@@ -277,3 +277,14 @@ def test_planned_peak_never_higher_and_copies_fewer(make):
     n = sum(len(v) for v in _aliased(on).values())
     assert n > 0 and _copies(on) == _copies(off) - n
     assert len(on._replay.tape.ops) == len(off._replay.tape.ops) - n
+
+
+def test_a_wholly_aliased_add_backward_costs_no_kernel_time():
+    from neuron.memory.costmodel import CostModel
+    cost = CostModel.analytic("h100")
+    times = {}
+    for alias in (True, False):
+        ex = Executor(small_resnet(), 4, device="virtual", _alias_gradients=alias)
+        step = next(s for s in ex.steps if s.phase == "B" and s.layer.name == "b1.add")
+        times[alias] = cost.step_time(step, 4)
+    assert times[True] == 0.0 < times[False]
