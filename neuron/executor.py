@@ -96,6 +96,8 @@ class Executor:
     precision: fp32 | tf32 | bf16 | fp16 (precision.py): which tensors are stored in a 2-byte
     type; ``dtype`` stays the master dtype (parameters, optimizer state, statistics). fp16
     trains with dynamic loss scaling (``loss_scaler``, loss_scale.py).
+    _alias_gradients: False gives every Add input a gradient tensor of its own (a copy), as
+    the baseline policy always does (memory/aliasing.py); for tests that compare the two.
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",
@@ -107,7 +109,8 @@ class Executor:
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
                  loss: str = "softmax", grad_buckets: int | None = None,
                  grad_lag: int | None = None, replay: str | None = None,
-                 precision: str | Precision | None = None, _plan_from=None):
+                 precision: str | Precision | None = None, _plan_from=None,
+                 _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
@@ -143,6 +146,8 @@ class Executor:
         self.grad_buckets, self.grad_lag = grad_buckets, grad_lag
         if not 1 <= self.chunks <= self.batch:
             raise ValueError(f"chunks must be between 1 and the batch ({self.batch}), got {chunks}")
+        # the papers' baseline has a distinct buffer for every tensor: nothing aliased
+        self._alias_gradients = bool(_alias_gradients) and self.policy.free_dead
         if _plan_from is not None:          # share the (immutable) plan of another executor
             self.__dict__.update({k: _plan_from.__dict__[k] for k in _PLAN_FIELDS})
         else:
@@ -225,7 +230,7 @@ class Executor:
         self.train_graph = with_loss(graph, self.loss)
         self.schedule: Schedule = build_chunked_schedule(
             self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names,
-            self.precision)
+            self.precision, self._alias_gradients)
         self.recompute_report = None
         steps = self.schedule.steps
         if self.policy.recompute and self.chunks == 1:

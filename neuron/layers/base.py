@@ -81,6 +81,10 @@ class Layer:
     #: there for everything queued before it (the simulated clock's pipelined model)
     syncs_host = False
     num_inputs: int | None = 1      # None: variadic (add, concat)
+    #: backward's every input gradient is its one output gradient, unchanged (Add): the
+    #: schedule may bind an input's gradient to the output gradient's tensor itself
+    #: (memory/aliasing.py), and backward then gets None for it in ``dins``
+    passes_gradient = False
     type_name = "Layer"
     _counter: dict[str, int] = {}
 

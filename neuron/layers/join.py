@@ -6,9 +6,13 @@ from .base import Layer
 
 
 class Add(Layer):
+    """Sum of its inputs. Backward hands each input the output gradient unchanged; an input
+    whose gradient the schedule made the output gradient's tensor itself
+    (memory/aliasing.py) arrives as None in ``dins``: it already holds its gradient."""
     kind = "join"
     num_inputs = None               # backward needs nothing from forward
     type_name = "Add"
+    passes_gradient = True          # every input gradient is the output gradient
 
     def infer_shapes(self, in_shapes):
         if any(s != in_shapes[0] for s in in_shapes):
@@ -20,7 +24,7 @@ class Add(Layer):
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         for i, d in enumerate(dins):
-            if d is not None:
+            if d is not None:           # None: no gradient, or aliased to douts[0]
                 # the same tensor may be several inputs: its later shares add in place
                 (k.add_inplace if ctx.acc(i) else k.copy)(d, douts[0])
 

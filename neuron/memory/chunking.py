@@ -79,12 +79,15 @@ _BWD_STAGES = {"bn": ("sums", "grad")}
 
 
 def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float32,
-                           state_names=(), precision=None) -> Schedule:
+                           state_names=(), precision=None,
+                           alias_gradients: bool = True) -> Schedule:
     """The iteration with every layer split into ``count`` chunk steps (see the module doc).
 
     Parameters, their gradients and optimizer state are those of the whole-batch schedule
-    (shared by the chunks); activations, gradients and batch-shaped aux are per chunk."""
-    base = build_schedule(graph, batch, dtype, state_names, precision or FP32)
+    (shared by the chunks); activations, gradients and batch-shaped aux are per chunk. An
+    aliased gradient (memory/aliasing.py) is its Add's output gradient chunk by chunk."""
+    base = build_schedule(graph, batch, dtype, state_names, precision or FP32,
+                          alias_gradients)
     if count == 1:
         return base
     feat = base.precision.feature_dtype(dtype)     # feature maps, their gradients, workspaces
@@ -102,7 +105,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 full = base.act[id(t)]
                 act[id(t), c] = reg.add(f"{full.name}#{c}", full.kind, (n, *t.shape), full.dtype)
                 g = base.grad.get(id(t))
-                if g is not None:
+                if g is not None and id(t) not in base.aliases:
                     grad[id(t), c] = reg.add(f"{g.name}#{c}", Kind.GRADIENT, (n, *t.shape),
                                              g.dtype)
             specs = layer.aux_specs(n)
@@ -113,6 +116,9 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                              whole_aux[name].dtype)
                 for name in whole_aux}
 
+    for tid, first in base.aliases.items():
+        for c in range(count):
+            grad[tid, c] = grad[id(first), c]
     steps: list[Step] = []
     for layer in graph.route:
         for stage in _FWD_STAGES.get(layer.kind, ("",)):
@@ -143,7 +149,9 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                           for j, t in enumerate(layer.outputs)]
                 if stage != "sums":
                     for i, t in enumerate(layer.inputs):
-                        if (id(t), c) in grad:
+                        if not accumulate[i] and id(t) in base.aliases:
+                            s.aliased += (i,)       # its gradient is this step's douts[0]
+                        elif (id(t), c) in grad:
                             s.grad_targets.append((i, grad[id(t), c], accumulate[i]))
                 for pname, p in base.params.get(layer.name, {}).items():
                     qname = f"{layer.name}.{pname}"
@@ -155,7 +163,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
     _rebind_accumulations(steps)
     return Schedule(graph, batch, base.dtype, reg, steps, act, grad, base.params,
                     base.param_grads, base.opt_state, base.aux, chunks=count,
-                    precision=base.precision)
+                    precision=base.precision, aliases=base.aliases)
 
 
 def _rebind_accumulations(steps) -> None:

@@ -19,6 +19,7 @@ from ..graph import Graph
 from ..layers.base import Layer
 from ..layers.data import Input
 from ..precision import FP32, Precision
+from .aliasing import shared_gradients
 from .tensors import Kind, TensorInfo, TensorRegistry
 
 
@@ -35,6 +36,9 @@ class Step:
     # backward: (input index, gradient tensor, accumulate); accumulate: another consumer of the
     # input (fan-out) already started its gradient, so this step adds its share in place
     grad_targets: list = field(default_factory=list)
+    # backward: indices of the inputs whose gradient is this step's output gradient tensor
+    # itself (memory/aliasing.py): no target, nothing written; the layer gets None for them
+    aliased: tuple = ()
     updates: list = field(default_factory=list)    # (local name, param, grad, [state tensors])
     workspace_bytes: int = 0
     # gradient all-reduce overlapping backward (distributed/overlap.py): this step starts the
@@ -151,6 +155,9 @@ class Schedule:
     aux: dict                   # layer name -> {aux name: TensorInfo}
     chunks: int = 1             # memory/chunking.py: > 1, act and grad are keyed (id, chunk)
     precision: Precision = FP32
+    # memory/aliasing.py: symbolic tensor id -> the symbolic tensor whose gradient tensor its
+    # gradient is (grad maps both to one TensorInfo)
+    aliases: dict = field(default_factory=dict)
 
     def bind_params(self, step: "Step") -> "Step":
         """Bind ``step``'s layer parameters: the masters, or (mixed precision, a layer that
@@ -189,10 +196,13 @@ class Schedule:
 
 
 def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
-                   precision: Precision = FP32) -> Schedule:
+                   precision: Precision = FP32, alias_gradients: bool = True) -> Schedule:
     """``dtype``: the master dtype (parameters, optimizer state, statistics); ``precision``
-    (precision.py) says which tensors are stored in its low type instead."""
+    (precision.py) says which tensors are stored in its low type instead.
+    ``alias_gradients``: an Add's input gradient may be its output gradient's tensor
+    (memory/aliasing.py); False: every gradient a tensor of its own (the papers' baseline)."""
     dtype = np.dtype(dtype)
+    aliases = shared_gradients(graph) if alias_gradients else {}
     feat = precision.feature_dtype(dtype)       # feature maps and their gradients
     reg = TensorRegistry()
     params, param_grads, opt_state, aux = {}, {}, {}, {}
@@ -217,14 +227,16 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
             tdtype = _value_dtype(layer, t, dtype, feat)
             act[id(t)] = reg.add(f"act:{t.name}", Kind.DATA if is_data else Kind.ACTIVATION,
                                  (batch, *t.shape), tdtype)
-            if not is_data and layer.kind != "loss":
+            if not is_data and layer.kind != "loss" and id(t) not in aliases:
                 grad[id(t)] = reg.add(f"grad:{t.name}", Kind.GRADIENT, (batch, *t.shape), feat)
         aux[layer.name] = {n: reg.add(f"aux:{layer.name}.{n}", Kind.AUX, s.shape,
                                       s.dtype if s.dtype is not None else dtype)
                            for n, s in layer.aux_specs(batch).items()}
 
+    for tid, first in aliases.items():
+        grad[tid] = grad[id(first)]
     sched = Schedule(graph, batch, dtype, reg, [], act, grad, params, param_grads, opt_state,
-                     aux, precision=precision)
+                     aux, precision=precision, aliases=aliases)
     steps = sched.steps
     for layer in graph.route:
         steps.append(sched.bind_params(Step(
@@ -252,7 +264,10 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
                 s.grad_targets.append((i, g, True))
             else:
                 started.add(id(t))
-                s.grad_targets.append((i, g, False))
+                if id(t) in aliases:        # this Add's output gradient is its gradient
+                    s.aliased += (i,)
+                else:
+                    s.grad_targets.append((i, g, False))
         for pname, p in params.get(layer.name, {}).items():
             qname = f"{layer.name}.{pname}"
             if qname in param_grads:
