@@ -155,3 +155,26 @@ def test_the_cli_option(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["plan", "resnet50", "--prefetch-ahead", "0"])
     assert "--prefetch-ahead" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw", [{"policy": "superneurons"}, {"planner": "superneurons"},
+                                {"policy": "superneurons", "offload_params": True}], ids=_name)
+def test_a_recorded_iteration_with_the_horizon_repeats(kw):
+    """The horizon issues the same copies every iteration, so the tape (neuron/tape.py) records
+    once and replays with the bits of running every iteration, moving the same bytes."""
+    graph, batch, budget = resnet8_budget(FRACTION)
+    runs = {}
+    for mode in ("off", "tape"):
+        ex = Executor(graph, batch, device=CpuDevice(budget), seed=1, budget=budget,
+                      prefetch_ahead="auto", replay=mode, **kw)
+        rng = np.random.default_rng(0)
+        losses = [ex.train_step(rng.standard_normal((batch, 3, 16, 16)).astype(np.float32),
+                                rng.integers(0, 10, batch)) for _ in range(5)]
+        runs[mode] = ex, losses, ex.state_dict()
+    (off, l_off, s_off), (tape, l_tape, s_tape) = runs["off"], runs["tape"]
+    assert l_tape == l_off
+    assert all(s_off[k].tobytes() == s_tape[k].tobytes() for k in s_off)
+    r = tape.replay
+    assert r["eager_because"] is None and r["replayed_iterations"] >= 2, r
+    assert tape.pool.counters() == off.pool.counters()
+    assert off.pool.counters()["prefetches"] > 0
