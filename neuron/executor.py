@@ -144,9 +144,11 @@ class Executor:
         self.planner, self.cost, self._compact_arg = planner, cost, compact
         if planner is not None and cost is None:    # its GPU's costs, else the H100's
             self.cost = planning_cost(device, dtype)
-        # "auto": the plan's clock says when a prefetch is due (memory/prefetch_horizon.py)
-        self._horizon_cost = None if self.prefetch_ahead is not None else (
-            self.cost or planning_cost(device, dtype))
+        # "auto": the plan's clock says when a prefetch is due (memory/prefetch_horizon.py);
+        # a simulation of this plan takes the same clock (_PLAN_FIELDS)
+        if _plan_from is None:
+            self._horizon_cost = None if self.prefetch_ahead is not None else (
+                self.cost or planning_cost(device, dtype))
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
         self.chunks = int(chunks)
@@ -292,6 +294,10 @@ class Executor:
                          compact=self.compact)
         self.pool.compact_first = self.policy.compact_first
         self.pool.prefetch_top = self.prefetch_ahead != 1
+        if self.pool.prefetch_top and not hasattr(self.pool.heap._impl, "try_alloc_top"):
+            raise RuntimeError("Executor: prefetch_ahead other than 1 needs the heap extension "
+                               "rebuilt (neuron/memory/_heap.cpp gained try_alloc_top): pip "
+                               "install -e . or python setup.py build_ext --inplace")
         if self._replay is not None and os.environ.get("NEURON_OVERLAP") != "1":
             # the copy/compute timeline times each copy with an event of its own, so no two
             # iterations use the same events and no tape is trusted under a budget: measuring

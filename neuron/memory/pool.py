@@ -5,7 +5,9 @@ Residency per tensor: on device, on host (offloaded), or absent (not yet made, o
 recompute writes a fresh version). The LRU tensor cache of Algorithm 2: a step *locks* the
 tensors it uses; when an allocation cannot be met, unlocked tensors are offloaded to host in
 least-recently-used order until it can (only if the policy allows eviction). Prefetch brings a
-host tensor back ahead of its use when that fits without evicting anything.
+host tensor back ahead of its use when that fits without evicting anything (how far ahead: the
+executor's horizon, memory/prefetch_horizon.py; with it on, such a block lands at the top of
+the arena and, until read, is evicted last).
 
 The executor only speaks to this interface, so a policy changes what the pool does, never the
 executor's plumbing. On the CPU copies are synchronous. On the GPU they run on a stream per

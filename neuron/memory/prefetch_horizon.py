@@ -23,7 +23,10 @@ count is not one hole).
 """
 from __future__ import annotations
 
+import bisect
 import numbers
+
+import numpy as np
 
 AUTO = "auto"
 
@@ -55,22 +58,33 @@ class PrefetchHorizon:
 
     def __init__(self, steps, frees, round_bytes, limit: int | None, cost=None, batch=None):
         self.steps = steps
-        self.limit = len(steps) if limit is None else limit
+        n = len(steps)
+        self.limit = n if limit is None else limit
         self.round = round_bytes
+        self.read_ids = [frozenset(t.id for t in s.reads) for s in steps]
+        self.reads_at: dict[int, list] = {}     # tensor id -> the steps that read it, in order
+        for k, ids in enumerate(self.read_ids):
+            for tid in ids:
+                self.reads_at.setdefault(tid, []).append(k)
         # per step: the bytes it adds at its peak (what it writes, its workspace), the largest
         # single block among them, and the bytes that die after it
-        self.adds, self.largest = [], []
-        for s in steps:
+        adds, largest = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for k, s in enumerate(steps):
             blocks = [round_bytes(t.nbytes or 1) for t in s.writes]
             if s.workspace_bytes:
                 blocks.append(round_bytes(s.workspace_bytes))
-            self.adds.append(sum(blocks))
-            self.largest.append(max(blocks, default=0))
-        self.frees = [sum(round_bytes(t.nbytes or 1) for t in dead) for dead in frees]
-        # the plan's clock: each step's compute seconds, and a copy's seconds by its bytes
+            adds[k] = sum(blocks)
+            largest[k] = max(blocks, default=0)
+        gone = np.array([sum(round_bytes(t.nbytes or 1) for t in dead) for dead in frees],
+                        np.int64).reshape(-1)
+        # grown[k]: what steps 0..k-1 add net; what step k has in use at its peak, from there
+        self.grown = np.concatenate([[0], np.cumsum(adds - gone)]).tolist()
+        self._peak = _RangeMax(np.asarray(self.grown[:-1], np.int64) + adds)
+        self._block = _RangeMax(largest)
+        # the plan's clock: compute seconds before each step, and a copy's seconds by bytes
         self.copy_s = cost.copy_time if cost is not None else None
-        self.step_s = [cost.step_time(s, batch) + cost.step_overhead for s in steps] \
-            if cost is not None else None
+        self.clock = None if cost is None else np.concatenate([[0.0], np.cumsum(
+            [cost.step_time(s, batch) + cost.step_overhead for s in steps])]).tolist()
         # no read takes longer to copy than the largest: past that much compute, stop looking
         self.longest_copy = cost.copy_time(max(
             (t.nbytes for s in steps for t in s.reads), default=0)) if cost is not None else 0
@@ -79,47 +93,71 @@ class PrefetchHorizon:
         """After step ``i``: start the prefetches the horizon allows, in route order."""
         steps, host, heap = self.steps, pool.host, pool._h
         staged = pool.staged
-        end = min(len(steps), i + 1 + self.limit)
-        reserve = 0         # the most bytes a step between now and the next reader adds
-        grown = 0           # what the steps between now and the next reader add net
-        block = 0           # the largest single block one of them takes
-        step_s, copy_s = self.step_s, self.copy_s
-        timed = step_s is not None
-        cover = 0.0         # compute seconds of the steps after the next one, up to the reader
+        n = len(steps)
+        clock, copy_s = self.clock, self.copy_s
+        keys = host.keys()
         queued = 0.0        # copy seconds of the prefetches this walk started
-        for j in range(i + 1, end):
+        after = clock[i + 2] if clock is not None and i + 2 <= n else 0.0
+
+        def stop() -> int:
+            """Past the last step worth looking at: the limit, or (by the clock) the first
+            step whose compute since the next one covers the queue and the longest copy."""
+            last = min(n, i + 1 + self.limit)
+            if clock is None:
+                return last
+            return min(last, max(i + 2, bisect.bisect_left(
+                clock, after + queued + self.longest_copy)))
+        end = stop()
+        for j in self._readers(keys, i, min(n, i + 1 + self.limit)):
+            if j >= end:
+                return
+            first = j == i + 1
+            if not first:
+                reserve = max(0, self._peak.max(i + 1, j) - self.grown[i + 1])
+                block = self._block.max(i + 1, j)
+                if reserve >= heap.free_bytes:
+                    return                  # no read from here on can pass
             short = False
             for t in steps[j].reads:
                 if t.id not in host or (staged and t.id in staged):
                     continue
-                if j > i + 1:
-                    if timed:
+                if not first:
+                    if clock is not None:
                         dt = copy_s(t.nbytes)
-                        if cover >= queued + dt:
+                        if clock[j] - after >= queued + dt:
                             return      # not due: issued after the next step it is still
                         queued += dt    # in time (by the plan's clock)
+                        end = stop()
                     if not self._leaves_room(heap, self.round(t.nbytes or 1), reserve, block):
                         return
-                elif timed:
+                elif clock is not None:
                     queued += copy_s(t.nbytes)
                 if not pool.prefetch(t):
-                    if j > i + 1:
+                    if not first:
                         return
                     short = True        # the next step's other reads are still tried
             if short:
                 return
-            add = grown + self.adds[j]
-            if add > reserve:
-                reserve = add
-            if self.largest[j] > block:
-                block = self.largest[j]
-            grown += self.adds[j] - self.frees[j]
-            if reserve >= heap.free_bytes:      # no later read can pass: stop looking
-                return
-            if timed and j > i + 1:
-                cover += step_s[j]
-                if cover >= queued + self.longest_copy:
-                    return
+            if first and queued:
+                end = stop()
+
+    def _readers(self, keys, i: int, last: int):
+        """The steps i+1 .. last-1 that read a tensor in ``keys`` (on the host), in order: from
+        the tensors' own reads where the host holds few, else by looking at each step."""
+        if len(keys) <= 64:
+            reads_at, found = self.reads_at, set()
+            for tid in keys:
+                at = reads_at.get(tid)
+                if at:
+                    k = bisect.bisect_right(at, i)
+                    if k < len(at) and at[k] < last:
+                        found.add(at[k])
+            yield from sorted(found)
+            return
+        read_ids = self.read_ids
+        for j in range(i + 1, last):
+            if not keys.isdisjoint(read_ids[j]):
+                yield j
 
     @staticmethod
     def _leaves_room(heap, need: int, reserve: int, block: int) -> bool:
@@ -133,3 +171,23 @@ class PrefetchHorizon:
         # whichever hole it lands in, the largest left is at least this
         left = holes[-1] - need
         return max(left, holes[-2] if len(holes) > 1 else 0) >= block
+
+
+class _RangeMax:
+    """max(values[a:b]) in O(1) (a sparse table; 0 for an empty range)."""
+
+    def __init__(self, values):
+        levels = [np.asarray(values, np.int64)]
+        w = 1
+        while 2 * w <= len(values):
+            prev = levels[-1]
+            levels.append(np.maximum(prev[:-w], prev[w:]))
+            w *= 2
+        self.levels = [lv.tolist() for lv in levels]
+
+    def max(self, a: int, b: int) -> int:
+        if b <= a:
+            return 0
+        k = (b - a).bit_length() - 1
+        lv = self.levels[k]
+        return max(lv[a], lv[b - (1 << k)])
