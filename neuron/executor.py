@@ -97,8 +97,10 @@ class Executor:
     type; ``dtype`` stays the master dtype (parameters, optimizer state, statistics). fp16
     trains with dynamic loss scaling (``loss_scaler``, loss_scale.py).
     prefetch_ahead: how many steps ahead tensors on the host are prefetched (1: the next
-    step's reads, as the SuperNeurons runtime does), or "auto": as far ahead as the arena's
-    free bytes allow without any step before the reader evicting (memory/prefetch_horizon.py).
+    step's reads, as the SuperNeurons runtime does; N: up to N steps, as far as the arena's
+    free bytes allow without any step before the reader evicting), or "auto": as far as that
+    and the plan's clock (``cost``, else the device's analytic model) say the copy needs
+    (memory/prefetch_horizon.py).
     """
 
     def __init__(self, graph: Graph, batch: int, *, device: str | Device = "cpu",

@@ -89,9 +89,11 @@ def _policy_args(p, default: str, budget_required: bool = False):
 def _prefetch_ahead_arg(p):
     p.add_argument("--prefetch-ahead", default="1", metavar="N|auto",
                    type=positive_int("--prefetch-ahead", words=("auto",)),
-                   help="how many steps ahead tensors on the host are brought back: N, or "
-                   "'auto': as far as the arena's free bytes allow without any step before "
-                   "the reader having to evict (default 1: the next step's reads)")
+                   help="how many steps ahead tensors on the host are brought back: up to N "
+                   "steps, as far as the arena's free bytes allow without any step before the "
+                   "reader having to evict; 'auto': as far as that and the planning cost model's "
+                   "copy and step times need (default 1: the next step's reads; "
+                   "docs/memory.md)")
 
 
 def _positive(name):
