@@ -24,6 +24,7 @@ from .layers.loss import LossSum, loss_value
 from .distributed.overlap import after_step, due_updates
 from .memory.liveness import frees_for
 from .memory.policy import Policy, get_policy
+from .memory.prefetch_horizon import PrefetchHorizon, prefetch_ahead_arg
 from .memory.pool import Pool
 from .memory.recompute import plan_recompute
 from .memory.chunking import build_chunked_schedule, logits_chunks
@@ -96,6 +97,11 @@ class Executor:
     precision: fp32 | tf32 | bf16 | fp16 (precision.py): which tensors are stored in a 2-byte
     type; ``dtype`` stays the master dtype (parameters, optimizer state, statistics). fp16
     trains with dynamic loss scaling (``loss_scaler``, loss_scale.py).
+    prefetch_ahead: how many steps ahead tensors on the host are prefetched (1: the next
+    step's reads, as the SuperNeurons runtime does; N: up to N steps, as far as the arena's
+    free bytes allow without any step before the reader evicting), or "auto": as far as that
+    and the plan's clock (``cost``, else the device's analytic model) say the copy needs
+    (memory/prefetch_horizon.py).
     _alias_gradients: False gives every Add input a gradient tensor of its own (a copy), as
     the baseline policy always does (memory/aliasing.py); for tests that compare the two.
     """
@@ -109,13 +115,16 @@ class Executor:
                  block: int = 1024, strategy: str = "first_fit", planner=None, cost=None,
                  loss: str = "softmax", grad_buckets: int | None = None,
                  grad_lag: int | None = None, replay: str | None = None,
-                 precision: str | Precision | None = None, _plan_from=None,
-                 _alias_gradients: bool = True):
+                 precision: str | Precision | None = None, prefetch_ahead: int | str = 1,
+                 _plan_from=None, _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
         host_budget = byte_size_arg(host_budget, "host_budget", "Executor")
         chunks, seed = size_arg(chunks, "chunks", "Executor"), size_arg(seed, "seed", "Executor")
+        # None: "auto"; set before planning, which simulates with it
+        self.prefetch_ahead = prefetch_ahead_arg(prefetch_ahead, "Executor")
+        self._horizons: dict = {}           # id(frees) -> (frees, its PrefetchHorizon)
         self.graph = graph
         if loss not in LOSSES:
             raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
@@ -140,6 +149,11 @@ class Executor:
         self.planner, self.cost, self._compact_arg = planner, cost, compact
         if planner is not None and cost is None:    # its GPU's costs, else the H100's
             self.cost = planning_cost(device, dtype)
+        # "auto": the plan's clock says when a prefetch is due (memory/prefetch_horizon.py);
+        # a simulation of this plan takes the same clock (_PLAN_FIELDS)
+        if _plan_from is None:
+            self._horizon_cost = None if self.prefetch_ahead is not None else (
+                self.cost or planning_cost(device, dtype))
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
         self.chunks = int(chunks)
@@ -288,6 +302,11 @@ class Executor:
                          evict=self.policy.offload, host_budget=self.host_budget,
                          compact=self.compact)
         self.pool.compact_first = self.policy.compact_first
+        self.pool.prefetch_top = self.prefetch_ahead != 1
+        if self.pool.prefetch_top and not hasattr(self.pool.heap._impl, "try_alloc_top"):
+            raise RuntimeError("Executor: prefetch_ahead other than 1 needs the heap extension "
+                               "rebuilt (neuron/memory/_heap.cpp gained try_alloc_top): pip "
+                               "install -e . or python setup.py build_ext --inplace")
         if self._replay is not None and os.environ.get("NEURON_OVERLAP") != "1":
             # the copy/compute timeline times each copy with an event of its own, so no two
             # iterations use the same events and no tape is trusted under a budget: measuring
@@ -322,7 +341,7 @@ class Executor:
                          compact=self.compact, chunks=self.chunks,
                          block=self.block,
                          strategy=self.strategy, loss=self.loss, precision=self.precision,
-                         _plan_from=self)
+                         prefetch_ahead=self.prefetch_ahead or "auto", _plan_from=self)
             v.record_trace = trace
             if events:
                 v.pool.log = []
@@ -715,6 +734,7 @@ class Executor:
         defer_offloads = self.decisions is not None
         release_after = self.decisions.release_after if defer_offloads else {}
         ahead = self._prefetch_after if planned else None
+        horizon = self._horizon(steps, frees)
         pending: list = []
         trace = [] if self.record_trace else None
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
@@ -789,11 +809,14 @@ class Executor:
                     pending.extend(ahead.get(i, ()))
                     if pending and pool.host:
                         pending = _prefetch_in_order(pool, pending)
-                if pool.host and i + 1 < len(steps):  # prefetch the next step's reads if they fit
-                    host = pool.host
-                    for t in steps[i + 1].reads:
-                        if t.id in host:
-                            pool.prefetch(t)
+                if pool.host and i + 1 < len(steps):
+                    if horizon is None:     # the next step's reads, each if it fits
+                        host = pool.host
+                        for t in steps[i + 1].reads:
+                            if t.id in host:
+                                pool.prefetch(t)
+                    else:                   # further ahead, as the arena allows
+                        horizon.issue(pool, i)
             self.last_trace = [TraceRow(*r) for r in trace] if trace is not None else []
             return [pool.view(t) for t in keep]
         finally:
@@ -802,6 +825,17 @@ class Executor:
                     pool.free_bytes(ws_off)
                 if not keep:
                     self._end_iteration()
+
+    def _horizon(self, steps, frees) -> PrefetchHorizon | None:
+        """The prefetch horizon of these steps (None: one step ahead, the plain rule)."""
+        if self.prefetch_ahead == 1:
+            return None
+        hit = self._horizons.get(id(frees))
+        if hit is None or hit[0] is not frees or hit[1].steps is not steps:
+            hit = self._horizons[id(frees)] = (frees, PrefetchHorizon(
+                steps, frees, self.pool.heap.round, self.prefetch_ahead, self._horizon_cost,
+                self.batch))
+        return hit[1]
 
     def _compute(self, step, ctx, ws):
         layer, view = step.layer, self.pool.view
@@ -908,4 +942,4 @@ def _prefetch_in_order(pool, pending: list) -> list:
 
 _PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
                 "logits_tensors", "_eval_frees", "persistent", "state_tensors",
-                "_offload_after", "_prefetch_after", "decisions")
+                "_offload_after", "_prefetch_after", "decisions", "_horizon_cost")

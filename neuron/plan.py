@@ -204,13 +204,15 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
               tensor_cache: bool = True, compact: bool | None = None, dtype=np.float32,
               precision=None, search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
               cost=None, timed: bool | None = None, planner=None, comm=None,
-              grad_buckets: int | None = None, grad_lag: int | None = None) -> Plan:
+              grad_buckets: int | None = None, grad_lag: int | None = None,
+              prefetch_ahead=1) -> Plan:
     """``cost`` (a memory.costmodel.CostModel): what a planner plans with, and what times the
     iteration when ``timed`` (default: whenever a cost model is given; `plan --time`);
     ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock;
     ``grad_buckets`` (bytes): the runtime's overlap, as `train --data-parallel` runs it (each
     bucket's updates deferred ``grad_lag`` backward steps, its gradients live until then:
-    distributed/overlap.py).
+    distributed/overlap.py). ``prefetch_ahead``: steps ahead the pool prefetches, or "auto"
+    (memory/prefetch_horizon.py).
     ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
     ``chunks``: every layer split along the batch into that many chunks
     (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
@@ -227,7 +229,8 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         raise ValueError("plan: timing the iteration needs a cost model (cost=)")
     kw = dict(policy=policy, offload_params=offload_params,
               recompute_strategy=recompute_strategy, host_budget=host_budget,
-              tensor_cache=tensor_cache, compact=compact, dtype=dtype, precision=precision)
+              tensor_cache=tensor_cache, compact=compact, dtype=dtype, precision=precision,
+              prefetch_ahead=prefetch_ahead)
     more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
     ex = None
     for_budget = bool(planner) and budget is not None      # a planner plans for the budget

@@ -80,9 +80,20 @@ def _policy_args(p, default: str, budget_required: bool = False):
     p.add_argument("--chunks", default="1", type=positive_int("--chunks", words=("auto",)),
                    help="split every layer's step along the batch into N chunks, or 'auto': "
                    "the smallest count that fits the budget (default 1)")
+    _prefetch_ahead_arg(p)
     p.add_argument("--host-budget", default=None, type=byte_size("--host-budget"),
                    help="host memory for offloaded tensors (default: unlimited for plan, "
                    "128GiB for deepest/widest)")
+
+
+def _prefetch_ahead_arg(p):
+    p.add_argument("--prefetch-ahead", default="1", metavar="N|auto",
+                   type=positive_int("--prefetch-ahead", words=("auto",)),
+                   help="how many steps ahead tensors on the host are brought back: up to N "
+                   "steps, as far as the arena's free bytes allow without any step before the "
+                   "reader having to evict; 'auto': as far as that and the planning cost model's "
+                   "copy and step times need (default 1: the next step's reads; "
+                   "docs/memory.md)")
 
 
 def _positive(name):
@@ -129,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--chunks", default="1", type=positive_int("--chunks", words=("auto",)),
                    help="split every layer's step along the batch into N chunks, or 'auto' "
                    "(needs --budget): the smallest count that fits (default 1)")
+    _prefetch_ahead_arg(t)
     t.add_argument("--checkpoint", default=None, metavar="FILE.npz",
                    type=path_arg("--checkpoint"),
                    help="write parameters + optimizer state here, atomically, every "
@@ -305,7 +317,8 @@ def _policy_kw(args, host_default=None) -> dict:
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None, chunks=args.chunks,
-                host_budget=parse_bytes(hb) if hb else None)
+                host_budget=parse_bytes(hb) if hb else None,
+                prefetch_ahead=args.prefetch_ahead)
 
 
 def cmd_plan(args) -> int:
@@ -551,7 +564,8 @@ def cmd_train(args) -> int:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
-                      chunks=chunks, replay=args.replay, precision=args.precision)
+                      chunks=chunks, replay=args.replay, precision=args.precision,
+                      prefetch_ahead=args.prefetch_ahead)
     except MemoryBudgetError as e:
         from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,

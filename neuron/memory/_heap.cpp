@@ -124,6 +124,22 @@ class FreeTree {
     }
   }
 
+  // Highest-address segment with len >= n, or kNil.
+  std::size_t last_fit(u64 n) const {
+    std::size_t t = root_;
+    if (t == kNil || nodes_[t].max_len < n) return kNil;
+    for (;;) {
+      const Node& x = nodes_[t];
+      if (x.right != kNil && nodes_[x.right].max_len >= n) {
+        t = x.right;
+      } else if (x.len >= n) {
+        return t;
+      } else {
+        t = x.left;  // the subtree max says a fit exists, and not right/here
+      }
+    }
+  }
+
   // Segment with the greatest offset < off, or kNil.
   std::size_t predecessor(u64 off) const {
     std::size_t best = kNil;
@@ -352,6 +368,36 @@ class Heap {
     return static_cast<i64>(off);
   }
 
+  // The top end of the highest-address segment that holds the request: for
+  // blocks that wait for a later reader (prefetches), kept out of the low
+  // addresses where first-fit places everything else.
+  i64 try_alloc_top(i64 nbytes) {
+    check_request(nbytes);
+    if (static_cast<u64>(nbytes) > size_) return -1;
+    const u64 need = round(nbytes);
+    if (need > free_tree_.max_len()) return -1;
+
+    const auto& n = free_tree_.node(free_tree_.last_fit(need));
+    const u64 seg = n.off;
+    const u64 len = n.len;
+    const u64 off = seg + len - need;
+
+    allocated_.emplace(off, need);  // the only step that may allocate
+    // The remainder keeps the segment's start: erase and re-insert it shorter.
+    free_tree_.erase(seg);
+    if (len > need) free_tree_.insert(seg, len - need);
+    if (strategy_ == Strategy::kBestFit) {
+      auto node = by_size_.extract({len, seg});
+      if (len > need) {
+        node.value() = {len - need, seg};
+        by_size_.insert(std::move(node));
+      }
+    }
+    used_ += need;
+    high_water_ = std::max(high_water_, used_);
+    return static_cast<i64>(off);
+  }
+
   void free(i64 offset) {
     auto it = find_live(offset);
     const u64 off = it->first;
@@ -523,6 +569,7 @@ PYBIND11_MODULE(_heap, m) {
       .def_property_readonly("strategy", &Heap::strategy)
       .def("round", &Heap::round, py::arg("nbytes"))
       .def("try_alloc", &Heap::try_alloc, py::arg("nbytes"))
+      .def("try_alloc_top", &Heap::try_alloc_top, py::arg("nbytes"))
       .def("free", &Heap::free, py::arg("offset"))
       .def("size_of", &Heap::size_of, py::arg("offset"))
       .def("can_alloc", &Heap::can_alloc, py::arg("nbytes"))

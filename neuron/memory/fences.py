@@ -166,7 +166,12 @@ class FencedHeap:
         return getattr(self._impl, name)
 
     def try_alloc(self, nbytes: int) -> int:
-        off = self._impl.try_alloc(nbytes)
+        return self._claim(self._impl.try_alloc(nbytes))
+
+    def try_alloc_top(self, nbytes: int) -> int:
+        return self._claim(self._impl.try_alloc_top(nbytes))
+
+    def _claim(self, off: int) -> int:
         if off >= 0:
             epoch, events = self.fences.claim(off, self._impl.size_of(off))
             if self.copy_tenant:

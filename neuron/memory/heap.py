@@ -140,6 +140,14 @@ class Heap:
             return -1
         return self._impl.try_alloc(nbytes)
 
+    def try_alloc_top(self, nbytes: int) -> int:
+        """Like :meth:`try_alloc`, but at the top end of the highest-address segment that
+        fits (for blocks that wait for a later reader, kept out of first-fit's way)."""
+        nbytes = self._request(nbytes)
+        if nbytes > self._size:
+            return -1
+        return self._impl.try_alloc_top(nbytes)
+
     def can_alloc(self, nbytes: int) -> bool:
         """Whether :meth:`alloc` would succeed right now."""
         nbytes = self._request(nbytes)

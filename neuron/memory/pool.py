@@ -5,7 +5,9 @@ Residency per tensor: on device, on host (offloaded), or absent (not yet made, o
 recompute writes a fresh version). The LRU tensor cache of Algorithm 2: a step *locks* the
 tensors it uses; when an allocation cannot be met, unlocked tensors are offloaded to host in
 least-recently-used order until it can (only if the policy allows eviction). Prefetch brings a
-host tensor back ahead of its use when that fits without evicting anything.
+host tensor back ahead of its use when that fits without evicting anything (how far ahead: the
+executor's horizon, memory/prefetch_horizon.py; with it on, such a block lands at the top of
+the arena and, until read, is evicted last).
 
 The executor only speaks to this interface, so a policy changes what the pool does, never the
 executor's plumbing. On the CPU copies are synchronous. On the GPU they run on a stream per
@@ -49,6 +51,12 @@ class Pool:
         self._h = self.heap._impl               # unchecked calls on the hot path
         self._block = self.heap.block
         self.evict_enabled = evict
+        # prefetches ahead of use land at the top of the arena (the executor's prefetch
+        # horizon, memory/prefetch_horizon.py), out of the way of first-fit's allocations
+        self.prefetch_top = False
+        # with it, the tensors prefetched and not yet read: evicted only when nothing else
+        # can be (they are needed sooner than what the cache kept since forward)
+        self.unread: set[int] = set()
         # compaction: when the free bytes suffice but no single hole does, slide every tensor
         # down (first-fit refills from the bottom) so the free space becomes one block
         self.compact_enabled = compact
@@ -127,11 +135,12 @@ class Pool:
         self.uncompressed: dict = {}
 
     # ---- allocation -------------------------------------------------------------------
-    def _take(self, nbytes: int, what, step) -> int:
+    def _take(self, nbytes: int, what, step, top: bool = False) -> int:
         """An arena offset for nbytes: evicting LRU unlocked tensors if allowed (until the free
-        bytes suffice), compacting if allowed (when they suffice but are scattered)."""
+        bytes suffice), compacting if allowed (when they suffice but are scattered); ``top``:
+        at the top of the highest hole that fits (heap.try_alloc_top)."""
         h = self._h
-        off = h.try_alloc(nbytes)
+        off = h.try_alloc_top(nbytes) if top else h.try_alloc(nbytes)
         if off < 0:
             off = self._make_room(nbytes)
             if off < 0:
@@ -158,7 +167,14 @@ class Pool:
                 h.free_bytes >= -(-nbytes // self._block) * self._block:
             self.compact()
             off = h.try_alloc(nbytes)
-        while off < 0 and self.evict_enabled and self._evict_one():
+        while off < 0 and self.evict_enabled:
+            if self.unread and self._unread_left_only(nbytes):
+                # what is left to evict was prefetched for a step soon: where the free
+                # bytes suffice, gather them rather than send it back to the host
+                self.unread.clear()
+                self.compact()
+            elif not self._evict_one():
+                break
             off = h.try_alloc(nbytes)
         if off < 0 and self.compact_enabled and \
                 h.free_bytes >= -(-nbytes // self._block) * self._block:
@@ -318,6 +334,7 @@ class Pool:
 
     def release_held(self) -> None:
         """At the end of an iteration: the held raw regions go."""
+        self.unread.clear()
         for off in self.held:
             self.free_bytes(off)
         self.held.clear()
@@ -367,6 +384,8 @@ class Pool:
 
     def ensure_all(self, tensors, step=None) -> None:
         offset, inflight = self.offset, self.inflight
+        if self.unread:
+            self.unread.difference_update(t.id for t in tensors)
         for t in tensors:
             if t.id in offset:
                 self.hits += 1
@@ -518,14 +537,17 @@ class Pool:
         _, buf = self.host[t.id]
         n = t.nbytes or 1
         fences = self.fences
+        top = ahead and self.prefetch_top
+        if top:
+            self.unread.add(t.id)
         if fences is not None:      # the copy, not compute, is the block's first tenant
             self._h.copy_tenant = True
             try:
-                off = self._take(n, t, step)
+                off = self._take(n, t, step, top)
             finally:
                 self._h.copy_tenant = False
         else:
-            off = self._take(n, t, step)
+            off = self._take(n, t, step, top)
         del self.host[t.id]
         self.offset[t.id] = off
         self.live[t.id] = t
@@ -692,8 +714,23 @@ class Pool:
         _, buf = self.host[t.storage.id]
         return buf[t.byte_offset:t.byte_offset + t.nbytes].view(t.dtype).reshape(t.shape)
 
+    def _unread_left_only(self, nbytes: int) -> bool:
+        """Whether compaction would make room for ``nbytes`` and the only tensors left to
+        evict are prefetched ones not yet read."""
+        if not self.compact_enabled or self._h.free_bytes < self._rounded(nbytes):
+            return False
+        skip = self.locked | self.unread
+        return all(tid in skip for tid in self.lru)
+
     def _evict_one(self) -> bool:
         locked = self.locked
+        if self.unread:     # a prefetched tensor not yet read goes last
+            skip = locked | self.unread
+            tid = next((tid for tid in self.lru if tid not in skip), None)
+            if tid is None:
+                self.unread.clear()
+            else:
+                locked = skip
         for tid, t in self.lru.items():     # oldest first; pinned tensors are never in it
             if tid not in locked:
                 if self.staged and tid in self.staged:     # its bytes are on the host still

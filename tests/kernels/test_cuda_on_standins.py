@@ -245,6 +245,10 @@ def rerun_graphs(monkeypatch, cuda_standins):
     ("resnet_cifar8", {"policy": "superneurons", "offload_params": True, "fraction": "min"}),
     # compressed swaps: the codec stream's kernels inside the capture
     ("resnet_cifar8", {"planner": "superneurons:compress=2", "fraction": 0.6}),
+    # prefetches several steps ahead (memory/prefetch_horizon.py), their events on the tape
+    ("resnet_cifar8", {"policy": "superneurons", "fraction": 0.5, "prefetch_ahead": "auto"}),
+    ("densenet_cifar10", {"planner": "superneurons", "offload_params": True, "fraction": 0.5,
+                          "prefetch_ahead": "auto"}),
 ])
 def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs, graph, kw):
     """CudaDevice's recorded iteration (kernel calls with their descriptors and views, the

@@ -594,3 +594,26 @@ def test_many_live_blocks_stay_fast(strategy):
     h._check_invariants()
     # Typically ~0.5 s, dominated by Python call overhead.
     assert elapsed < 5.0, f"10^5 alloc/free pairs took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
+def test_alloc_top_takes_the_top_end_of_the_highest_hole_that_fits(strategy):
+    """try_alloc_top (the prefetch horizon's blocks): the highest hole that holds the request,
+    carved from its top end; the remainder keeps its start; frees coalesce as usual."""
+    h = Heap(16 * 1024, block=1024, strategy=strategy)
+    a, b, c = h.alloc(4096), h.alloc(2048), h.alloc(4096)      # 0, 4096, 6144; free 10240+
+    h.free(b)                                                   # holes: [4096, 6144), [10240, 16384)
+    assert h.try_alloc_top(1024) == 15 * 1024                   # the highest hole's top
+    assert h.try_alloc_top(6000) == -1                          # 5 KiB and 2 KiB holes left
+    assert h.try_alloc_top(5 * 1024) == 10240                   # the rest of the highest hole
+    assert h.try_alloc_top(1500) == 4096                        # only the low hole is left
+    assert h.free_segments() == [] and h.used_bytes == h.size
+    h._check_invariants()
+    h.free(10240)
+    h.free(15 * 1024)
+    assert h.free_segments() == [(10240, 6 * 1024)]
+    assert h.try_alloc(1024) == 10240
+    h._check_invariants()
+    for off in (a, c):
+        h.free(off)
+    h._check_invariants()
