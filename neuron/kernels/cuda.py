@@ -27,18 +27,29 @@ Pooling and LRN live in :mod:`neuron.kernels.cuda_pool` and the helpers the kern
 share in :mod:`neuron.kernels.cuda_helpers`; this module re-exports them, so it stays the one
 namespace a CUDA device's layers call (as numpy_ref is for the CPU).
 
+Mixed precision (bf16, fp16: neuron/precision.py). Feature maps, their gradients and the
+low-precision copies of convolution and linear weights arrive in the 2-byte type; cuDNN takes
+them with a float compute type and tensor-op math, cuBLAS through cublasGemmEx with float32
+accumulation, BatchNorm with float32 scale, bias and statistics, and every elementwise kernel is
+:mod:`neuron.kernels.cuda_low`'s (float32 arithmetic, rounded once where it stores). Where a
+float32 master receives what a low-type kernel makes (a weight or bias gradient), the kernel
+writes a low-type temporary that is then added into the float32 gradient, as the CPU reference
+(neuron/mixed_cpu.py) rounds those gradients to the low type. The loss reads its logits as
+float32 (a temporary) and rounds its logit gradient, times fp16's loss scale, once.
+
 Importing this module needs neither CuPy nor cuDNN (the pure helpers are unit-tested on the CPU);
 the first kernel call loads both.
 """
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import types
 
 import numpy as np
 
-from . import cublas, cuda_switches
+from . import cublas, cuda_low, cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -46,6 +57,7 @@ from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
 from .numpy_ref import _pair, conv2d_out_hw, pool_out_hw  # noqa: F401 (mirrors numpy_ref)
 from .cuda_helpers import (  # noqa: F401 (shared by the kernel modules)
     _ccontig, _contig, _cp, _grad_into, _h, _ptr, _td)
+from .cuda_low import is_low
 from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device's kernels)
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
     lrn_backward, lrn_forward, maxpool_backward, maxpool_forward)
@@ -124,6 +136,13 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
     dyd = _td(dy)
     h = _h()
     ws_ptr, ws_bytes = aligned_workspace(workspace)
+    if is_low(w) and ((dw is not None and dw.dtype != w.dtype) or
+                      (db is not None and db.dtype != w.dtype)):
+        # the float32 masters' gradients: computed in the low type, then added in
+        _low_param_grads(lambda dw_, db_, ws_: conv2d_backward(
+            x, w, dy, None, dw_, db_, stride, padding, dilation, groups, ws_), dw, db,
+            w.dtype, accumulate_params, workspace)
+        dw = db = None
     if db is not None:
         dnn.convolution_backward_bias(h, dyd, _ptr(dy), dnn.bias_descriptor(db.shape[0], db.dtype),
                                       _ptr(_contig(db)), beta=1.0 if accumulate_params else 0.0)
@@ -159,6 +178,33 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         cd.set_math_type(choice.math_type)
         dnn.convolution_backward_data(h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
                                       ws_bytes, dxd, _ptr(dx), beta=1.0 if accumulate else 0.0)
+
+
+def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
+    """``run(dw_low, db_low, workspace_rest)`` into low-type buffers, then each into (or,
+    ``accumulate``, added to) its float32 master gradient: the gradients of the low copies,
+    rounded once. The buffers are carved from the front of the step's workspace when it holds
+    them (bytes the plan already counts; the rest stays the algorithm's), else CuPy
+    temporaries from the arena."""
+    cp = _cp()
+    shapes = [g.shape if g is not None else None for g in (dw, db)]
+    need = [math.prod(sh) * np.dtype(low).itemsize if sh is not None else 0 for sh in shapes]
+    spans = [-(-n // 256) * 256 for n in need]
+    bufs = []
+    if workspace is not None and sum(spans) and workspace.nbytes >= sum(spans) + 256:
+        ptr, usable = aligned_workspace(workspace)
+        start = ptr - workspace.data.ptr
+        at = start
+        for sh, n, span in zip(shapes, need, spans):
+            bufs.append(workspace[at:at + n].view(low).reshape(sh) if sh is not None else None)
+            at += span
+        workspace = workspace[at:]
+    else:
+        bufs = [cp.empty(sh, low) if sh is not None else None for sh in shapes]
+    run(bufs[0], bufs[1], workspace)
+    for g, t in zip((dw, db), bufs):
+        if g is not None:
+            (cuda_low.add_into_f32 if accumulate else cuda_low.cast)(g, t)
 
 
 # ------------------------------------------------------------------------------------------
@@ -308,13 +354,55 @@ def _matmul(a, b, out):
         cp.matmul(a, b, out=out)
 
 
+def _matmul_low(a, b, out):
+    """out = a @ b with low-type operands and float32 accumulation: cublasGemmEx, or float32
+    copies through cupy.matmul where neuron's cuBLAS handle does not apply; ``out`` low or
+    float32, rounded once."""
+    cp = _cp()
+    if cublas.gemm(cp, a, b, out):
+        return
+    af = cuda_low.to_f32(a) if is_low(a) else a
+    bf = cuda_low.to_f32(b) if is_low(b) else b
+    if is_low(out):
+        t = cp.empty(out.shape, np.float32)
+        cp.matmul(af, bf, out=t)
+        cuda_low.cast(out, t)
+    else:
+        cp.matmul(af, bf, out=out)
+
+
 def linear_forward(x, w, b, y):
+    if is_low(y):
+        # the product in float32, the bias added to it, one rounding: as the CPU reference
+        t = _cp().empty(y.shape, np.float32)
+        _matmul_low(x, w.T, t)
+        if b is None:
+            cuda_low.cast(y, t)
+        else:
+            cuda_low.bias_rows(t, b, y)
+        return
     _matmul(x, w.T, y)
     if b is not None:
         _cp().add(y, b, out=y)
 
 
 def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=False):
+    if is_low(dy):
+        if dx is not None:
+            _grad_into(dx, accumulate, lambda out: _matmul_low(dy, w, out))
+        if dw is not None:
+            if dw.dtype == w.dtype:
+                _grad_into(dw, accumulate_params, lambda out: _matmul_low(dy.T, x, out))
+            else:
+                _low_param_grads(lambda t, _, __: _matmul_low(dy.T, x, t), dw, None, w.dtype,
+                                 accumulate_params)
+        if db is not None:
+            if db.dtype == np.float32:
+                cuda_low.col_sums(_ccontig(dy), db, accumulate_params)
+            else:
+                raise TypeError(f"linear backward: a {db.dtype} bias gradient of low-type "
+                                "outputs (float32 masters only)")
+        return
     if dx is not None:
         _grad_into(dx, accumulate, lambda out: _matmul(dy, w, out))
     if dw is not None:
@@ -357,9 +445,12 @@ def dropout_key(seed) -> int:
 
 def dropout_apply(x, y, mask, p):
     if p >= 1.0:
-        y.fill(0)
+        fill(y, 0)
         return
     scale = 1.0 / (1.0 - p) if p > 0.0 else 1.0
+    if is_low(y):
+        cuda_low.dropout_apply(x, mask, scale, y)
+        return
     _k_dropout()[1](x, mask, y.dtype.type(scale), y)
 
 
@@ -374,7 +465,12 @@ def dropout_backward(dy, mask, dx, p, accumulate=False):
 def add_forward(xs, y):
     cp = _cp()
     if len(xs) == 1:
-        cp.copyto(y, xs[0])
+        copy(y, xs[0])
+        return
+    if is_low(y):
+        cuda_low.add(xs[0], xs[1], y)
+        for a in xs[2:]:
+            cuda_low.accumulate(y, a)
         return
     cp.add(xs[0], xs[1], out=y)
     for a in xs[2:]:
@@ -406,17 +502,23 @@ def softmax_xent_rows(logits, labels, probs, rows):
     """The device part of softmax_xent_forward: softmax into ``probs``, per-row losses into
     ``rows``; nothing read back (a CUDA graph averages them after its launch)."""
     n, k = logits.shape
+    if is_low(logits):              # the loss in float32: its logits read as float32
+        logits = cuda_low.to_f32(_ccontig(logits))
     dnn.softmax_forward(_h(), _td(logits), _ptr(logits), _td(probs), _ptr(probs),
                         dnn.CUDNN_SOFTMAX_ACCURATE, dnn.CUDNN_SOFTMAX_MODE_INSTANCE)
     _k_xent()[0](_ccontig(logits), _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
                  rows.reshape(n))
 
 
-def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None, scale=1.0):
+    """``scale``: fp16's loss scale, applied in float32 before the gradient is rounded."""
     n, k = probs.shape
+    labels = _ccontig(labels).astype(np.int64, copy=False)
+    if is_low(dlogits):
+        cuda_low.xent_grad(probs, labels, dlogits, scale / (total or n), accumulate)
+        return
     _grad_into(dlogits, accumulate, lambda out: _k_xent()[1](
-        probs, _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
-        dlogits.dtype.type(1.0 / (total or n)), out))
+        probs, labels, np.int64(k), dlogits.dtype.type(scale / (total or n)), out))
 
 
 def mse_forward(pred, target):
@@ -462,7 +564,10 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
 # ------------------------------------------------------------------------------------------
 
 def fill(a, value):
-    a.fill(value)
+    if is_low(a):
+        cuda_low.fill(a, value)
+    else:
+        a.fill(value)
 
 
 def copy(dst, src):
@@ -470,7 +575,10 @@ def copy(dst, src):
     host batches through here."""
     cp = _cp()
     if isinstance(src, cp.ndarray):
-        cp.copyto(dst, src)
+        if (is_low(dst) or is_low(src)) and dst.flags.c_contiguous and src.flags.c_contiguous:
+            cuda_low.cast(dst, src)         # a weight's low copy, a feature map
+        else:
+            cp.copyto(dst, src)
         return
     src = np.asarray(src)
     if src.dtype != dst.dtype:
@@ -504,7 +612,10 @@ def input_stager():
 
 
 def add_inplace(dst, src):
-    _cp().add(dst, src, out=dst)
+    if is_low(dst):
+        cuda_low.accumulate(dst, src)
+    else:
+        _cp().add(dst, src, out=dst)
 
 
 # ------------------------------------------------------------------------------------------
@@ -533,7 +644,16 @@ def nonfinite_flag_update(flag, a):
     """flag |= any(a is NaN or infinite), as one kernel on the current stream: no host sync,
     no temporary."""
     if a.size:
-        _k_any_nonfinite()(a, flag)
+        if is_low(a):
+            cuda_low.nonfinite(flag, _ccontig(a))
+        else:
+            _k_any_nonfinite()(a, flag)
+
+
+def unscale_gradient(grad, inv_scale, flag, overflow):
+    """fp16 loss scaling (neuron/loss_scale.py) on the device: grad *= inv_scale; a gradient
+    that is inf or NaN sets ``overflow`` and the step guard's ``flag``, read once per step."""
+    cuda_low.unscale(grad, inv_scale, flag, overflow)
 
 
 def nonfinite_flag_read(flag) -> bool:

@@ -3,6 +3,7 @@ first use, the cuDNN handle, pointers and descriptors, and writing into strided 
 accumulating outputs through temporaries."""
 from __future__ import annotations
 
+from . import cuda_low
 from . import cudnn as dnn
 
 _cupy = None
@@ -46,7 +47,10 @@ def _grad_into(dx, accumulate, fn):
         return
     tmp = _cp().empty(dx.shape, dx.dtype)
     fn(tmp)
-    _cp().add(dx, tmp, out=dx)
+    if cuda_low.is_low(dx):
+        cuda_low.accumulate(dx, tmp)
+    else:
+        _cp().add(dx, tmp, out=dx)
 
 
 def _run_into(out, fn):

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import cuda_switches
 from . import cudnn as dnn
+from . import cuda_low
 from .cuda_helpers import _ccontig, _cp, _grad_into, _h, _ptr, _run_into, _td
 from .cuda_raw import _k_lrn, _k_pool
 from .numpy_ref import _pair, pool_out_hw
@@ -78,11 +79,18 @@ def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
 
 
 def global_avgpool_forward(x, y):
+    if cuda_low.is_low(y):
+        cuda_low.mean_hw(_ccontig(x), y)
+        return
     _cp().mean(x, axis=(2, 3), out=y)
 
 
 def global_avgpool_backward(dy, dx, accumulate=False):
     h, w = dx.shape[2:]
+    if cuda_low.is_low(dx):
+        _grad_into(dx, accumulate, lambda out: _run_into(
+            out, lambda o: cuda_low.spread_hw(_ccontig(dy), o)))
+        return
     _grad_into(dx, accumulate, lambda out: _cp().multiply(
         dy[:, :, None, None], dx.dtype.type(1.0 / (h * w)), out=out))
 
