@@ -164,7 +164,7 @@ def test_fp16_overflow_skips_the_step_on_the_device(gpu_kernels):
         dev.close()
 
 
-def test_precision_missing_names_the_capability(gpu_kernels):
+def test_precision_missing_names_the_capability(gpu_kernels, monkeypatch):
     from neuron.devices.cuda_check import precision_missing
     assert precision_missing("bf16", (9, 0)) is None
     assert precision_missing("fp16", (7, 0)) is None
@@ -177,12 +177,12 @@ def test_precision_missing_names_the_capability(gpu_kernels):
     try:
         assert dev.compute_capability == (9, 0)
         assert dev.precision_missing("bf16") is None
-        dev._cp.cuda.runtime.getDeviceProperties = lambda i: {"major": 7, "minor": 0}
+        monkeypatch.setattr(dev._cp.cuda.runtime, "getDeviceProperties",
+                            lambda i: {"major": 7, "minor": 0})
         with pytest.raises(ValueError, match="bf16 on device cuda: bf16 needs a GPU of "
                                              "compute capability 8.0"):
             Executor(resnet(), BATCH, device=dev, precision="bf16")
     finally:
-        del dev._cp.cuda.runtime.getDeviceProperties
         dev.close()
 
 
