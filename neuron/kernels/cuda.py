@@ -478,9 +478,29 @@ def add_forward(xs, y):
 
 
 # slice assignment and in-place operators are the same on CuPy arrays: one definition of
-# each serves both devices
-concat_forward = numpy_ref.concat_forward
-concat_backward = numpy_ref.concat_backward
+# each serves both devices (low-precision arrays: their bits are sliced, their sums are
+# cuda_low's)
+def concat_forward(xs, y):
+    if is_low(y):
+        numpy_ref.concat_forward([cuda_low.bits(a) for a in xs], cuda_low.bits(y))
+    else:
+        numpy_ref.concat_forward(xs, y)
+
+
+def concat_backward(dy, dxs, widths=None, accumulate=()):
+    if not is_low(dy):
+        return numpy_ref.concat_backward(dy, dxs, widths, accumulate)
+    widths = numpy_ref.concat_widths(dy, dxs, widths)
+    if widths is None:
+        return
+    o = 0
+    for i, (d, c) in enumerate(zip(dxs, widths)):
+        if d is not None:
+            if i in accumulate:
+                cuda_low.accumulate(d, dy[:, o:o + c])
+            else:
+                cuda_low.bits(d)[...] = cuda_low.bits(dy)[:, o:o + c]
+        o += c
 
 
 # ------------------------------------------------------------------------------------------

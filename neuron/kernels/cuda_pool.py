@@ -39,8 +39,8 @@ def maxpool_forward(x, y, kernel, stride, padding):
                             _ptr(x), _td(y), _ptr(y))
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
-    xc = _ccontig(x)
-    _run_into(y, lambda out: _k_pool()[0](xc, x.dtype.type(-np.inf), *g, out))
+    xc = _f32_in(x)
+    _into(y, lambda out: _k_pool()[0](xc, xc.dtype.type(-np.inf), *g, out))
 
 
 def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
@@ -51,9 +51,9 @@ def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
                              beta=1.0 if accumulate else 0.0)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
-    xc, yc, dyc = _ccontig(x), _ccontig(y), _ccontig(dy)
+    xc, yc, dyc = _f32_in(x), _f32_in(y), _f32_in(dy)
     _grad_into(dx, accumulate,
-               lambda d: _run_into(d, lambda out: _k_pool()[1](xc, yc, dyc, *g, out)))
+               lambda d: _into(d, lambda out: _k_pool()[1](xc, yc, dyc, *g, out)))
 
 
 def avgpool_forward(x, y, kernel, stride, padding):
@@ -66,16 +66,33 @@ def avgpool_forward(x, y, kernel, stride, padding):
                             _td(x), _ptr(x), _td(y), _ptr(y))
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
-    xc = _ccontig(x)
-    _run_into(y, lambda out: _k_pool()[2](xc, *g, out))
+    xc = _f32_in(x)
+    _into(y, lambda out: _k_pool()[2](xc, *g, out))
 
 
 def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     # CuPy, not cuDNN: cudnnPoolingBackward takes x and y, which AvgPool2d does not keep
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     g = _geo(dx.shape[2:], dy.shape[2:], kernel, stride, padding)
-    dyc = _ccontig(dy)
-    _grad_into(dx, accumulate, lambda d: _run_into(d, lambda out: _k_pool()[3](dyc, *g, out)))
+    dyc = _f32_in(dy)
+    _grad_into(dx, accumulate, lambda d: _into(d, lambda out: _k_pool()[3](dyc, *g, out)))
+
+
+def _f32_in(a):
+    """A raw kernel's C-contiguous input; a low-precision one as a float32 temporary (the raw
+    pooling kernels compute in their input's type: mixed precision computes in float32)."""
+    return cuda_low.to_f32(_ccontig(a)) if cuda_low.is_low(a) else _ccontig(a)
+
+
+def _into(out, fn):
+    """``fn(dst)`` into ``out``: through a float32 temporary rounded once into a low-precision
+    ``out`` (C-contiguous here: _grad_into's and the arena's), else as _run_into."""
+    if cuda_low.is_low(out):
+        t = _cp().empty(out.shape, np.float32)
+        fn(t)
+        cuda_low.cast(out, t)
+    else:
+        _run_into(out, fn)
 
 
 def global_avgpool_forward(x, y):

@@ -35,14 +35,20 @@ def resnet():
     return build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
 
 
+def densenet():
+    """Concatenation (sliced bits, low-type sums) and average pooling (the raw backward kernel
+    through float32)."""
+    return build_model("densenet_cifar", depth=10, in_shape=(3, 16, 16))
+
+
 def _data(steps=1, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32),
              rng.integers(0, 10, BATCH)) for _ in range(steps)]
 
 
-def _run(device, precision, data, replay="off", **kw):
-    ex = Executor(resnet(), BATCH, device=device, seed=1, precision=precision, replay=replay,
+def _run(device, precision, data, replay="off", graph=resnet, **kw):
+    ex = Executor(graph(), BATCH, device=device, seed=1, precision=precision, replay=replay,
                   optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4), **kw)
     before = ex.state_dict()
     losses = [ex.train_step(x, y) for x, y in data]
@@ -80,11 +86,12 @@ def worst_update_error(a, b) -> tuple[float, str]:
     return worst, name
 
 
+@pytest.mark.parametrize("graph", [resnet, densenet], ids=["resnet_cifar8", "densenet_cifar10"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_a_mixed_step_on_the_cuda_path_matches_the_cpu_reference(gpu_kernels, precision):
+def test_a_mixed_step_on_the_cuda_path_matches_the_cpu_reference(gpu_kernels, precision, graph):
     data = _data()
-    gpu = _on_cuda(precision, data)
-    cpu = _run(CpuDevice(ARENA), precision, data)
+    gpu = _on_cuda(precision, data, graph=graph)
+    cpu = _run(CpuDevice(ARENA), precision, data, graph=graph)
     for a, b in zip(gpu[1], cpu[1]):
         assert gpu[1].keys() == cpu[1].keys()
         np.testing.assert_array_equal(gpu[1][a], cpu[1][b])       # the same initial weights
@@ -177,11 +184,12 @@ def test_precision_missing_names_the_capability(gpu_kernels, monkeypatch):
     try:
         assert dev.compute_capability == (9, 0)
         assert dev.precision_missing("bf16") is None
-        monkeypatch.setattr(dev._cp.cuda.runtime, "getDeviceProperties",
-                            lambda i: {"major": 7, "minor": 0})
-        with pytest.raises(ValueError, match="bf16 on device cuda: bf16 needs a GPU of "
-                                             "compute capability 8.0"):
-            Executor(resnet(), BATCH, device=dev, precision="bf16")
+        with monkeypatch.context() as m:
+            m.setattr(dev._cp.cuda.runtime, "getDeviceProperties",
+                      lambda i: {"major": 7, "minor": 0})
+            with pytest.raises(ValueError, match="bf16 on device cuda: bf16 needs a GPU of "
+                                                 "compute capability 8.0"):
+                Executor(resnet(), BATCH, device=dev, precision="bf16")
     finally:
         dev.close()
 
