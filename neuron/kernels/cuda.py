@@ -46,6 +46,7 @@ import functools
 import math
 import sys
 import types
+import warnings
 
 import numpy as np
 
@@ -208,6 +209,44 @@ def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
 
 
 # ------------------------------------------------------------------------------------------
+# mixed precision where a cuDNN build refuses a 2-byte type: the float32 round trip
+# ------------------------------------------------------------------------------------------
+
+#: the cuDNN operations that refused a 2-byte type on this GPU (they run in float32 from then
+#: on, through temporaries: the same values, since cuDNN computes in float either way)
+low_refused: dict[str, str] = {}
+
+
+def _low_guarded(op: str, native, via_f32):
+    """``native()``; if cuDNN refuses the low type there (a BAD_PARAM or NOT_SUPPORTED
+    status), ``via_f32()`` now and for every later call of ``op`` (said once, as a warning)."""
+    if op in low_refused:
+        return via_f32()
+    try:
+        return native()
+    except dnn.CudnnError as e:
+        if e.status // 1000 not in (2, 3):
+            raise
+        low_refused[op] = str(e)
+        warnings.warn(f"cuDNN refused {op} on a 2-byte type ({e}); it runs in float32 through "
+                      "temporaries from now on", RuntimeWarning, stacklevel=3)
+        return via_f32()
+
+
+def _via_f32(fn, ins, outs, accumulate=False):
+    """``fn(*ins, *outs)`` on float32 copies of the low-precision ones, each output rounded
+    back once (``accumulate``: the outputs' current values are read too)."""
+    f_ins = [cuda_low.to_f32(_ccontig(a)) if is_low(a) else a for a in ins]
+    f_outs = [None if o is None else
+              (cuda_low.to_f32(o) if accumulate else _cp().empty(o.shape, np.float32))
+              if is_low(o) else o for o in outs]
+    fn(*f_ins, *f_outs)
+    for o, f in zip(outs, f_outs):
+        if o is not None and f is not o:
+            cuda_low.cast(o, f)
+
+
+# ------------------------------------------------------------------------------------------
 # batch normalization (cuDNN SPATIAL; a 2-D (N, C) input is described as (N, C, 1, 1))
 # ------------------------------------------------------------------------------------------
 
@@ -241,6 +280,18 @@ def _param_or(a, channels, dtype, value):
 
 def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
                             save_mean, save_invstd, momentum, eps, update_running):
+    if is_low(x):
+        def run(x_, y_):
+            _bn_train(x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd,
+                      momentum, eps, update_running)
+        return _low_guarded("batchnorm", lambda: run(x, y),
+                            lambda: _via_f32(run, [x], [y]))
+    _bn_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd, momentum,
+              eps, update_running)
+
+
+def _bn_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd, momentum,
+              eps, update_running):
     cp = _cp()
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
@@ -265,6 +316,15 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
 
 
 def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    if is_low(x):
+        def run(x_, y_):
+            _bn_infer(x_, gamma, beta, y_, running_mean, running_var, eps)
+        return _low_guarded("batchnorm", lambda: run(x, y),
+                            lambda: _via_f32(run, [x], [y]))
+    _bn_infer(x, gamma, beta, y, running_mean, running_var, eps)
+
+
+def _bn_infer(x, gamma, beta, y, running_mean, running_var, eps):
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var)
@@ -278,6 +338,16 @@ def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
 
 def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
                        accumulate=False):
+    if is_low(x):
+        def run(x_, dy_, dx_):
+            _bn_backward(x_, dy_, gamma, save_mean, save_invstd, dx_, dgamma, dbeta, eps,
+                         accumulate)
+        return _low_guarded("batchnorm", lambda: run(x, dy, dx),
+                            lambda: _via_f32(run, [x, dy], [dx], accumulate))
+    _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, accumulate)
+
+
+def _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, accumulate):
     cp = _cp()
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, save_mean=save_mean, save_invstd=save_invstd,
@@ -302,7 +372,12 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
 # ------------------------------------------------------------------------------------------
 
 def _act_forward(mode, x, y):
-    dnn.activation_forward(_h(), dnn.activation_descriptor(mode), _td(x), _ptr(x), _td(y), _ptr(y))
+    def run(x_, y_):
+        dnn.activation_forward(_h(), dnn.activation_descriptor(mode), _td(x_), _ptr(x_),
+                               _td(y_), _ptr(y_))
+    if is_low(y):
+        return _low_guarded("activation", lambda: run(x, y), lambda: _via_f32(run, [x], [y]))
+    run(x, y)
 
 
 def relu_forward(x, y):
@@ -310,6 +385,14 @@ def relu_forward(x, y):
 
 
 def relu_backward(y, dy, dx, accumulate=False):
+    if is_low(dx):
+        return _low_guarded("activation", lambda: _relu_backward(y, dy, dx, accumulate),
+                            lambda: _via_f32(lambda y_, dy_, dx_: _relu_backward(
+                                y_, dy_, dx_, accumulate), [y, dy], [dx], accumulate))
+    _relu_backward(y, dy, dx, accumulate)
+
+
+def _relu_backward(y, dy, dx, accumulate=False):
     # cuDNN's ReLU backward tests x > 0; y > 0 is the same predicate, so y stands in for the
     # input the layer did not keep
     yd = _td(y)

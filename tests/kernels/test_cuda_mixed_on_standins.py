@@ -218,3 +218,28 @@ def test_fp16_runs_eagerly_and_says_why(gpu_kernels):
     _, _, _, ex = _on_cuda("fp16", _data(steps=3), replay="tape")
     r = ex.replay
     assert r["ran"] == "off" and "loss scale" in r["eager_because"], r
+
+
+def test_a_cudnn_that_refuses_bf16_batchnorm_runs_it_in_float32(gpu_kernels, monkeypatch):
+    """Where a cuDNN build refuses BatchNorm or an activation on a 2-byte type, that operation
+    runs in float32 through temporaries from then on (said once): the same values, since cuDNN
+    computes in float either way, so the step still matches the CPU reference."""
+    import cuda_standins
+    import neuron.kernels.cuda as K
+    from neuron.kernels.cudnn_api import CudnnError
+    monkeypatch.setattr(K, "low_refused", {})
+    for name in ("batchnorm_forward_training", "batchnorm_backward", "activation_forward"):
+        real = getattr(cuda_standins.CudnnStandIn, name)
+
+        def refusing(self, h, *a, _real=real, _name=name, **kw):
+            x_desc = next(d for d in a if getattr(d, "kind", None) == "tensor")
+            if np.dtype(x_desc.dtype).itemsize == 2:
+                raise CudnnError(3000, f"cudnn-{_name}")
+            return _real(self, h, *a, **kw)
+        monkeypatch.setattr(cuda_standins.CudnnStandIn, name, refusing)
+    data = _data()
+    with pytest.warns(RuntimeWarning, match="runs in float32"):
+        gpu = _on_cuda("bf16", data)
+    assert set(K.low_refused) == {"batchnorm", "activation"}
+    cpu = _run(CpuDevice(ARENA), "bf16", data)
+    assert worst_update_error(gpu, cpu)[0] < TOL["bf16"]
