@@ -497,7 +497,16 @@ class Executor:
             ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
                           feed=self._feed(x, y, guarded=self.transactional))
             if not self.device.computes or not self.transactional:
+                scaled = self.device.computes and self.loss_scaler is not None and \
+                    self._native_mixed
+                if scaled:
+                    self._clear_overflow()
                 self._run(self.steps, self.frees, ctx, check_loss=self.device.computes)
+                if scaled and self.device.kernels.nonfinite_flag_read(self._overflow):
+                    # no undo record: the update is applied, as the CPU path raises mid-step
+                    raise GradientOverflow(f"a gradient overflowed at loss scale "
+                                           f"{self.loss_scaler.scale:g} (not undone: the "
+                                           "executor is not transactional)")
                 self.iteration += 1
                 return ctx.losses.get("loss", float("nan"))
             undo = self._undo_record
@@ -532,15 +541,19 @@ class Executor:
         if scaler is None:
             return self._guarded_run(undo, ctx)
         if self._native_mixed:          # the unscale kernels' overflow flag, cleared per step
-            if self._overflow is None:
-                self._overflow = self.device.kernels.nonfinite_flag_new()
-            self.device.kernels.nonfinite_flag_clear(self._overflow)
+            self._clear_overflow()
         try:
             self._guarded_run(undo, ctx)
         except GradientOverflow:
             scaler.overflowed()
         else:
             scaler.stepped()
+
+    def _clear_overflow(self) -> None:
+        """fp16 on a native device: clear (make, the first time) the unscale kernels' flag."""
+        if self._overflow is None:
+            self._overflow = self.device.kernels.nonfinite_flag_new()
+        self.device.kernels.nonfinite_flag_clear(self._overflow)
 
     def _guarded_run(self, undo, ctx) -> None:
         undo.begin()
@@ -835,8 +848,6 @@ class Executor:
         updates = due_updates(step)     # its own, unless deferred; and those due here
         if self.loss_scaler is not None:    # fp16: overflow skips the whole step (undone)
             if self._native_mixed:          # on the device: flagged, read once at the step's end
-                if self._overflow is None:
-                    self._overflow = self.device.kernels.nonfinite_flag_new()
                 inv = 1.0 / self.loss_scaler.scale
                 for _, _, g, _ in updates:
                     k.unscale_gradient(view(g), inv, undo.flag if undo is not None else

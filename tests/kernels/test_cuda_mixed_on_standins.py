@@ -243,3 +243,20 @@ def test_a_cudnn_that_refuses_bf16_batchnorm_runs_it_in_float32(gpu_kernels, mon
     assert set(K.low_refused) == {"batchnorm", "activation"}
     cpu = _run(CpuDevice(ARENA), "bf16", data)
     assert worst_update_error(gpu, cpu)[0] < TOL["bf16"]
+
+
+def test_fp16_overflow_without_the_step_guard_raises(gpu_kernels):
+    """Executor.transactional = False: no undo record, so an overflow is not skipped but named
+    (as the CPU path raises mid-step), never applied silently."""
+    from neuron.loss_scale import GradientOverflow
+    dev = _cuda_device()
+    try:
+        ex = Executor(resnet(), BATCH, device=dev, seed=1, precision="fp16",
+                      optimizer=nn.SGD(lr=0.05))
+        ex.transactional = False
+        ex.train_step(*_data()[0])                  # a good step first
+        ex.loss_scaler.scale = 2.0 ** 40
+        with pytest.raises(GradientOverflow, match="not transactional"):
+            ex.train_step(*_data()[0])
+    finally:
+        dev.close()
