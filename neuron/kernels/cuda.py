@@ -46,7 +46,6 @@ import functools
 import math
 import sys
 import types
-import warnings
 
 import numpy as np
 
@@ -57,7 +56,7 @@ from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
     _k_dropout, _k_leaky, _k_sgd, _k_sigmoid_bwd, _k_tanh_bwd, _k_xent)
 from .numpy_ref import _pair, conv2d_out_hw, pool_out_hw  # noqa: F401 (mirrors numpy_ref)
 from .cuda_helpers import (  # noqa: F401 (shared by the kernel modules)
-    _ccontig, _contig, _cp, _grad_into, _h, _ptr, _td)
+    _ccontig, _contig, _cp, _grad_into, _h, _low_guarded, _ptr, _td, _via_f32, low_refused)
 from .cuda_low import is_low
 from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device's kernels)
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
@@ -212,39 +211,7 @@ def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
 # mixed precision where a cuDNN build refuses a 2-byte type: the float32 round trip
 # ------------------------------------------------------------------------------------------
 
-#: the cuDNN operations that refused a 2-byte type on this GPU (they run in float32 from then
-#: on, through temporaries: the same values, since cuDNN computes in float either way)
-low_refused: dict[str, str] = {}
-
-
-def _low_guarded(op: str, native, via_f32):
-    """``native()``; if cuDNN refuses the low type there (a BAD_PARAM or NOT_SUPPORTED
-    status), ``via_f32()`` now and for every later call of ``op`` (said once, as a warning)."""
-    if op in low_refused:
-        return via_f32()
-    try:
-        return native()
-    except dnn.CudnnError as e:
-        if e.status // 1000 not in (2, 3):
-            raise
-        low_refused[op] = str(e)
-        warnings.warn(f"cuDNN refused {op} on a 2-byte type ({e}); it runs in float32 through "
-                      "temporaries from now on", RuntimeWarning, stacklevel=3)
-        return via_f32()
-
-
-def _via_f32(fn, ins, outs, accumulate=False):
-    """``fn(*ins, *outs)`` on float32 copies of the low-precision ones, each output rounded
-    back once (``accumulate``: the outputs' current values are read too)."""
-    f_ins = [cuda_low.to_f32(_ccontig(a)) if is_low(a) else a for a in ins]
-    f_outs = [None if o is None else
-              (cuda_low.to_f32(o) if accumulate else _cp().empty(o.shape, np.float32))
-              if is_low(o) else o for o in outs]
-    fn(*f_ins, *f_outs)
-    for o, f in zip(outs, f_outs):
-        if o is not None and f is not o:
-            cuda_low.cast(o, f)
-
+# low_refused, _low_guarded and _via_f32 live in cuda_helpers.py (cuda_pool.py uses them too)
 
 # ------------------------------------------------------------------------------------------
 # batch normalization (cuDNN SPATIAL; a 2-D (N, C) input is described as (N, C, 1, 1))

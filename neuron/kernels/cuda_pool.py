@@ -8,7 +8,8 @@ import numpy as np
 from . import cuda_switches
 from . import cudnn as dnn
 from . import cuda_low
-from .cuda_helpers import _ccontig, _cp, _grad_into, _h, _ptr, _run_into, _td
+from .cuda_helpers import (_ccontig, _cp, _grad_into, _h, _low_guarded, _ptr, _run_into, _td,
+                           _via_f32)
 from .cuda_raw import _k_lrn, _k_pool
 from .numpy_ref import _pair, pool_out_hw
 
@@ -32,11 +33,20 @@ def _geo(x_hw, y_hw, kernel, stride, padding):
             *(np.int32(v) for v in (*kernel, *stride, *padding)))
 
 
+def _cudnn_pool_forward(mode, x, y, kernel, stride, padding):
+    def run(x_, y_):
+        dnn.pooling_forward(_h(), _pool_desc(mode, kernel, stride, padding), _td(x_), _ptr(x_),
+                            _td(y_), _ptr(y_))
+    if cuda_low.is_low(y):
+        _low_guarded("pooling", lambda: run(x, y), lambda: _via_f32(run, [x], [y]))
+    else:
+        run(x, y)
+
+
 def maxpool_forward(x, y, kernel, stride, padding):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     if _floor_shape(x, y, kernel, stride, padding):
-        dnn.pooling_forward(_h(), _pool_desc(_max_mode(), kernel, stride, padding), _td(x),
-                            _ptr(x), _td(y), _ptr(y))
+        _cudnn_pool_forward(_max_mode(), x, y, kernel, stride, padding)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
     xc = _f32_in(x)
@@ -46,9 +56,15 @@ def maxpool_forward(x, y, kernel, stride, padding):
 def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     if _floor_shape(x, y, kernel, stride, padding):
-        dnn.pooling_backward(_h(), _pool_desc(_max_mode(), kernel, stride, padding), _td(y),
-                             _ptr(y), _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),
-                             beta=1.0 if accumulate else 0.0)
+        def run(x_, y_, dy_, dx_):
+            dnn.pooling_backward(_h(), _pool_desc(_max_mode(), kernel, stride, padding),
+                                 _td(y_), _ptr(y_), _td(dy_), _ptr(dy_), _td(x_), _ptr(x_),
+                                 _td(dx_), _ptr(dx_), beta=1.0 if accumulate else 0.0)
+        if cuda_low.is_low(dx):
+            _low_guarded("pooling", lambda: run(x, y, dy, dx),
+                         lambda: _via_f32(run, [x, y, dy], [dx], accumulate))
+        else:
+            run(x, y, dy, dx)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
     xc, yc, dyc = _f32_in(x), _f32_in(y), _f32_in(dy)
@@ -61,9 +77,8 @@ def avgpool_forward(x, y, kernel, stride, padding):
     if _floor_shape(x, y, kernel, stride, padding):
         # floor mode: every window lies inside the padded input, so cuDNN's fixed kh*kw divisor
         # is torch's count_include_pad divisor
-        dnn.pooling_forward(_h(), _pool_desc(dnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
-                                             kernel, stride, padding),
-                            _td(x), _ptr(x), _td(y), _ptr(y))
+        _cudnn_pool_forward(dnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, x, y, kernel,
+                            stride, padding)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
     xc = _f32_in(x)

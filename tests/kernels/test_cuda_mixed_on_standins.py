@@ -221,14 +221,14 @@ def test_fp16_runs_eagerly_and_says_why(gpu_kernels):
 
 
 def test_a_cudnn_that_refuses_bf16_batchnorm_runs_it_in_float32(gpu_kernels, monkeypatch):
-    """Where a cuDNN build refuses BatchNorm or an activation on a 2-byte type, that operation
-    runs in float32 through temporaries from then on (said once): the same values, since cuDNN
-    computes in float either way, so the step still matches the CPU reference."""
+    """Where a cuDNN build refuses BatchNorm, an activation or pooling on a 2-byte type, that
+    operation runs in float32 through temporaries from then on (said once): the same values,
+    since cuDNN computes in float either way, so the step still matches the CPU reference."""
     import cuda_standins
     import neuron.kernels.cuda as K
     from neuron.kernels.cudnn_api import CudnnError
-    monkeypatch.setattr(K, "low_refused", {})
-    for name in ("batchnorm_forward_training", "batchnorm_backward", "activation_forward"):
+    for name in ("batchnorm_forward_training", "batchnorm_backward", "activation_forward",
+                 "pooling_forward"):
         real = getattr(cuda_standins.CudnnStandIn, name)
 
         def refusing(self, h, *a, _real=real, _name=name, **kw):
@@ -238,11 +238,19 @@ def test_a_cudnn_that_refuses_bf16_batchnorm_runs_it_in_float32(gpu_kernels, mon
             return _real(self, h, *a, **kw)
         monkeypatch.setattr(cuda_standins.CudnnStandIn, name, refusing)
     data = _data()
-    with pytest.warns(RuntimeWarning, match="runs in float32"):
-        gpu = _on_cuda("bf16", data)
-    assert set(K.low_refused) == {"batchnorm", "activation"}
-    cpu = _run(CpuDevice(ARENA), "bf16", data)
-    assert worst_update_error(gpu, cpu)[0] < TOL["bf16"]
+    K.low_refused.clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="runs in float32"):
+            gpu = _on_cuda("bf16", data)
+        assert set(K.low_refused) == {"batchnorm", "activation"}
+        assert worst_update_error(gpu, _run(CpuDevice(ARENA), "bf16", data))[0] < TOL["bf16"]
+        with pytest.warns(RuntimeWarning, match="refused pooling"):
+            gpu = _on_cuda("bf16", data, graph=densenet)    # its average pooling too
+        assert "pooling" in K.low_refused
+        cpu = _run(CpuDevice(ARENA), "bf16", data, graph=densenet)
+        assert worst_update_error(gpu, cpu)[0] < TOL["bf16"]
+    finally:
+        K.low_refused.clear()
 
 
 def test_fp16_overflow_without_the_step_guard_raises(gpu_kernels):
