@@ -268,3 +268,22 @@ def test_fp16_overflow_without_the_step_guard_raises(gpu_kernels):
             ex.train_step(*_data()[0])
     finally:
         dev.close()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_float32_batch_is_rounded_on_the_device_piece_by_piece(gpu_kernels, cuda_standins,
+                                                                 monkeypatch, precision):
+    """The data layer's copy of a host float32 batch into a low-precision tensor: staged as
+    float32 and rounded by the cast kernel, in pieces of CAST_CHUNK elements; the bits of the
+    host's rounding (ml_dtypes / NumPy)."""
+    import neuron.kernels.cuda as K
+    from neuron.precision import get_precision
+    low = get_precision(precision).low()
+    monkeypatch.setattr(K, "CAST_CHUNK", 1000)
+    x = np.random.default_rng(2).standard_normal((4, 3, 16, 16)).astype(np.float32) * 300
+    dst = cuda_standins.CupyStandIn().empty(x.shape, low)
+    staged = K.input_stager().staged_bytes
+    K.copy(dst, x)
+    assert K.input_stager().staged_bytes - staged == x.nbytes      # float32 went across
+    np.testing.assert_array_equal(np.asarray(dst).view(np.uint16),
+                                  x.astype(low).view(np.uint16))
