@@ -9,6 +9,7 @@
 #                                           # 16 in 12 GiB, graph replay), throughput (neuron
 #                                           # eager and graph vs PyTorch, fp32 and TF32)
 #   bash bench/gpu/contact.sh $OUT second   # the rest, <= 9.5 min: codec_tests,
+#                                           # mixed_tests (tests/gpu/test_cuda_mixed.py),
 #                                           # throughput_mixed (ResNet-50 b128 bf16/fp16 vs
 #                                           # PyTorch autocast, NCHW and channels_last),
 #                                           # pressure, deepest_offload, nccl, simulator
@@ -34,13 +35,14 @@ cd "$(dirname "$0")/../.."
 
 if [ $# -lt 2 ]; then
     echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (first, second, all, or stages: env" \
-         "install tests models throughput throughput_mixed deepest replay_tests codec_tests pressure" \
+         "install tests models throughput throughput_mixed deepest replay_tests codec_tests" \
+         "mixed_tests pressure" \
          "deepest_offload pool confirm simulator nccl)" >&2
     exit 2
 fi
 OUTDIR=$1; shift
 FIRST=(replay_tests deepest throughput)
-SECOND=(codec_tests throughput_mixed pressure deepest_offload nccl simulator)
+SECOND=(codec_tests mixed_tests throughput_mixed pressure deepest_offload nccl simulator)
 STAGES=()
 DEFAULT_DEADLINE=
 for a in "$@"; do
@@ -66,11 +68,11 @@ T_START=$(date +%s)
 
 # default limits (seconds); first: 60 + 230 + 280 = 570, cut by its 480 s deadline (throughput,
 # last, gets what is left: each configuration is saved as it finishes); second:
-# 45 + 150 + 200 + 170 + 100 + 150 = 815, cut by its 570 s deadline (the stages after
+# 45 + 90 + 150 + 200 + 170 + 100 + 150 = 905, cut by its 570 s deadline (the stages after
 # deepest_offload, last, get what is left: run `second` again with only them, or pass
 # NEURON_KIT_DEADLINE_S, when a session has the minutes)
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
-                  [throughput_mixed]=150
+                  [throughput_mixed]=150 [mixed_tests]=90
                   [replay_tests]=60 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
                   [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100)
 
@@ -110,6 +112,8 @@ stage_cmd() {
                         --name replay_tests --paths tests/gpu -k "replay or cublas" ;;
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
+        mixed_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
+                        --name mixed_tests --paths tests/gpu/test_cuda_mixed.py ;;
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
         throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes off,graph \
                         "${common[@]}" ;;

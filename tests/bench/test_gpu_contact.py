@@ -379,12 +379,13 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary-first-second.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
-    assert list(got) == ["replay_tests", "deepest", "throughput", "codec_tests",
+    assert list(got) == ["replay_tests", "deepest", "throughput", "codec_tests", "mixed_tests",
                          "throughput_mixed", "pressure", "deepest_offload", "nccl", "simulator"]
     for name, st in got.items():
         assert st["ran"], (name, st["verdict"])
         assert st["verdict"].startswith("RAN, "), st["verdict"]
     assert got["codec_tests"]["target_met"] is None         # every GPU test skipped here
+    assert got["mixed_tests"]["target_met"] is None
     res = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results", str(out), "--results",
                         str(res), "--no-readme-tables", "--allow-smoke"], cwd=ROOT,
