@@ -139,9 +139,9 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
     if is_low(w) and ((dw is not None and dw.dtype != w.dtype) or
                       (db is not None and db.dtype != w.dtype)):
         # the float32 masters' gradients: computed in the low type, then added in
-        _low_param_grads(lambda dw_, db_, ws_: conv2d_backward(
-            x, w, dy, None, dw_, db_, stride, padding, dilation, groups, ws_), dw, db,
-            w.dtype, accumulate_params, workspace)
+        _low_param_grads(lambda dw_, db_, ws_, acc: conv2d_backward(
+            x, w, dy, None, dw_, db_, stride, padding, dilation, groups, ws_,
+            accumulate_params=acc), dw, db, w.dtype, accumulate_params, workspace)
         dw = db = None
     if db is not None:
         dnn.convolution_backward_bias(h, dyd, _ptr(dy), dnn.bias_descriptor(db.shape[0], db.dtype),
@@ -181,35 +181,36 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
 
 
 def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
-    """``run(dw_low, db_low, workspace_rest)`` into low-type buffers, then each into (or,
-    ``accumulate``, added to) its float32 master gradient: the gradients of the low copies,
-    rounded once. The buffers are carved from the front of the step's workspace when it holds
-    them (bytes the plan already counts; the rest stays the algorithm's), else CuPy
-    temporaries from the arena."""
+    """The float32 masters' gradients of a low-type weight (and bias): ``run(dw_low, db_low,
+    workspace_rest, accumulate)`` into low-type buffers, then each into its float32 master.
+    ``accumulate`` (a later chunk of the batch): the buffers start as the masters' sums so far
+    (low-type values already) and ``run`` adds into them (cuDNN's beta = 1: the sum rounded
+    once, as the CPU reference rounds it). The buffers are carved from the front of the step's
+    workspace when it holds them (bytes the plan already counts; the rest stays the
+    algorithm's), else CuPy temporaries from the arena."""
     cp = _cp()
     shapes = [g.shape if g is not None else None for g in (dw, db)]
     need = [math.prod(sh) * np.dtype(low).itemsize if sh is not None else 0 for sh in shapes]
     spans = [-(-n // 256) * 256 for n in need]
     bufs = []
     if workspace is not None and sum(spans) and workspace.nbytes >= sum(spans) + 256:
-        ptr, usable = aligned_workspace(workspace)
-        start = ptr - workspace.data.ptr
-        at = start
+        ptr, _ = aligned_workspace(workspace)
+        at = ptr - workspace.data.ptr
         for sh, n, span in zip(shapes, need, spans):
             bufs.append(workspace[at:at + n].view(low).reshape(sh) if sh is not None else None)
             at += span
         workspace = workspace[at:]
     else:
         bufs = [cp.empty(sh, low) if sh is not None else None for sh in shapes]
-    run(bufs[0], bufs[1], workspace)
+    if accumulate:
+        for g, t in zip((dw, db), bufs):
+            if g is not None:
+                cuda_low.cast(t, g)
+    run(bufs[0], bufs[1], workspace, accumulate)
     for g, t in zip((dw, db), bufs):
         if g is not None:
-            (cuda_low.add_into_f32 if accumulate else cuda_low.cast)(g, t)
+            cuda_low.cast(g, t)
 
-
-# ------------------------------------------------------------------------------------------
-# mixed precision where a cuDNN build refuses a 2-byte type: the float32 round trip
-# ------------------------------------------------------------------------------------------
 
 # low_refused, _low_guarded and _via_f32 live in cuda_helpers.py (cuda_pool.py uses them too)
 
@@ -443,9 +444,10 @@ def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=Fa
         if dw is not None:
             if dw.dtype == w.dtype:
                 _grad_into(dw, accumulate_params, lambda out: _matmul_low(dy.T, x, out))
-            else:
-                _low_param_grads(lambda t, _, __: _matmul_low(dy.T, x, t), dw, None, w.dtype,
-                                 accumulate_params)
+            else:       # the product in float32 (cublasGemmEx), rounded through the low type
+                t = _cp().empty(dw.shape, np.float32)
+                _matmul_low(dy.T, x, t)
+                cuda_low.round_into(dw, t, w.dtype, accumulate_params)
         if db is not None:
             if db.dtype == np.float32:
                 cuda_low.col_sums(_ccontig(dy), db, accumulate_params)

@@ -93,11 +93,13 @@ def _kernel(in_params, out_params, body, name, low):
 
 @functools.cache
 def _k_cast(low: str):
-    """(to low, to float32, add low into float32, float32 rounded through low)."""
+    """(to low, to float32, a float32 value (``acc``: plus y) rounded through low into
+    float32 y: a float32 master's gradient of a low-type weight, summed over chunks, rounded
+    after each as the CPU reference rounds it)."""
     return (_kernel("float32 x", "uint16 y", "y = ST(x)", "to_low", low),
             _kernel("uint16 x", "float32 y", "y = LD(x)", "to_f32", low),
-            _kernel("uint16 x", "float32 y", "y = y + LD(x)", "acc_f32", low),
-            _kernel("float32 x", "float32 y", "y = LD(ST(x))", "round_f32", low))
+            _kernel("float32 x, int32 acc", "float32 y", "y = LD(ST(acc ? y + x : x))",
+                    "round_into", low))
 
 
 @functools.cache
@@ -127,8 +129,7 @@ def _k_rows(low: str):
         _kernel("raw uint16 dy, int64 rows, int64 cols, int32 acc", "float32 db", r"""
             float s = 0.0f;
             for (long long r = 0; r < rows; ++r) s += LD(dy[r * cols + i]);
-            const float g = LD(ST(s));
-            db = acc ? db + g : g""", "col_sums", low))
+            db = LD(ST(acc ? db + s : s))""", "col_sums", low))
 
 
 @functools.cache
@@ -199,7 +200,7 @@ def cast(dst, src) -> None:
 def _f32(a):
     if a.dtype == np.float32:
         return a
-    raise TypeError(f"expected float32, got {a.dtype}")
+    raise TypeError(f"a low-precision array is cast from float32 or a low type, not {a.dtype}")
 
 
 def to_f32(src):
@@ -209,14 +210,9 @@ def to_f32(src):
     return out
 
 
-def add_into_f32(dst, src) -> None:
-    """dst (float32) += src (low)."""
-    _kernels(src, _k_cast)[2](bits(src), dst)
-
-
-def round_through(a, low_dtype) -> None:
-    """a (float32) <- a rounded to ``low_dtype``'s precision (kept float32)."""
-    _k_cast(low_name(low_dtype))[3](a, a)
+def round_into(dst, src, low, accumulate=False) -> None:
+    """dst (float32) <- src (float32; ``accumulate``: dst + src) rounded through ``low``."""
+    _k_cast(low_name(low))[2](src, np.int32(bool(accumulate)), dst)
 
 
 def add(a, b, out) -> None:
@@ -260,7 +256,8 @@ def bias_rows(t, b, y) -> None:
 
 def col_sums(dy, db, accumulate=False) -> None:
     """db (float32) = the column sums of dy (low, rows x cols), rounded through the low type
-    (the gradient of a low-precision bias: neuron/mixed_cpu.py); ``accumulate`` adds them."""
+    (the gradient of a low-precision bias: neuron/mixed_cpu.py); ``accumulate`` adds them to
+    db first, the sum rounded once."""
     rows, cols = dy.shape
     _kernels(dy, _k_rows)[3](bits(dy), np.int64(rows), np.int64(cols),
                              np.int32(bool(accumulate)), db.reshape(-1))

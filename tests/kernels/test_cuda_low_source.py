@@ -88,11 +88,17 @@ def test_operations_round_once(low, name):
     bias = rng.standard_normal(5).astype(dt)
     low.bias_rows(t, bias, y)
     _same_bits(y, (t + f(bias)).astype(dt))
+    g = t.copy()
+    low.round_into(g, t * 3, dt)
+    np.testing.assert_array_equal(g, f((t * 3).astype(dt)))
+    low.round_into(g, t, dt, accumulate=True)
+    np.testing.assert_array_equal(g, f((f((t * 3).astype(dt)) + t).astype(dt)))
     db = np.full(5, 7.0, np.float32)
     low.col_sums(a, db)
     np.testing.assert_allclose(db, f(f(a).sum(axis=0).astype(dt)), rtol=1e-6)
+    first = db.copy()
     low.col_sums(a, db, accumulate=True)
-    np.testing.assert_allclose(db, 2 * f(f(a).sum(axis=0).astype(dt)), rtol=1e-6)
+    np.testing.assert_allclose(db, f((first + f(a).sum(axis=0)).astype(dt)), rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", list(LOWS))
