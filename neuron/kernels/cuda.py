@@ -379,18 +379,30 @@ def tanh_forward(x, y):
 
 def sigmoid_backward(y, dy, dx, accumulate=False):
     # CuPy, not cuDNN: cuDNN's activation backward takes x as well, which the layer dropped
+    if is_low(dx):                  # mixed precision: in float32, rounded once
+        return _via_f32(lambda y_, dy_, dx_: sigmoid_backward(y_, dy_, dx_, accumulate),
+                        [y, dy], [dx], accumulate)
     _grad_into(dx, accumulate, lambda out: _k_sigmoid_bwd()(y, dy, out))
 
 
 def tanh_backward(y, dy, dx, accumulate=False):
+    if is_low(dx):
+        return _via_f32(lambda y_, dy_, dx_: tanh_backward(y_, dy_, dx_, accumulate),
+                        [y, dy], [dx], accumulate)
     _grad_into(dx, accumulate, lambda out: _k_tanh_bwd()(y, dy, out))
 
 
 def leaky_relu_forward(x, y, slope):
+    if is_low(y):
+        return _via_f32(lambda x_, y_: leaky_relu_forward(x_, y_, slope), [x], [y])
     _k_leaky()[0](x, y.dtype.type(slope), y)
 
 
 def leaky_relu_backward(y, dy, dx, slope, accumulate=False):
+    if is_low(dx):
+        return _via_f32(lambda y_, dy_, dx_: leaky_relu_backward(y_, dy_, dx_, slope,
+                                                                 accumulate),
+                        [y, dy], [dx], accumulate)
     _grad_into(dx, accumulate, lambda out: _k_leaky()[1](y, dy, dx.dtype.type(slope), out))
 
 

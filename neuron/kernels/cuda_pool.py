@@ -144,6 +144,8 @@ def _lrn_args(x, size, alpha, beta, k):
 
 
 def lrn_forward(x, y, size, alpha, beta, k):
+    if cuda_low.is_low(y):          # mixed precision: LRN in float32, rounded once
+        return _via_f32(lambda x_, y_: lrn_forward(x_, y_, size, alpha, beta, k), [x], [y])
     if _lrn_cudnn_ok(size, alpha, beta, k):
         # cuDNN divides alpha by n itself, like torch
         dnn.lrn_forward(_h(), dnn.lrn_descriptor(size, alpha, beta, k), _td(x), _ptr(x), _td(y),
@@ -155,6 +157,9 @@ def lrn_forward(x, y, size, alpha, beta, k):
 
 
 def lrn_backward(x, y, dy, dx, size, alpha, beta, k, accumulate=False):
+    if cuda_low.is_low(dx):
+        return _via_f32(lambda x_, y_, dy_, dx_: lrn_backward(
+            x_, y_, dy_, dx_, size, alpha, beta, k, accumulate), [x, y, dy], [dx], accumulate)
     if _lrn_cudnn_ok(size, alpha, beta, k):
         dnn.lrn_backward(_h(), dnn.lrn_descriptor(size, alpha, beta, k), _td(y), _ptr(y),
                          _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),

@@ -86,7 +86,23 @@ def worst_update_error(a, b) -> tuple[float, str]:
     return worst, name
 
 
-@pytest.mark.parametrize("graph", [resnet, densenet], ids=["resnet_cifar8", "densenet_cifar10"])
+def pointwise_and_lrn():
+    """What resnet and densenet do not have: LRN with an even window (a raw kernel) and an odd
+    one (cuDNN), sigmoid, tanh and leaky ReLU (raw backward kernels), ceil-mode pools (raw
+    kernels): each through float32 for the 2-byte types."""
+    x = nn.Input((3, 16, 16), name="data")
+    h = nn.LeakyReLU(0.1, name="r1")(nn.Conv2d(8, 3, padding=1, name="conv1")(x))
+    h = nn.LRN(4, name="lrn_even")(h)
+    h = nn.MaxPool2d(3, 2, ceil_mode=True, name="p1")(h)
+    h = nn.Tanh(name="t")(nn.Conv2d(8, 3, padding=1, bias=False, name="c2")(h))
+    h = nn.LRN(5, name="lrn_odd")(h)
+    h = nn.AvgPool2d(3, 2, 1, ceil_mode=True, name="p2")(h)
+    h = nn.Sigmoid(name="s")(nn.Linear(16, name="fc1")(h))
+    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
+
+
+@pytest.mark.parametrize("graph", [resnet, densenet, pointwise_and_lrn],
+                         ids=["resnet_cifar8", "densenet_cifar10", "pointwise_and_lrn"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_a_mixed_step_on_the_cuda_path_matches_the_cpu_reference(gpu_kernels, precision, graph):
     data = _data()
