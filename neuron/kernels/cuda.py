@@ -33,8 +33,10 @@ them with a float compute type and tensor-op math, cuBLAS through cublasGemmEx w
 accumulation, BatchNorm with float32 scale, bias and statistics, and every elementwise kernel is
 :mod:`neuron.kernels.cuda_low`'s (float32 arithmetic, rounded once where it stores). Where a
 float32 master receives what a low-type kernel makes (a weight or bias gradient), the kernel
-writes a low-type temporary that is then added into the float32 gradient, as the CPU reference
-(neuron/mixed_cpu.py) rounds those gradients to the low type. The loss reads its logits as
+writes a low-type buffer (carved from the step's workspace) that is then copied into the
+float32 gradient, as the CPU reference (neuron/mixed_cpu.py) rounds those gradients to the low
+type. Raw kernels written for float32 (LRN, sigmoid/tanh/leaky-ReLU backward, ceil-mode pools)
+run on float32 temporaries, and so does any cuDNN operation a build refuses in the low type. The loss reads its logits as
 float32 (a temporary) and rounds its logit gradient, times fp16's loss scale, once.
 
 Importing this module needs neither CuPy nor cuDNN (the pure helpers are unit-tested on the CPU);
