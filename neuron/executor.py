@@ -203,6 +203,7 @@ class Executor:
         self._loss_sinks: dict = {}         # (loss, chunk, ...) -> fixed device buffer
         self._early_blocks: list | None = None  # guard snapshots issued at a step's start
         self._k = None                      # the kernels a recorded iteration calls
+        self._overflow = None               # fp16 on a native device: the overflow flag
 
     def _replay_for(self, mode) -> Replay | None:
         if mode is None:
@@ -217,9 +218,13 @@ class Executor:
         if mode == "off" or not self.device.computes:
             return None
         r = Replay(mode)
-        if self.precision.mixed:
+        if self.precision.mixed and not self._native_mixed:
             r.give_up(f"precision {self.precision} casts around every kernel on the CPU: every "
                       "iteration runs it", warn=False)
+        elif self.precision.loss_scaling:
+            r.give_up(f"precision {self.precision}: the loss scale changes between steps and "
+                      "is a kernel argument, which a replay would fix: every iteration runs "
+                      "it", warn=False)
         if self.pool_class is not Pool:
             r.give_up(f"the pool is a {self.pool_class.__name__}: every iteration runs it",
                       warn=False)
@@ -384,6 +389,13 @@ class Executor:
                 else:
                     self._write(t, np.zeros(t.shape, self.dtype))
 
+    @property
+    def _native_mixed(self) -> bool:
+        """Whether the device's kernels take 2-byte feature maps themselves (CudaDevice), so
+        that mixed precision calls the layers as float32 does, instead of through the CPU
+        reference's casts around each kernel (mixed_cpu.py)."""
+        return self.precision.mixed and getattr(self.device, "native_mixed", False)
+
     def _check_precision(self) -> None:
         """A precision the device cannot run: one error naming what is missing."""
         missing = self.device.precision_missing(self.precision.name)
@@ -462,11 +474,18 @@ class Executor:
         # a recorded iteration reads its batch from buffers that stay where they are
         st = self._staging
         if st is None:
-            st = self._staging = {n: self.device.staging_array(a.shape, a.dtype)
+            # in the type of the tensor it is copied to (a bf16 run's images: bf16), so that
+            # a replay copies bytes and casts nothing
+            types = {t.producer.name: self.schedule.values(t)[0].dtype
+                     for t in self.train_graph.inputs} if self._native_mixed else {}
+            st = self._staging = {n: self.device.staging_array(a.shape, types.get(n, a.dtype))
                                   for n, a in fed.items()}
         for n, a in fed.items():
             if a is not st[n]:              # a loader may fill them in place: batch_buffers()
-                np.copyto(st[n], a)
+                if a.dtype == st[n].dtype:
+                    np.copyto(st[n], a)
+                else:
+                    st[n][...] = a          # rounded to the low type on the host
         return st
 
     def batch_buffers(self) -> dict | None:
@@ -504,7 +523,16 @@ class Executor:
             ctx = Context(training=True, seed=self.seed, iteration=self.iteration,
                           feed=self._feed(x, y, guarded=self.transactional))
             if not self.device.computes or not self.transactional:
+                scaled = self.device.computes and self.loss_scaler is not None and \
+                    self._native_mixed
+                if scaled:
+                    self._clear_overflow()
                 self._run(self.steps, self.frees, ctx, check_loss=self.device.computes)
+                if scaled and self.device.kernels.nonfinite_flag_read(self._overflow):
+                    # no undo record: the update is applied, as the CPU path raises mid-step
+                    raise GradientOverflow(f"a gradient overflowed at loss scale "
+                                           f"{self.loss_scaler.scale:g} (not undone: the "
+                                           "executor is not transactional)")
                 self.iteration += 1
                 return loss_value(ctx.losses.get("loss"))
             if getattr(self.device, "loss_on_device", False) and not self.precision.mixed:
@@ -553,6 +581,8 @@ class Executor:
         scaler = self.loss_scaler
         if scaler is None:
             return self._guarded_run(undo, ctx)
+        if self._native_mixed:          # the unscale kernels' overflow flag, cleared per step
+            self._clear_overflow()
         try:
             self._guarded_run(undo, ctx)
         except GradientOverflow:
@@ -560,13 +590,23 @@ class Executor:
         else:
             scaler.stepped()
 
+    def _clear_overflow(self) -> None:
+        """fp16 on a native device: clear (make, the first time) the unscale kernels' flag."""
+        if self._overflow is None:
+            self._overflow = self.device.kernels.nonfinite_flag_new()
+        self.device.kernels.nonfinite_flag_clear(self._overflow)
+
     def _guarded_run(self, undo, ctx) -> None:
         undo.begin(self._snapshots_at_start())
         self.undo = undo
         try:
             self._run(self.steps, self.frees, ctx, check_loss=True)
-            if undo.nonfinite():        # the loss too, where it stayed on the device
-                loss = loss_value(ctx.losses.get("loss"))
+            if undo.nonfinite():        # the one read of a good step (and the loss, where
+                if self.loss_scaler is not None and self._native_mixed and \
+                        self.device.kernels.nonfinite_flag_read(self._overflow):
+                    raise GradientOverflow(f"a gradient overflowed at loss scale "
+                                           f"{self.loss_scaler.scale:g}")
+                loss = loss_value(ctx.losses.get("loss"))   # it stayed on the device)
                 raise self._loss_error(loss) if not math.isfinite(loss) else \
                     self._update_error(loss)
         except BaseException as e:
@@ -847,7 +887,7 @@ class Executor:
         aux = {n: view(t) for n, t in step.aux.items()}
         undo = self.undo
         ctx.chunk = step.chunk
-        mixed = self.precision.mixed
+        mixed = self.precision.mixed and not self._native_mixed     # the CPU reference's casts
         for m, c in step.casts:         # the step's low-precision copy of its parameters
             k.copy(view(c), view(m))
         if step.phase != "B":
@@ -875,6 +915,8 @@ class Executor:
             dins[i] = view(g)
         ctx.accumulate = frozenset(i for i, _, acc in step.grad_targets if acc)
         dparams = {pname: view(g) for pname, _, g, _ in step.updates}
+        if self.loss_scaler is not None and not mixed and layer.kind == "loss":
+            k = _LossScaled(k, self.loss_scaler.scale)  # fp16: scaled before rounding
         if mixed:
             scaler = self.loss_scaler
             mixed_cpu.backward(
@@ -892,8 +934,14 @@ class Executor:
             self.dp.reduce_gradients(step, dparams)
         updates = due_updates(step)     # its own, unless deferred; and those due here
         if self.loss_scaler is not None:    # fp16: overflow skips the whole step (undone)
-            for _, _, g, _ in updates:
-                self.loss_scaler.unscale(view(g))
+            if self._native_mixed:          # on the device: flagged, read once at the step's end
+                inv = 1.0 / self.loss_scaler.scale
+                for _, _, g, _ in updates:
+                    k.unscale_gradient(view(g), inv, undo.flag if undo is not None else
+                                       self._overflow, self._overflow)
+            else:
+                for _, _, g, _ in updates:
+                    self.loss_scaler.unscale(view(g))
         if undo is not None:
             for _, p, _, _ in updates:
                 undo.save(p.storage)
@@ -907,6 +955,23 @@ class Executor:
             self.optimizer.update(k, pv, gv, state_views)
             if undo is not None:
                 undo.check_finite([pv, *state_views])
+
+
+class _LossScaled:
+    """A kernel set whose loss gradients are multiplied by fp16's loss scale in float32 before
+    they are rounded to the low type (what mixed_cpu.backward's ``grad_scale`` does on the
+    CPU); every other kernel is the set's own."""
+
+    def __init__(self, k, scale: float):
+        self._k, self._scale = k, float(scale)
+
+    def softmax_xent_backward(self, *args, **kw):
+        return self._k.softmax_xent_backward(*args, scale=self._scale, **kw)
+
+    def __getattr__(self, name):
+        if name == "mse_backward":
+            raise NotImplementedError("fp16 loss scaling of the MSE loss on a GPU")
+        return getattr(self._k, name)
 
 
 _ACTIVATIONS = (Kind.ACTIVATION, Kind.DATA)

@@ -8,8 +8,11 @@
 #                                           # cublas"), deepest (Table-4 ResNet 4,292 at batch
 #                                           # 16 in 12 GiB, graph replay), throughput (neuron
 #                                           # eager and graph vs PyTorch, fp32 and TF32)
-#   bash bench/gpu/contact.sh $OUT second   # the rest, <= 9.5 min: codec_tests, pressure,
-#                                           # deepest_offload, nccl, simulator
+#   bash bench/gpu/contact.sh $OUT second   # the rest, <= 9.5 min: codec_tests,
+#                                           # mixed_tests (tests/gpu/test_cuda_mixed.py),
+#                                           # throughput_mixed (ResNet-50 b128 bf16/fp16 vs
+#                                           # PyTorch autocast, NCHW and channels_last),
+#                                           # pressure, deepest_offload, nccl, simulator
 # then, here: python -m bench.gpu.import_results <the fetched folders or tarballs>
 # Other stages: env install tests models pool confirm ("all": every stage, a long session).
 #
@@ -32,13 +35,14 @@ cd "$(dirname "$0")/../.."
 
 if [ $# -lt 2 ]; then
     echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (first, second, all, or stages: env" \
-         "install tests models throughput deepest replay_tests codec_tests pressure" \
+         "install tests models throughput throughput_mixed deepest replay_tests codec_tests" \
+         "mixed_tests pressure" \
          "deepest_offload pool confirm simulator nccl)" >&2
     exit 2
 fi
 OUTDIR=$1; shift
 FIRST=(replay_tests deepest throughput)
-SECOND=(codec_tests pressure deepest_offload nccl simulator)
+SECOND=(codec_tests mixed_tests throughput_mixed pressure deepest_offload nccl simulator)
 STAGES=()
 DEFAULT_DEADLINE=
 for a in "$@"; do
@@ -64,8 +68,11 @@ T_START=$(date +%s)
 
 # default limits (seconds); first: 60 + 230 + 280 = 570, cut by its 480 s deadline (throughput,
 # last, gets what is left: each configuration is saved as it finishes); second:
-# 45 + 200 + 170 + 100 + 150 = 665, cut by its 570 s deadline (simulator, last, gets what is left)
+# 45 + 90 + 150 + 200 + 170 + 100 + 150 = 905, cut by its 570 s deadline (the stages after
+# deepest_offload, last, get what is left: run `second` again with only them, or pass
+# NEURON_KIT_DEADLINE_S, when a session has the minutes)
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
+                  [throughput_mixed]=150 [mixed_tests]=90
                   [replay_tests]=60 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
                   [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100)
 
@@ -105,8 +112,17 @@ stage_cmd() {
                         --name replay_tests --paths tests/gpu -k "replay or cublas" ;;
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
+        mixed_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
+                        --name mixed_tests --paths tests/gpu/test_cuda_mixed.py ;;
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
         throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes off,graph \
+                        "${common[@]}" ;;
+        # mixed precision (issue 38): bf16 replayed as a graph, fp16 eagerly (its loss scale
+        # changes between steps); PyTorch under autocast in NCHW and channels_last
+        throughput_mixed) local MIXED_MODES=graph
+                    [ "$DEV" = cpu ] && MIXED_MODES=off     # the CPU captures no graph
+                    ensure_built && "$PY" -m bench.gpu.throughput --stage throughput_mixed \
+                        --precision mixed --configs resnet50:128 --modes "$MIXED_MODES" \
                         "${common[@]}" ;;
         deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 ;;

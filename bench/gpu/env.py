@@ -17,7 +17,7 @@ import sys
 from bench.gpu.kit import device_name, stage_parser, write_stage
 
 PACKAGES = ("numpy", "cupy-cuda13x", "nvidia-cudnn-cu13", "torch", "pybind11", "setuptools",
-            "pytest")
+            "pytest", "ml_dtypes")      # ml_dtypes: bfloat16 arrays (--precision bf16)
 
 
 def _run(cmd) -> str:

@@ -16,7 +16,11 @@ latest by date when several runs have it):
   ``ok`` (kept for older readers) is ``ran and target_met is not False``. The stages imported
   replace theirs; the file's other stages (an earlier command's) are kept;
 * ``bench/results/throughput.json``: ``configs[model:batch:precision]`` with
-  ``neuron_over_pytorch`` (the fastest replay mode that ran), per mode, and the target;
+  ``neuron_over_pytorch`` (the fastest replay mode that ran), per mode, and the target; the
+  ``throughput`` (fp32, tf32) and ``throughput_mixed`` (bf16, fp16: PyTorch under autocast in
+  its faster layout, ``pytorch_layout`` and ``pytorch_img_per_s_by_layout``) stages both add
+  theirs, each config with its own device, date and commit; configs already there that this
+  import does not measure are kept;
   ``gpu_contact.md`` / ``throughput.md`` tables;
 * the ``deepest`` and ``deepest_offload`` stages (bench/gpu/deepest_run.py) add their rows to
   ``bench/results/deepest_gpu.json``: ``runs: [{device, date, commit, depth, batch,
@@ -47,7 +51,8 @@ import tarfile
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STAGES = ("env", "install", "tests", "models", "throughput", "deepest", "replay_tests",
+STAGES = ("env", "install", "tests", "models", "throughput", "throughput_mixed", "deepest",
+          "replay_tests", "mixed_tests",
           "codec_tests", "pressure", "deepest_offload", "nccl", "simulator", "pool", "confirm")
 
 
@@ -132,11 +137,19 @@ def contact_summary(found: dict) -> dict:
     return out
 
 
-def throughput_summary(found: dict) -> dict | None:
-    rec = found.get("throughput")
-    if rec is None:
+def throughput_summary(found: dict, old: dict | None = None) -> dict | None:
+    recs = [found[s] for s in ("throughput", "throughput_mixed") if s in found]
+    if not recs:
         return None
-    j = rec["json"]
+    configs = dict((old or {}).get("configs", {}))
+    for rec in recs:
+        configs.update(_throughput_configs(rec["json"]))
+    j = recs[0]["json"]
+    return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
+            "command": j.get("command"), "protocol": j.get("protocol"), "configs": configs}
+
+
+def _throughput_configs(j: dict) -> dict:
     configs = {}
     for r in j.get("rows", []):
         key = f"{r.get('model')}:{r.get('batch')}:{r.get('precision')}"
@@ -155,10 +168,15 @@ def throughput_summary(found: dict) -> dict | None:
                                                      for m, v in neuron.items()},
                         "replay_by_mode": {m: v.get("replay") for m, v in neuron.items()},
                         "pytorch_img_per_s": (r.get("pytorch") or {}).get("img_per_s"),
+                        "pytorch_layout": (r.get("pytorch") or {}).get("layout"),
+                        "pytorch_img_per_s_by_layout": {
+                            k: v.get("img_per_s") for k, v in
+                            ((r.get("pytorch") or {}).get("layouts") or {}).items()} or None,
                         "target": r.get("target"), "target_met": r.get("target_met"),
-                        "memory_bytes": r.get("memory_bytes"), "errors": errors or None}
-    return {"device": j.get("device"), "date": j.get("date"), "commit": j.get("commit"),
-            "command": j.get("command"), "protocol": j.get("protocol"), "configs": configs}
+                        "memory_bytes": r.get("memory_bytes"), "errors": errors or None,
+                        "device": j.get("device"), "date": j.get("date"),
+                        "commit": j.get("commit")}
+    return configs
 
 
 DEEPEST_ROW = ("device", "date", "commit", "depth", "batch", "budget_bytes", "offload_params",
@@ -311,9 +329,11 @@ def markdown_throughput(t: dict) -> str:
              "|---|---:|---:|---:|---|"]
     for k, c in t["configs"].items():
         met = {True: "met", False: "NOT met", None: "-"}[c.get("target_met")]
-        lines.append(f"| {k} | {_fmt(c['neuron_img_per_s'], '.1f')} ({c.get('neuron_mode')}) | "
-                     f"{_fmt(c['pytorch_img_per_s'], '.1f')} | "
-                     f"{_fmt(c['neuron_over_pytorch'], '.2f')} | "
+        layout = f" ({c['pytorch_layout']})" if c.get("pytorch_layout") else ""
+        lines.append(f"| {k} | {_fmt(c.get('neuron_img_per_s'), '.1f')} "
+                     f"({c.get('neuron_mode')}) | "
+                     f"{_fmt(c.get('pytorch_img_per_s'), '.1f')}{layout} | "
+                     f"{_fmt(c.get('neuron_over_pytorch'), '.2f')} | "
                      f">= {c.get('target')}: {met} |")
     return "\n".join(lines) + "\n"
 
@@ -367,7 +387,7 @@ def main(argv=None) -> int:
     pr = pressure_summary(found, _load(os.path.join(args.results, "pressure.json")))
     if pr is not None:
         _dump(os.path.join(args.results, "pressure.json"), pr)
-    tp = throughput_summary(found)
+    tp = throughput_summary(found, _load(os.path.join(args.results, "throughput.json")))
     if tp is not None:
         _dump(os.path.join(args.results, "throughput.json"), tp)
         with open(os.path.join(args.results, "throughput.md"), "w") as f:

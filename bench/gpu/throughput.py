@@ -20,7 +20,14 @@ each in an Executor of its own; a mode is passed only where the Executor takes `
 each run records the mode that actually ran. Without the argument, only "off" runs and the other
 modes say why.
 
-The two precisions run in separate child processes: CuPy reads CUPY_TF32 once, when it sets up
+Mixed precision (issue 38): ``--precision bf16``, ``fp16`` or ``mixed`` (both) runs neuron at that
+precision (``Executor(precision=)``: float32 masters, 2-byte feature maps) against PyTorch eager
+under ``torch.autocast(dtype=torch.bfloat16 / float16)`` (fp16 with torch's GradScaler, as neuron
+scales its loss), PyTorch measured in NCHW and in channels_last (``layouts`` in its result; the
+ratio is against the faster, ``pytorch.layout``). The kit's ``throughput_mixed`` stage runs
+``resnet50:128`` so (``--stage throughput_mixed``), inside the ``second`` command.
+
+Each precision runs in a child process of its own: CuPy reads CUPY_TF32 once, when it sets up
 cuBLAS. Writes <out>/throughput.json after every configuration (a stage stopped at its limit
 keeps what finished), with per configuration ``neuron_over_pytorch``: the fastest neuron mode
 that ran over PyTorch (the Executor's default is the fastest its device supports), and
@@ -39,15 +46,22 @@ from bench.gpu.kit import ROOT, device_name, median, stage_parser, write_stage
 
 CONFIGS = [("resnet50", 64), ("resnet50", 128), ("vgg16", 64)]
 MODES = ("off", "tape", "graph")
-#: neuron / PyTorch img/s to reach, per precision (issue 36)
-TARGET = {"fp32": 1.1, "tf32": 1.2}
+#: neuron / PyTorch img/s to reach, per precision (issue 36; bf16: issue 38, PyTorch in its
+#: faster layout; fp16 has no target of its own: measured beside it)
+TARGET = {"fp32": 1.1, "tf32": 1.2, "bf16": 1.1}
+MIXED = ("bf16", "fp16")
+PRECISION_SETS = {"both": ["fp32", "tf32"], "mixed": list(MIXED)}
+LAYOUTS = ("nchw", "channels_last")
 SMOKE_CONFIGS = [("resnet_cifar", 4)]
 SMOKE_DEPTH = 8
 
 
 def parse_args(argv=None):
     p = stage_parser(__doc__)
-    p.add_argument("--precision", choices=["fp32", "tf32", "both"], default="both")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16", "both", "mixed"],
+                   default="both", help="both: fp32 and tf32; mixed: bf16 and fp16")
+    p.add_argument("--stage", default="throughput",
+                   help="the stage name the JSON is written as (<out>/<stage>.json)")
     p.add_argument("--memory", default=None,
                    help="bytes for each side (e.g. 40GiB); default 60%% of the GPU")
     p.add_argument("--runs", type=int, default=None, help="timed runs (default 5; smoke 2)")
@@ -98,7 +112,7 @@ def _data(name, batch, smoke):
     return graph, x, y
 
 
-def run_neuron(name, batch, args, memory, tf32, mode="off") -> dict:
+def run_neuron(name, batch, args, memory, tf32, mode="off", precision=None) -> dict:
     import neuron as nn
     from bench.gpu.kit import executor_has_replay, executor_kwargs, replay_of
     from neuron.executor import Executor
@@ -110,8 +124,9 @@ def run_neuron(name, batch, args, memory, tf32, mode="off") -> dict:
         from neuron.kernels import cuda as K
         K.allow_tf32, K.deterministic, K.conv_algo_search = tf32, False, "find"
         conv_algos.conv_algo_trace.clear()      # this run's choices only
+    mixed = {"precision": precision} if precision in MIXED else {}
     ex = Executor(graph, batch, device=args.device, policy="liveness", budget=memory,
-                  optimizer=nn.SGD(lr=1e-6, momentum=0.9), **executor_kwargs(mode))
+                  optimizer=nn.SGD(lr=1e-6, momentum=0.9), **executor_kwargs(mode), **mixed)
     try:
         for _ in range(args.warmup):
             ex.train_step(x, y)
@@ -157,7 +172,11 @@ def conv_choices() -> dict | None:
             "algorithms": sorted({f"{r['kind']}:{r['algo']}" for r in rows}), "rows": rows}
 
 
-def run_torch(name, batch, args, memory, tf32) -> dict:
+def run_torch(name, batch, args, memory, tf32, precision=None, layout="nchw") -> dict:
+    """PyTorch eager; ``precision`` bf16/fp16: under torch.autocast of that type (fp16 with a
+    GradScaler), the model and batch in ``layout`` (nchw or channels_last)."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
     from bench.gpu import runs as TM
@@ -170,8 +189,13 @@ def run_torch(name, batch, args, memory, tf32) -> dict:
     _, x, y = _data(name, batch, args.smoke)
     model, _, _ = TM.build(name, SMOKE_DEPTH if args.smoke else None)
     dev = torch.device(args.device)
-    model = model.to(dev).train()
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    model = model.to(dev, memory_format=fmt).train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = (lambda: torch.autocast(dev.type, dtype=amp_dtype)) if amp_dtype else \
+        contextlib.nullcontext
+    scaler = torch.amp.GradScaler(dev.type) if precision == "fp16" else None
     x_stage, y_stage = torch.empty(x.shape), torch.empty(y.shape, dtype=torch.int64)
     if cuda:
         x_stage, y_stage = x_stage.pin_memory(), y_stage.pin_memory()
@@ -179,17 +203,26 @@ def run_torch(name, batch, args, memory, tf32) -> dict:
     def step():
         x_stage.copy_(torch.from_numpy(x))      # pageable -> pinned, as neuron stages it
         y_stage.copy_(torch.from_numpy(y))
-        xd = x_stage.to(dev, non_blocking=True)
+        xd = x_stage.to(dev, non_blocking=True).contiguous(memory_format=fmt)
         yd = y_stage.to(dev, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xd), yd)
-        loss.backward()
-        opt.step()
+        with autocast():
+            loss = F.cross_entropy(model(xd), yd)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         return loss.item()                      # one read of the loss per iteration
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         res = _timed_runs(step, sync, args.warmup, args.runs, args.iters, batch)
+        res["layout"] = layout
+        if amp_dtype is not None:
+            res["autocast"] = str(amp_dtype)
         if cuda:
             res["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
             res["cap_bytes"] = memory
@@ -215,9 +248,33 @@ def configs_of(args):
     return CONFIGS
 
 
+def run_torch_layouts(name, batch, args, memory, precision) -> dict:
+    """PyTorch under autocast in each layout; the faster one's figures, with ``layouts``
+    holding both (the ratio is taken against the faster, issue 38)."""
+    layouts = {}
+    for layout in LAYOUTS:
+        try:
+            layouts[layout] = run_torch(name, batch, args, memory, False, precision, layout)
+        except Exception as e:              # noqa: BLE001 (keep the other layout's numbers)
+            layouts[layout] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    return faster_layout(layouts)
+
+
+def faster_layout(layouts: dict) -> dict:
+    """The result of the layout with the most img/s, its ``layouts`` beside it; an error when
+    none ran."""
+    ran = {k: v for k, v in layouts.items() if v.get("img_per_s")}
+    if not ran:
+        return {"error": "; ".join(f"{k}: {v.get('error')}" for k, v in layouts.items()),
+                "layouts": layouts}
+    best = max(ran, key=lambda k: ran[k]["img_per_s"])
+    return dict(ran[best], layout=best, layouts=layouts)
+
+
 def child(args) -> int:
     """One precision, every configuration; prints one JSON line per configuration."""
     tf32 = args.precision == "tf32"
+    mixed = args.precision in MIXED
     from neuron.units import parse_bytes
     memory = parse_bytes(args.memory) if args.memory else default_memory(args.device)
     modes = [m for m in args.modes.split(",") if m]
@@ -226,11 +283,13 @@ def child(args) -> int:
                "memory_bytes": memory, "neuron": {}}
         for mode in modes:
             try:
-                row["neuron"][mode] = run_neuron(name, batch, args, memory, tf32, mode)
+                row["neuron"][mode] = run_neuron(name, batch, args, memory, tf32, mode,
+                                                 args.precision)
             except Exception as e:          # noqa: BLE001 (keep the other modes' numbers)
                 row["neuron"][mode] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         try:
-            row["pytorch"] = run_torch(name, batch, args, memory, tf32)
+            row["pytorch"] = run_torch_layouts(name, batch, args, memory, args.precision) \
+                if mixed else run_torch(name, batch, args, memory, tf32)
         except Exception as e:              # noqa: BLE001 (keep neuron's numbers)
             row["pytorch"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         print("ROW " + json.dumps(ratios(row)), flush=True)
@@ -256,7 +315,7 @@ def main(argv=None) -> int:
         return child(args)
     if not args.smoke and (args.runs < 5 or args.iters < 10):
         sys.exit("throughput: at least 5 runs of 10 iterations (the issue's protocol)")
-    precisions = ["fp32", "tf32"] if args.precision == "both" else [args.precision]
+    precisions = PRECISION_SETS.get(args.precision, [args.precision])
     expected = len(precisions) * len(configs_of(args))
     rows = []
     for prec in precisions:
@@ -270,6 +329,9 @@ def main(argv=None) -> int:
             cmd += ["--configs", args.configs]
         if args.smoke:
             cmd.append("--smoke")
+        if prec == "fp16" and args.modes != "off":
+            # fp16 runs eagerly (its loss scale is a kernel argument a replay would fix)
+            cmd[cmd.index("--modes") + 1] = "off"
         # each configuration's row is written as soon as the child prints it
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         got = 0
@@ -298,9 +360,11 @@ def _write(args, rows, expected):
              + (f"{r['neuron_over_pytorch']:.2f}x ({r['neuron_mode']})"
                 if r.get("neuron_over_pytorch") else "failed") for r in rows]
     met = sum(bool(r.get("target_met")) for r in rows)
+    targets = ", ".join(f"{p} >= {t}" for p, t in TARGET.items()
+                        if any(r.get("precision") == p for r in rows))
     detail = ("neuron/PyTorch " + ", ".join(parts)
-              + f"; {met}/{expected} at target (fp32 >= {TARGET['fp32']}, tf32 >= "
-              f"{TARGET['tf32']})" + ("" if len(rows) == expected else
+              + f"; {met}/{expected} at target ({targets or 'none'})"
+              + ("" if len(rows) == expected else
                                       f"; {len(rows)}/{expected} configurations done"))
     host = [f"{r.get('model')}:{r.get('batch')} {r.get('precision')} {v['host_ms']:.2f} ms"
             for r in rows for m, v in (r.get("neuron") or {}).items()
@@ -312,7 +376,12 @@ def _write(args, rows, expected):
     if missing:
         detail += f"; neuron modes without a figure: {', '.join(missing)}" + (
             "" if executor_has_replay() else " (the Executor has no replay argument)")
-    write_stage(args.out, "throughput", ran=ran, target_met=target_met, detail=detail,
+    layouts = [f"{r.get('model')}:{r.get('batch')} {r.get('precision')} PyTorch " + ", ".join(
+        f"{k} {v['img_per_s']:.1f}" for k, v in (r.get("pytorch") or {}).get("layouts", {}).items()
+        if v.get("img_per_s")) for r in rows if (r.get("pytorch") or {}).get("layouts")]
+    if layouts:
+        detail += "; img/s by layout: " + "; ".join(layouts)
+    write_stage(args.out, args.stage, ran=ran, target_met=target_met, detail=detail,
                 device=device_name(args.device), smoke=args.smoke, rows=rows,
                 executor_has_replay=executor_has_replay(),
                 protocol={"runs": args.runs, "iters": args.iters, "warmup": args.warmup,

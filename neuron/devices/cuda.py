@@ -722,17 +722,25 @@ class CudaDevice(Device):
         event.synchronize()
 
     # ---- precision (precision.py) -------------------------------------------------------------
+    #: mixed precision runs natively: the layers' kernels take the 2-byte feature maps
+    #: (kernels/cuda.py, cuda_low.py) instead of the CPU reference's casts around each kernel
+    native_mixed = True
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        props = self._cp.cuda.runtime.getDeviceProperties(self.device_id)
+        return int(props["major"]), int(props["minor"])
+
     def precision_missing(self, precision: str) -> str | None:
-        if precision in ("fp32", "tf32"):
-            return None
-        return (f"CudaDevice runs fp32 and tf32; {precision} needs 2-byte GPU kernels, not "
-                "built yet (convolution, matrix products and elementwise in the low type with "
-                "float32 accumulation): use --precision fp32 or tf32, or bf16/fp16 on the CPU")
+        from .cuda_check import cupy_bf16_missing, precision_missing
+        return precision_missing(precision, self.compute_capability,
+                                 cupy_bf16_missing(self._cp) if precision == "bf16" else None)
 
     def use_precision(self, precision: str) -> None:
         """tf32: float32 convolutions and matrix products on TF32 tensor cores from now on
         (cuDNN's math type and neuron's cuBLAS handle). Process-wide switches, as PyTorch's
-        allow_tf32 are; fp32 leaves them as they are (strict float32 unless set)."""
+        allow_tf32 are; fp32 leaves them as they are (strict float32 unless set). bf16/fp16:
+        nothing to switch (the low types choose tensor-op math themselves)."""
         if precision == "tf32":
             from ..kernels import cuda as K
             K.allow_tf32 = True

@@ -120,3 +120,41 @@ def require_cuda() -> None:
         raise CudaSetupError("device cuda is not usable: " + "; ".join(problems) + ". " +
                              (f"{INSTALL} brings the wheels, or use" if wheels else "Use") +
                              " --device cpu (or auto)")
+
+
+#: the compute capability each mixed precision needs on the GPU: cuDNN's half-precision
+#: kernels (5.3), bfloat16 arithmetic and tensor cores (Ampere, 8.0)
+MIN_CAPABILITY = {"fp16": (5, 3), "bf16": (8, 0)}
+
+
+def precision_missing(precision: str, capability: tuple[int, int],
+                      bf16_arrays: str | None = None) -> str | None:
+    """None when a GPU of ``capability`` (major, minor) runs ``precision`` (precision.py),
+    else what is missing, in one line. ``bf16_arrays``: why CuPy cannot hold bfloat16 arrays
+    (None: it can), for bf16."""
+    need = MIN_CAPABILITY.get(precision)
+    if need is None:
+        return None                     # fp32, tf32 (a math mode: plain float32 where absent)
+    have = tuple(int(v) for v in capability)
+    if have < need:
+        return (f"{precision} needs a GPU of compute capability {need[0]}.{need[1]} or newer "
+                f"({'Ampere' if precision == 'bf16' else 'half-precision cuDNN'}); this one "
+                f"has {have[0]}.{have[1]}: use --precision fp32"
+                f"{' or fp16' if precision == 'bf16' and have >= MIN_CAPABILITY['fp16'] else ''}")
+    if precision == "bf16" and bf16_arrays is not None:
+        return f"bf16 on the GPU needs CuPy arrays of bfloat16: {bf16_arrays}"
+    return None
+
+
+def cupy_bf16_missing(cupy) -> str | None:
+    """Why ``cupy`` cannot hold bfloat16 arrays (ml_dtypes' dtype, CuPy 14 or newer), or None."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return "the ml_dtypes package is not installed (pip install ml_dtypes)"
+    try:
+        cupy.ndarray((0,), ml_dtypes.bfloat16)
+    except Exception as e:              # an older CuPy: unsupported dtype
+        return (f"CuPy {getattr(cupy, '__version__', '?')} refuses the dtype "
+                f"({type(e).__name__}: {e}); CuPy 14 or newer holds it")
+    return None

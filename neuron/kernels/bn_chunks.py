@@ -10,11 +10,31 @@ the unchunked one up to the order of summation.
 
 Written with array methods only, so the same code runs on NumPy and CuPy arrays (the float64
 per-chunk temporaries are the kernels' own, outside the arena, like numpy_ref's; on the GPU
-this is unverified).
+this is unverified). Mixed precision on the GPU hands it 2-byte x, y, dy and dx: they are read
+as float32 (cuda_low's cast kernels) and each result is rounded into its 2-byte array once, as
+cuDNN's whole-batch BatchNorm does (the CPU reference gives it float32 copies already).
 """
 from __future__ import annotations
 
+from . import cuda_low
 from .numpy_ref import update_running_stats
+
+
+def _f32(a):
+    """A 2-byte (device) array as a float32 temporary; any other array itself."""
+    return cuda_low.to_f32(a) if cuda_low.is_low(a) else a
+
+
+def _store(out, value, accumulate: bool = False) -> None:
+    """out <- value (or out + value), rounded once into a 2-byte ``out``."""
+    if cuda_low.is_low(out):
+        if accumulate:
+            value = value + _f32(out)
+        cuda_low.cast(out, value)
+    elif accumulate:
+        out += value
+    else:
+        out[...] = value
 
 
 def _axes(x):
@@ -34,7 +54,7 @@ def stats_accumulate(x, mean_acc, m2_acc, seen: int, first: bool) -> None:
     """Fold chunk x into (mean_acc, m2_acc), which hold the statistics of ``seen`` elements
     per channel (ignored when ``first``)."""
     axes, bshape = _axes(x)
-    x64 = x.astype("float64")
+    x64 = _f32(x).astype("float64")
     mean = x64.mean(axis=axes)
     x64 -= mean.reshape(bshape)
     m2 = (x64 * x64).sum(axis=axes)
@@ -63,7 +83,16 @@ def stats_finish(mean_acc, m2_acc, count: int, running_mean, running_var, moment
 
 def apply(x, gamma, beta, y, save_mean, save_invstd) -> None:
     _, bshape = _axes(x)
+    if cuda_low.is_low(y):          # in float32, rounded once
+        t = _f32(x) - save_mean.reshape(bshape)
+        apply_scale(t, gamma, beta, save_invstd, bshape)
+        _store(y, t)
+        return
     y[...] = x - save_mean.reshape(bshape)
+    apply_scale(y, gamma, beta, save_invstd, bshape)
+
+
+def apply_scale(y, gamma, beta, save_invstd, bshape) -> None:
     scale = save_invstd if gamma is None else save_invstd * gamma
     y *= scale.reshape(bshape)
     if beta is not None:
@@ -80,6 +109,7 @@ def _xhat(x, save_mean, save_invstd):
 def backward_sums(x, dy, save_mean, save_invstd, dgamma, dbeta, first: bool) -> None:
     """dbeta (+)= sum(dy), dgamma (+)= sum(dy * xhat) per channel over this chunk."""
     axes, _ = _axes(x)
+    x, dy = _f32(x), _f32(dy)
     xhat = _xhat(x, save_mean, save_invstd)
     xhat *= dy
     for acc, part in ((dgamma, xhat.sum(axis=axes)), (dbeta, dy.sum(axis=axes))):
@@ -95,13 +125,11 @@ def backward_grad(x, dy, gamma, save_mean, save_invstd, sum_dy_xhat, sum_dy, cou
                   accumulate: bool) -> None:
     """dx (+)= gamma*invstd * (dy - sum_dy/count - xhat*sum_dy_xhat/count)."""
     _, bshape = _axes(x)
+    x, dy = _f32(x), _f32(dy)
     xhat = _xhat(x, save_mean, save_invstd)
     xhat *= (-sum_dy_xhat / count).reshape(bshape)
     xhat += dy
     xhat -= (sum_dy / count).reshape(bshape)
     g = save_invstd if gamma is None else gamma * save_invstd
     xhat *= g.reshape(bshape)
-    if accumulate:
-        dx += xhat
-    else:
-        dx[...] = xhat
+    _store(dx, xhat, accumulate)

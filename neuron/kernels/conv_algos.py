@@ -118,8 +118,8 @@ def math_type(dtype) -> int:
         # DEFAULT permits TF32 on Ampere and later; FMA forbids it (what torch does when
         # allow_tf32 is off)
         return dnn.CUDNN_DEFAULT_MATH if cuda_switches.allow_tf32 else dnn.CUDNN_FMA_MATH
-    if dtype == np.float16:
-        return dnn.CUDNN_TENSOR_OP_MATH
+    if dtype.itemsize == 2 and dtype.name in ("float16", "bfloat16"):
+        return dnn.CUDNN_TENSOR_OP_MATH         # mixed precision: tensor cores, float compute
     return dnn.CUDNN_DEFAULT_MATH
 
 

@@ -24,6 +24,24 @@ WORKSPACE_BYTES = 32 << 20          # NVIDIA's recommendation for Hopper
 _GEMM = {np.dtype(np.float32): ("cublasSgemm_v2", ctypes.c_float),
          np.dtype(np.float64): ("cublasDgemm_v2", ctypes.c_double)}
 
+# cudaDataType_t and cublasComputeType_t (library_types.h, cublas_api.h)
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+_LOW_TYPES = {"float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}
+
+
+def gemm_ex_types(a_dtype, b_dtype, out_dtype):
+    """(A, B, C data types, compute type) of cublasGemmEx for mixed precision: 2-byte operands
+    of one type (fp16 or bf16), a product in that type or float32, float32 accumulation
+    (tensor cores); None for any other combination."""
+    a, b, c = (np.dtype(d).name for d in (a_dtype, b_dtype, out_dtype))
+    low = _LOW_TYPES.get(a)
+    if low is None or b != a or c not in (a, "float32"):
+        return None
+    ct = low if c == a else CUDA_R_32F
+    return low, low, ct, CUBLAS_COMPUTE_32F
+
 
 class CublasError(RuntimeError):
     pass
@@ -115,11 +133,14 @@ def handle(cp):
 
 
 def gemm(cp, a, b, out) -> bool:
-    """out = a @ b (2-D float32/float64 CuPy arrays, ``out`` C-contiguous) on the current
+    """out = a @ b (2-D float32/float64 CuPy arrays, ``out`` C-contiguous; or 2-byte operands
+    with a 2-byte or float32 ``out``: cublasGemmEx, float32 accumulation) on the current
     stream; False where this does not apply (the caller uses cupy.matmul)."""
+    ex = gemm_ex_types(a.dtype, b.dtype, out.dtype)
     fn = _GEMM.get(np.dtype(out.dtype))
-    if fn is None or a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or \
-            a.dtype != out.dtype or b.dtype != out.dtype or not out.flags.c_contiguous:
+    if ex is None and (fn is None or a.dtype != out.dtype or b.dtype != out.dtype):
+        return False
+    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or not out.flags.c_contiguous:
         return False
     (m, k), (k2, n) = a.shape, b.shape
     a_order, b_order = _order(a), _order(b)
@@ -133,6 +154,18 @@ def gemm(cp, a, b, out) -> bool:
         return False
     h.bind(cp.cuda.get_current_stream().ptr, os.environ.get("CUPY_TF32", "0") != "0")
     transa, transb, M, N, K, lda, ldb, ldc = args
+    if ex is not None:
+        a_type, b_type, c_type, compute = ex
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)     # the compute type's scalars
+        status = h.lib.cublasGemmEx(
+            h.ptr, ctypes.c_int(transa), ctypes.c_int(transb), ctypes.c_int(M), ctypes.c_int(N),
+            ctypes.c_int(K), ctypes.byref(one), ctypes.c_void_p(b.data.ptr), ctypes.c_int(b_type),
+            ctypes.c_int(lda), ctypes.c_void_p(a.data.ptr), ctypes.c_int(a_type),
+            ctypes.c_int(ldb), ctypes.byref(zero), ctypes.c_void_p(out.data.ptr),
+            ctypes.c_int(c_type), ctypes.c_int(ldc), ctypes.c_int(compute),
+            ctypes.c_int(CUBLAS_GEMM_DEFAULT))
+        h._check(status, "cublasGemmEx")
+        return True
     name, scalar = fn
     one, zero = scalar(1.0), scalar(0.0)
     status = getattr(h.lib, name)(

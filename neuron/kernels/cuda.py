@@ -27,25 +27,39 @@ Pooling and LRN live in :mod:`neuron.kernels.cuda_pool` and the helpers the kern
 share in :mod:`neuron.kernels.cuda_helpers`; this module re-exports them, so it stays the one
 namespace a CUDA device's layers call (as numpy_ref is for the CPU).
 
+Mixed precision (bf16, fp16: neuron/precision.py). Feature maps, their gradients and the
+low-precision copies of convolution and linear weights arrive in the 2-byte type; cuDNN takes
+them with a float compute type and tensor-op math, cuBLAS through cublasGemmEx with float32
+accumulation, BatchNorm with float32 scale, bias and statistics, and every elementwise kernel is
+:mod:`neuron.kernels.cuda_low`'s (float32 arithmetic, rounded once where it stores). Where a
+float32 master receives what a low-type kernel makes (a weight or bias gradient), the kernel
+writes a low-type buffer (carved from the step's workspace) that is then copied into the
+float32 gradient, as the CPU reference (neuron/mixed_cpu.py) rounds those gradients to the low
+type. Raw kernels written for float32 (LRN, sigmoid/tanh/leaky-ReLU backward, ceil-mode pools)
+run on float32 temporaries, and so does any cuDNN operation a build refuses in the low type. The loss reads its logits as
+float32 (a temporary) and rounds its logit gradient, times fp16's loss scale, once.
+
 Importing this module needs neither CuPy nor cuDNN (the pure helpers are unit-tested on the CPU);
 the first kernel call loads both.
 """
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import types
 
 import numpy as np
 
-from . import cublas, cuda_switches
+from . import cublas, cuda_low, cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
     _k_dropout, _k_leaky, _k_sgd, _k_sigmoid_bwd, _k_tanh_bwd, _k_xent)
 from .numpy_ref import _pair, conv2d_out_hw, pool_out_hw  # noqa: F401 (mirrors numpy_ref)
 from .cuda_helpers import (  # noqa: F401 (shared by the kernel modules)
-    _ccontig, _contig, _cp, _grad_into, _h, _ptr, _td)
+    _ccontig, _contig, _cp, _grad_into, _h, _low_guarded, _ptr, _td, _via_f32, low_refused)
+from .cuda_low import is_low
 from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device's kernels)
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
     lrn_backward, lrn_forward, maxpool_backward, maxpool_forward)
@@ -124,6 +138,13 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
     dyd = _td(dy)
     h = _h()
     ws_ptr, ws_bytes = aligned_workspace(workspace)
+    if is_low(w) and ((dw is not None and dw.dtype != w.dtype) or
+                      (db is not None and db.dtype != w.dtype)):
+        # the float32 masters' gradients: computed in the low type, then added in
+        _low_param_grads(lambda dw_, db_, ws_, acc: conv2d_backward(
+            x, w, dy, None, dw_, db_, stride, padding, dilation, groups, ws_,
+            accumulate_params=acc), dw, db, w.dtype, accumulate_params, workspace)
+        dw = db = None
     if db is not None:
         dnn.convolution_backward_bias(h, dyd, _ptr(dy), dnn.bias_descriptor(db.shape[0], db.dtype),
                                       _ptr(_contig(db)), beta=1.0 if accumulate_params else 0.0)
@@ -161,6 +182,40 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
                                       ws_bytes, dxd, _ptr(dx), beta=1.0 if accumulate else 0.0)
 
 
+def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
+    """The float32 masters' gradients of a low-type weight (and bias): ``run(dw_low, db_low,
+    workspace_rest, accumulate)`` into low-type buffers, then each into its float32 master.
+    ``accumulate`` (a later chunk of the batch): the buffers start as the masters' sums so far
+    (low-type values already) and ``run`` adds into them (cuDNN's beta = 1: the sum rounded
+    once, as the CPU reference rounds it). The buffers are carved from the front of the step's
+    workspace when it holds them (bytes the plan already counts; the rest stays the
+    algorithm's), else CuPy temporaries from the arena."""
+    cp = _cp()
+    shapes = [g.shape if g is not None else None for g in (dw, db)]
+    need = [math.prod(sh) * np.dtype(low).itemsize if sh is not None else 0 for sh in shapes]
+    spans = [-(-n // 256) * 256 for n in need]
+    bufs = []
+    if workspace is not None and sum(spans) and workspace.nbytes >= sum(spans) + 256:
+        ptr, _ = aligned_workspace(workspace)
+        at = ptr - workspace.data.ptr
+        for sh, n, span in zip(shapes, need, spans):
+            bufs.append(workspace[at:at + n].view(low).reshape(sh) if sh is not None else None)
+            at += span
+        workspace = workspace[at:]
+    else:
+        bufs = [cp.empty(sh, low) if sh is not None else None for sh in shapes]
+    if accumulate:
+        for g, t in zip((dw, db), bufs):
+            if g is not None:
+                cuda_low.cast(t, g)
+    run(bufs[0], bufs[1], workspace, accumulate)
+    for g, t in zip((dw, db), bufs):
+        if g is not None:
+            cuda_low.cast(g, t)
+
+
+# low_refused, _low_guarded and _via_f32 live in cuda_helpers.py (cuda_pool.py uses them too)
+
 # ------------------------------------------------------------------------------------------
 # batch normalization (cuDNN SPATIAL; a 2-D (N, C) input is described as (N, C, 1, 1))
 # ------------------------------------------------------------------------------------------
@@ -195,6 +250,18 @@ def _param_or(a, channels, dtype, value):
 
 def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
                             save_mean, save_invstd, momentum, eps, update_running):
+    if is_low(x):
+        def run(x_, y_):
+            _bn_train(x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd,
+                      momentum, eps, update_running)
+        return _low_guarded("batchnorm", lambda: run(x, y),
+                            lambda: _via_f32(run, [x], [y]))
+    _bn_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd, momentum,
+              eps, update_running)
+
+
+def _bn_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd, momentum,
+              eps, update_running):
     cp = _cp()
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
@@ -219,6 +286,15 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var,
 
 
 def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    if is_low(x):
+        def run(x_, y_):
+            _bn_infer(x_, gamma, beta, y_, running_mean, running_var, eps)
+        return _low_guarded("batchnorm", lambda: run(x, y),
+                            lambda: _via_f32(run, [x], [y]))
+    _bn_infer(x, gamma, beta, y, running_mean, running_var, eps)
+
+
+def _bn_infer(x, gamma, beta, y, running_mean, running_var, eps):
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var)
@@ -232,6 +308,16 @@ def batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
 
 def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
                        accumulate=False):
+    if is_low(x):
+        def run(x_, dy_, dx_):
+            _bn_backward(x_, dy_, gamma, save_mean, save_invstd, dx_, dgamma, dbeta, eps,
+                         accumulate)
+        return _low_guarded("batchnorm", lambda: run(x, dy, dx),
+                            lambda: _via_f32(run, [x, dy], [dx], accumulate))
+    _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, accumulate)
+
+
+def _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, accumulate):
     cp = _cp()
     c = x.shape[1]
     pdt = _bn_params(x, weight=gamma, save_mean=save_mean, save_invstd=save_invstd,
@@ -256,7 +342,12 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
 # ------------------------------------------------------------------------------------------
 
 def _act_forward(mode, x, y):
-    dnn.activation_forward(_h(), dnn.activation_descriptor(mode), _td(x), _ptr(x), _td(y), _ptr(y))
+    def run(x_, y_):
+        dnn.activation_forward(_h(), dnn.activation_descriptor(mode), _td(x_), _ptr(x_),
+                               _td(y_), _ptr(y_))
+    if is_low(y):
+        return _low_guarded("activation", lambda: run(x, y), lambda: _via_f32(run, [x], [y]))
+    run(x, y)
 
 
 def relu_forward(x, y):
@@ -264,6 +355,14 @@ def relu_forward(x, y):
 
 
 def relu_backward(y, dy, dx, accumulate=False):
+    if is_low(dx):
+        return _low_guarded("activation", lambda: _relu_backward(y, dy, dx, accumulate),
+                            lambda: _via_f32(lambda y_, dy_, dx_: _relu_backward(
+                                y_, dy_, dx_, accumulate), [y, dy], [dx], accumulate))
+    _relu_backward(y, dy, dx, accumulate)
+
+
+def _relu_backward(y, dy, dx, accumulate=False):
     # cuDNN's ReLU backward tests x > 0; y > 0 is the same predicate, so y stands in for the
     # input the layer did not keep
     yd = _td(y)
@@ -282,18 +381,30 @@ def tanh_forward(x, y):
 
 def sigmoid_backward(y, dy, dx, accumulate=False):
     # CuPy, not cuDNN: cuDNN's activation backward takes x as well, which the layer dropped
+    if is_low(dx):                  # mixed precision: in float32, rounded once
+        return _via_f32(lambda y_, dy_, dx_: sigmoid_backward(y_, dy_, dx_, accumulate),
+                        [y, dy], [dx], accumulate)
     _grad_into(dx, accumulate, lambda out: _k_sigmoid_bwd()(y, dy, out))
 
 
 def tanh_backward(y, dy, dx, accumulate=False):
+    if is_low(dx):
+        return _via_f32(lambda y_, dy_, dx_: tanh_backward(y_, dy_, dx_, accumulate),
+                        [y, dy], [dx], accumulate)
     _grad_into(dx, accumulate, lambda out: _k_tanh_bwd()(y, dy, out))
 
 
 def leaky_relu_forward(x, y, slope):
+    if is_low(y):
+        return _via_f32(lambda x_, y_: leaky_relu_forward(x_, y_, slope), [x], [y])
     _k_leaky()[0](x, y.dtype.type(slope), y)
 
 
 def leaky_relu_backward(y, dy, dx, slope, accumulate=False):
+    if is_low(dx):
+        return _via_f32(lambda y_, dy_, dx_: leaky_relu_backward(y_, dy_, dx_, slope,
+                                                                 accumulate),
+                        [y, dy], [dx], accumulate)
     _grad_into(dx, accumulate, lambda out: _k_leaky()[1](y, dy, dx.dtype.type(slope), out))
 
 
@@ -308,13 +419,56 @@ def _matmul(a, b, out):
         cp.matmul(a, b, out=out)
 
 
+def _matmul_low(a, b, out):
+    """out = a @ b with low-type operands and float32 accumulation: cublasGemmEx, or float32
+    copies through cupy.matmul where neuron's cuBLAS handle does not apply; ``out`` low or
+    float32, rounded once."""
+    cp = _cp()
+    if cublas.gemm(cp, a, b, out):
+        return
+    af = cuda_low.to_f32(a) if is_low(a) else a
+    bf = cuda_low.to_f32(b) if is_low(b) else b
+    if is_low(out):
+        t = cp.empty(out.shape, np.float32)
+        cp.matmul(af, bf, out=t)
+        cuda_low.cast(out, t)
+    else:
+        cp.matmul(af, bf, out=out)
+
+
 def linear_forward(x, w, b, y):
+    if is_low(y):
+        # the product in float32, the bias added to it, one rounding: as the CPU reference
+        t = _cp().empty(y.shape, np.float32)
+        _matmul_low(x, w.T, t)
+        if b is None:
+            cuda_low.cast(y, t)
+        else:
+            cuda_low.bias_rows(t, b, y)
+        return
     _matmul(x, w.T, y)
     if b is not None:
         _cp().add(y, b, out=y)
 
 
 def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=False):
+    if is_low(dy):
+        if dx is not None:
+            _grad_into(dx, accumulate, lambda out: _matmul_low(dy, w, out))
+        if dw is not None:
+            if dw.dtype == w.dtype:
+                _grad_into(dw, accumulate_params, lambda out: _matmul_low(dy.T, x, out))
+            else:       # the product in float32 (cublasGemmEx), rounded through the low type
+                t = _cp().empty(dw.shape, np.float32)
+                _matmul_low(dy.T, x, t)
+                cuda_low.round_into(dw, t, w.dtype, accumulate_params)
+        if db is not None:
+            if db.dtype == np.float32:
+                cuda_low.col_sums(_ccontig(dy), db, accumulate_params)
+            else:
+                raise TypeError(f"linear backward: a {db.dtype} bias gradient of low-type "
+                                "outputs (float32 masters only)")
+        return
     if dx is not None:
         _grad_into(dx, accumulate, lambda out: _matmul(dy, w, out))
     if dw is not None:
@@ -357,9 +511,12 @@ def dropout_key(seed) -> int:
 
 def dropout_apply(x, y, mask, p):
     if p >= 1.0:
-        y.fill(0)
+        fill(y, 0)
         return
     scale = 1.0 / (1.0 - p) if p > 0.0 else 1.0
+    if is_low(y):
+        cuda_low.dropout_apply(x, mask, scale, y)
+        return
     _k_dropout()[1](x, mask, y.dtype.type(scale), y)
 
 
@@ -374,7 +531,12 @@ def dropout_backward(dy, mask, dx, p, accumulate=False):
 def add_forward(xs, y):
     cp = _cp()
     if len(xs) == 1:
-        cp.copyto(y, xs[0])
+        copy(y, xs[0])
+        return
+    if is_low(y):
+        cuda_low.add(xs[0], xs[1], y)
+        for a in xs[2:]:
+            cuda_low.accumulate(y, a)
         return
     cp.add(xs[0], xs[1], out=y)
     for a in xs[2:]:
@@ -382,9 +544,29 @@ def add_forward(xs, y):
 
 
 # slice assignment and in-place operators are the same on CuPy arrays: one definition of
-# each serves both devices
-concat_forward = numpy_ref.concat_forward
-concat_backward = numpy_ref.concat_backward
+# each serves both devices (low-precision arrays: their bits are sliced, their sums are
+# cuda_low's)
+def concat_forward(xs, y):
+    if is_low(y):
+        numpy_ref.concat_forward([cuda_low.bits(a) for a in xs], cuda_low.bits(y))
+    else:
+        numpy_ref.concat_forward(xs, y)
+
+
+def concat_backward(dy, dxs, widths=None, accumulate=()):
+    if not is_low(dy):
+        return numpy_ref.concat_backward(dy, dxs, widths, accumulate)
+    widths = numpy_ref.concat_widths(dy, dxs, widths)
+    if widths is None:
+        return
+    o = 0
+    for i, (d, c) in enumerate(zip(dxs, widths)):
+        if d is not None:
+            if i in accumulate:
+                cuda_low.accumulate(d, dy[:, o:o + c])
+            else:
+                cuda_low.bits(d)[...] = cuda_low.bits(dy)[:, o:o + c]
+        o += c
 
 
 # ------------------------------------------------------------------------------------------
@@ -424,17 +606,23 @@ def softmax_xent_rows(logits, labels, probs, rows):
     """The device part of softmax_xent_forward: softmax into ``probs``, per-row losses into
     ``rows``; nothing read back (a CUDA graph averages them after its launch)."""
     n, k = logits.shape
+    if is_low(logits):              # the loss in float32: its logits read as float32
+        logits = cuda_low.to_f32(_ccontig(logits))
     dnn.softmax_forward(_h(), _td(logits), _ptr(logits), _td(probs), _ptr(probs),
                         dnn.CUDNN_SOFTMAX_ACCURATE, dnn.CUDNN_SOFTMAX_MODE_INSTANCE)
     _k_xent()[0](_ccontig(logits), _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
                  rows.reshape(n))
 
 
-def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None, scale=1.0):
+    """``scale``: fp16's loss scale, applied in float32 before the gradient is rounded."""
     n, k = probs.shape
+    labels = _ccontig(labels).astype(np.int64, copy=False)
+    if is_low(dlogits):
+        cuda_low.xent_grad(probs, labels, dlogits, scale / (total or n), accumulate)
+        return
     _grad_into(dlogits, accumulate, lambda out: _k_xent()[1](
-        probs, _ccontig(labels).astype(np.int64, copy=False), np.int64(k),
-        dlogits.dtype.type(1.0 / (total or n)), out))
+        probs, labels, np.int64(k), dlogits.dtype.type(scale / (total or n)), out))
 
 
 def mse_forward(pred, target):
@@ -480,7 +668,10 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
 # ------------------------------------------------------------------------------------------
 
 def fill(a, value):
-    a.fill(value)
+    if is_low(a):
+        cuda_low.fill(a, value)
+    else:
+        a.fill(value)
 
 
 def copy(dst, src):
@@ -488,9 +679,16 @@ def copy(dst, src):
     host batches through here."""
     cp = _cp()
     if isinstance(src, cp.ndarray):
-        cp.copyto(dst, src)
+        if (is_low(dst) or is_low(src)) and dst.flags.c_contiguous and src.flags.c_contiguous:
+            cuda_low.cast(dst, src)         # a weight's low copy, a feature map
+        else:
+            cp.copyto(dst, src)
         return
     src = np.asarray(src)
+    if is_low(dst) and src.dtype == np.float32 and dst.flags.c_contiguous and \
+            src.shape == dst.shape:
+        _stage_cast(src, dst)           # a float32 batch into a low-precision data tensor
+        return
     if src.dtype != dst.dtype:
         src = src.astype(dst.dtype)
     if dst.flags.c_contiguous and src.shape == dst.shape:
@@ -499,6 +697,24 @@ def copy(dst, src):
         input_stager().stage(src, dst.data.ptr)
     else:
         cp.copyto(dst, cp.asarray(src))
+
+
+#: float32 elements per piece of a host batch cast on the device (a 16 MiB temporary)
+CAST_CHUNK = 1 << 22
+
+
+def _stage_cast(src, dst):
+    """Host float32 ``src`` into low-precision ``dst``: each piece staged into a float32
+    temporary and rounded there by a kernel (a host cast of a ResNet-50 batch takes a tenth
+    of a second or more; the GPU's, microseconds), in pieces so the temporary stays small."""
+    flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+    n = flat_src.size
+    tmp = _cp().empty((min(n, CAST_CHUNK),), np.float32)
+    stager = input_stager()
+    for lo in range(0, n, CAST_CHUNK):
+        hi = min(n, lo + CAST_CHUNK)
+        stager.stage(flat_src[lo:hi], tmp.data.ptr)
+        cuda_low.cast(flat_dst[lo:hi], tmp[:hi - lo])
 
 
 _stager = None
@@ -522,7 +738,10 @@ def input_stager():
 
 
 def add_inplace(dst, src):
-    _cp().add(dst, src, out=dst)
+    if is_low(dst):
+        cuda_low.accumulate(dst, src)
+    else:
+        _cp().add(dst, src, out=dst)
 
 
 # ------------------------------------------------------------------------------------------
@@ -551,7 +770,16 @@ def nonfinite_flag_update(flag, a):
     """flag |= any(a is NaN or infinite), as one kernel on the current stream: no host sync,
     no temporary."""
     if a.size:
-        _k_any_nonfinite()(a, flag)
+        if is_low(a):
+            cuda_low.nonfinite(flag, _ccontig(a))
+        else:
+            _k_any_nonfinite()(a, flag)
+
+
+def unscale_gradient(grad, inv_scale, flag, overflow):
+    """fp16 loss scaling (neuron/loss_scale.py) on the device: grad *= inv_scale; a gradient
+    that is inf or NaN sets ``overflow`` and the step guard's ``flag``, read once per step."""
+    cuda_low.unscale(grad, inv_scale, flag, overflow)
 
 
 def nonfinite_flag_read(flag) -> bool:

@@ -7,7 +7,9 @@ import numpy as np
 
 from . import cuda_switches
 from . import cudnn as dnn
-from .cuda_helpers import _ccontig, _cp, _grad_into, _h, _ptr, _run_into, _td
+from . import cuda_low
+from .cuda_helpers import (_ccontig, _cp, _grad_into, _h, _low_guarded, _ptr, _run_into, _td,
+                           _via_f32)
 from .cuda_raw import _k_lrn, _k_pool
 from .numpy_ref import _pair, pool_out_hw
 
@@ -31,28 +33,43 @@ def _geo(x_hw, y_hw, kernel, stride, padding):
             *(np.int32(v) for v in (*kernel, *stride, *padding)))
 
 
+def _cudnn_pool_forward(mode, x, y, kernel, stride, padding):
+    def run(x_, y_):
+        dnn.pooling_forward(_h(), _pool_desc(mode, kernel, stride, padding), _td(x_), _ptr(x_),
+                            _td(y_), _ptr(y_))
+    if cuda_low.is_low(y):
+        _low_guarded("pooling", lambda: run(x, y), lambda: _via_f32(run, [x], [y]))
+    else:
+        run(x, y)
+
+
 def maxpool_forward(x, y, kernel, stride, padding):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     if _floor_shape(x, y, kernel, stride, padding):
-        dnn.pooling_forward(_h(), _pool_desc(_max_mode(), kernel, stride, padding), _td(x),
-                            _ptr(x), _td(y), _ptr(y))
+        _cudnn_pool_forward(_max_mode(), x, y, kernel, stride, padding)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
-    xc = _ccontig(x)
-    _run_into(y, lambda out: _k_pool()[0](xc, x.dtype.type(-np.inf), *g, out))
+    xc = _f32_in(x)
+    _into(y, lambda out: _k_pool()[0](xc, xc.dtype.type(-np.inf), *g, out))
 
 
 def maxpool_backward(x, y, dy, dx, kernel, stride, padding, accumulate=False):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     if _floor_shape(x, y, kernel, stride, padding):
-        dnn.pooling_backward(_h(), _pool_desc(_max_mode(), kernel, stride, padding), _td(y),
-                             _ptr(y), _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),
-                             beta=1.0 if accumulate else 0.0)
+        def run(x_, y_, dy_, dx_):
+            dnn.pooling_backward(_h(), _pool_desc(_max_mode(), kernel, stride, padding),
+                                 _td(y_), _ptr(y_), _td(dy_), _ptr(dy_), _td(x_), _ptr(x_),
+                                 _td(dx_), _ptr(dx_), beta=1.0 if accumulate else 0.0)
+        if cuda_low.is_low(dx):
+            _low_guarded("pooling", lambda: run(x, y, dy, dx),
+                         lambda: _via_f32(run, [x, y, dy], [dx], accumulate))
+        else:
+            run(x, y, dy, dx)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
-    xc, yc, dyc = _ccontig(x), _ccontig(y), _ccontig(dy)
+    xc, yc, dyc = _f32_in(x), _f32_in(y), _f32_in(dy)
     _grad_into(dx, accumulate,
-               lambda d: _run_into(d, lambda out: _k_pool()[1](xc, yc, dyc, *g, out)))
+               lambda d: _into(d, lambda out: _k_pool()[1](xc, yc, dyc, *g, out)))
 
 
 def avgpool_forward(x, y, kernel, stride, padding):
@@ -60,29 +77,52 @@ def avgpool_forward(x, y, kernel, stride, padding):
     if _floor_shape(x, y, kernel, stride, padding):
         # floor mode: every window lies inside the padded input, so cuDNN's fixed kh*kw divisor
         # is torch's count_include_pad divisor
-        dnn.pooling_forward(_h(), _pool_desc(dnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
-                                             kernel, stride, padding),
-                            _td(x), _ptr(x), _td(y), _ptr(y))
+        _cudnn_pool_forward(dnn.CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, x, y, kernel,
+                            stride, padding)
         return
     g = _geo(x.shape[2:], y.shape[2:], kernel, stride, padding)
-    xc = _ccontig(x)
-    _run_into(y, lambda out: _k_pool()[2](xc, *g, out))
+    xc = _f32_in(x)
+    _into(y, lambda out: _k_pool()[2](xc, *g, out))
 
 
 def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     # CuPy, not cuDNN: cudnnPoolingBackward takes x and y, which AvgPool2d does not keep
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     g = _geo(dx.shape[2:], dy.shape[2:], kernel, stride, padding)
-    dyc = _ccontig(dy)
-    _grad_into(dx, accumulate, lambda d: _run_into(d, lambda out: _k_pool()[3](dyc, *g, out)))
+    dyc = _f32_in(dy)
+    _grad_into(dx, accumulate, lambda d: _into(d, lambda out: _k_pool()[3](dyc, *g, out)))
+
+
+def _f32_in(a):
+    """A raw kernel's C-contiguous input; a low-precision one as a float32 temporary (the raw
+    pooling kernels compute in their input's type: mixed precision computes in float32)."""
+    return cuda_low.to_f32(_ccontig(a)) if cuda_low.is_low(a) else _ccontig(a)
+
+
+def _into(out, fn):
+    """``fn(dst)`` into ``out``: through a float32 temporary rounded once into a low-precision
+    ``out`` (C-contiguous here: _grad_into's and the arena's), else as _run_into."""
+    if cuda_low.is_low(out):
+        t = _cp().empty(out.shape, np.float32)
+        fn(t)
+        cuda_low.cast(out, t)
+    else:
+        _run_into(out, fn)
 
 
 def global_avgpool_forward(x, y):
+    if cuda_low.is_low(y):
+        cuda_low.mean_hw(_ccontig(x), y)
+        return
     _cp().mean(x, axis=(2, 3), out=y)
 
 
 def global_avgpool_backward(dy, dx, accumulate=False):
     h, w = dx.shape[2:]
+    if cuda_low.is_low(dx):
+        _grad_into(dx, accumulate, lambda out: _run_into(
+            out, lambda o: cuda_low.spread_hw(_ccontig(dy), o)))
+        return
     _grad_into(dx, accumulate, lambda out: _cp().multiply(
         dy[:, :, None, None], dx.dtype.type(1.0 / (h * w)), out=out))
 
@@ -104,6 +144,8 @@ def _lrn_args(x, size, alpha, beta, k):
 
 
 def lrn_forward(x, y, size, alpha, beta, k):
+    if cuda_low.is_low(y):          # mixed precision: LRN in float32, rounded once
+        return _via_f32(lambda x_, y_: lrn_forward(x_, y_, size, alpha, beta, k), [x], [y])
     if _lrn_cudnn_ok(size, alpha, beta, k):
         # cuDNN divides alpha by n itself, like torch
         dnn.lrn_forward(_h(), dnn.lrn_descriptor(size, alpha, beta, k), _td(x), _ptr(x), _td(y),
@@ -115,6 +157,9 @@ def lrn_forward(x, y, size, alpha, beta, k):
 
 
 def lrn_backward(x, y, dy, dx, size, alpha, beta, k, accumulate=False):
+    if cuda_low.is_low(dx):
+        return _via_f32(lambda x_, y_, dy_, dx_: lrn_backward(
+            x_, y_, dy_, dx_, size, alpha, beta, k, accumulate), [x, y, dy], [dx], accumulate)
     if _lrn_cudnn_ok(size, alpha, beta, k):
         dnn.lrn_backward(_h(), dnn.lrn_descriptor(size, alpha, beta, k), _td(y), _ptr(y),
                          _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),

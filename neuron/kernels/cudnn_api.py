@@ -444,6 +444,8 @@ def data_type(dtype) -> int:
     try:
         return _DTYPES[np.dtype(dtype)]
     except KeyError:
+        if np.dtype(dtype).name == "bfloat16":     # ml_dtypes' (an optional package)
+            return CUDNN_DATA_BFLOAT16
         raise TypeError(f"cuDNN has no data type for {np.dtype(dtype)}") from None
 
 

@@ -454,13 +454,14 @@ def softmax_xent_forward(logits, labels, probs, rows=None, sink=None):
     return float(np.mean(loss))
 
 
-def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None):
-    """The gradient of the mean loss over ``total`` samples (default: these)."""
+def softmax_xent_backward(probs, labels, dlogits, accumulate=False, total=None, scale=1.0):
+    """The gradient of the mean loss over ``total`` samples (default: these), times ``scale``
+    (fp16's loss scale)."""
     n = probs.shape[0]
     t = _grad_target(dlogits, accumulate)
     np.copyto(t, probs)
     t[np.arange(n), labels] -= 1
-    t *= 1.0 / (total or n)
+    t *= scale / (total or n)
     _grad_finish(dlogits, t, accumulate)
 
 

@@ -379,22 +379,26 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary-first-second.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
-    assert list(got) == ["replay_tests", "deepest", "throughput", "codec_tests", "pressure",
-                         "deepest_offload", "nccl", "simulator"]
+    assert list(got) == ["replay_tests", "deepest", "throughput", "codec_tests", "mixed_tests",
+                         "throughput_mixed", "pressure", "deepest_offload", "nccl", "simulator"]
     for name, st in got.items():
         assert st["ran"], (name, st["verdict"])
         assert st["verdict"].startswith("RAN, "), st["verdict"]
     assert got["codec_tests"]["target_met"] is None         # every GPU test skipped here
+    assert got["mixed_tests"]["target_met"] is None
     res = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results", str(out), "--results",
                         str(res), "--no-readme-tables", "--allow-smoke"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     t = json.loads((res / "throughput.json").read_text())
-    assert set(t["configs"]) == {"resnet_cifar:4:fp32", "resnet_cifar:4:tf32"}
-    for c in t["configs"].values():
+    assert set(t["configs"]) == {"resnet_cifar:4:fp32", "resnet_cifar:4:tf32",
+                                 "resnet_cifar:4:bf16", "resnet_cifar:4:fp16"}
+    for key, c in t["configs"].items():
         assert c["neuron_over_pytorch"] > 0 and c["neuron_mode"] in ("off", "tape", "graph")
-        assert set(c["neuron_img_per_s_by_mode"]) == {"off", "graph"}   # the kit runs eager and graph
+        # the kit runs eager and graph (mixed precision: graph on a GPU, eager on the CPU)
+        assert set(c["neuron_img_per_s_by_mode"]) == (
+            {"off"} if key.endswith(("bf16", "fp16")) else {"off", "graph"}), key
     d = json.loads((res / "deepest_gpu.json").read_text())
     assert len(d["runs"]) == 2 and len(d["pytorch"]) == 2
     for row in d["runs"]:

@@ -174,13 +174,19 @@ def test_synchronous_copies_wait_on_the_host_and_synchronize_covers_every_stream
     assert np.array_equal(_bytes(dev, 0, 0x300), data)     # overlapping, yet copied whole
 
 
-def test_cuda_device_runs_fp32_and_tf32_and_names_what_bf16_lacks(gpu, monkeypatch):
+def test_cuda_device_runs_every_precision_its_capability_allows(gpu, monkeypatch):
     import os
 
     from neuron.kernels import cuda as K
     dev, _ = gpu
     assert dev.precision_missing("fp32") is None and dev.precision_missing("tf32") is None
-    assert "2-byte GPU kernels" in dev.precision_missing("bf16")
+    assert dev.compute_capability == (9, 0)                 # the stand-in's H100
+    assert dev.precision_missing("bf16") is None and dev.precision_missing("fp16") is None
+    with monkeypatch.context() as m:
+        m.setattr(dev._cp.cuda.runtime, "getDeviceProperties",
+                  lambda i: {"major": 7, "minor": 5})
+        assert "compute capability 8.0" in dev.precision_missing("bf16")
+        assert dev.precision_missing("fp16") is None
     monkeypatch.setattr(K, "allow_tf32", False)
     monkeypatch.setenv("CUPY_TF32", "0")
     dev.use_precision("fp32")                   # leaves the switches as they are

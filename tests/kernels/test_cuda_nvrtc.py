@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron.kernels import cuda, cuda_codecs, cuda_raw
+from neuron.kernels import cuda, cuda_codecs, cuda_low, cuda_raw
 
 import nvrtc_compiler as nv
 from cuda_standins import KERNEL_CACHES
@@ -18,7 +18,8 @@ from cuda_standins import KERNEL_CACHES
 pytestmark = pytest.mark.skipif(nv.unavailable() is not None,
                                 reason=str(nv.unavailable()))
 
-FACTORIES = KERNEL_CACHES + [cuda_codecs._bf16, cuda_codecs._bfp8]
+FACTORIES = [f for f in KERNEL_CACHES if f not in cuda_low.KERNEL_CACHES] + \
+    [cuda_codecs._bf16, cuda_codecs._bfp8]
 
 #: the type bindings compiled: float32 everywhere (the GPU path's dtype), float32 with a
 #: float64 loss (U), float64 everywhere
@@ -36,15 +37,17 @@ def kernels():
     """What each factory makes, recorded instead of compiled (the factories' caches are
     cleared before and after, so no recorded kernel outlives this module)."""
     rec = nv.Recorder()
-    modules = (cuda_raw, cuda, cuda_codecs)
+    modules = (cuda_raw, cuda, cuda_codecs, cuda_low)
     saved = [m._cp for m in modules]
-    for f in FACTORIES:
+    for f in FACTORIES + list(cuda_low.KERNEL_CACHES):
         f.cache_clear()
     try:
         for m in modules:
             m._cp = lambda: rec
         for f in FACTORIES:
             f()
+        for f, args in cuda_low.factories():    # the low types' kernels, each type's own
+            f(*args)
         cuda_raw._k_sgd(True)       # the step guard's fused check
         cuda_raw._k_sgd(True, True)     # and a CUDA graph's learning rate on the device
         cuda_raw._k_sgd(False, True)
@@ -52,7 +55,7 @@ def kernels():
     finally:
         for m, cp in zip(modules, saved):
             m._cp = cp
-        for f in FACTORIES:
+        for f in FACTORIES + list(cuda_low.KERNEL_CACHES):
             f.cache_clear()
     return rec
 
@@ -73,7 +76,8 @@ def test_every_factory_is_recorded(kernels):
     assert len(names) == len(set(names)), names
     for expected in ("neuron_sgd_momentum_checked", "neuron_sgd_momentum_checked_lrbuf",
                      "neuron_sgd_lrbuf", "neuron_flag_nonfinite", "neuron_dropout_mask_keybuf",
-                     "neuron_bf16_encode", "neuron_bf16_decode"):
+                     "neuron_bf16_encode", "neuron_bf16_decode", "neuron_to_low_bf16",
+                     "neuron_to_f32_fp16", "neuron_xent_grad_bf16", "neuron_unscale_f32"):
         assert expected in names
     assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
 

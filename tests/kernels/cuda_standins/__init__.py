@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 
-from neuron.kernels import conv_algos, cuda, cuda_helpers, cuda_pool, cuda_raw, cudnn
+from neuron.kernels import conv_algos, cuda, cuda_helpers, cuda_low, cuda_pool, cuda_raw, cudnn
 
 from .cudnn_ops import CudnnStandIn, Desc
 from .cupy_arrays import CupyStandIn, DevArray, ElementwiseKernel, have_compiler
@@ -42,7 +42,7 @@ __all__ = ["CUDARuntimeError", "CudnnStandIn", "CupyStandIn", "Desc", "DevArray"
            "have_compiler", "install", "launch", "log_streams", "memory_snapshot", "uninstall"]
 
 KERNEL_CACHES = [getattr(cuda_raw, n) for n in dir(cuda_raw) if n.startswith("_k_")] + \
-    [cuda._k_any_nonfinite]
+    [cuda._k_any_nonfinite, *cuda_low.KERNEL_CACHES]
 
 
 def install(monkeypatch, build_dir):
@@ -50,7 +50,7 @@ def install(monkeypatch, build_dir):
     cuDNN stand-in."""
     ElementwiseKernel.build_dir = build_dir
     cp, dnn = CupyStandIn(), CudnnStandIn()
-    for mod in (cuda_raw, cuda_helpers, cuda, cuda_pool):
+    for mod in (cuda_raw, cuda_helpers, cuda, cuda_pool, cuda_low):
         monkeypatch.setattr(mod, "_cp", lambda: cp)
     for mod in (cuda, cuda_pool, cuda_helpers, conv_algos):
         monkeypatch.setattr(mod, "dnn", dnn)

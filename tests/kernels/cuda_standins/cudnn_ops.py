@@ -1,4 +1,8 @@
-"""The cuDNN stand-in (the ``dnn`` namespace): each operation done with numpy_ref's arithmetic."""
+"""The cuDNN stand-in (the ``dnn`` namespace): each operation done with numpy_ref's arithmetic.
+
+Mixed precision: tensors of a 2-byte type (bfloat16, float16) are read as float32, computed in
+float32 and rounded once where the result is stored (cuDNN with a float compute type); BatchNorm
+takes float32 scale, bias and statistics with them."""
 from __future__ import annotations
 
 import ctypes
@@ -31,6 +35,25 @@ def _at(desc, ptr):
     return np.ndarray(shape, dtype, buffer=buf, strides=strides)
 
 
+def _is_low(a) -> bool:
+    return a is not None and a.dtype.itemsize == 2 and a.dtype.name in ("bfloat16", "float16")
+
+
+def _f(a):
+    """A low-precision array read as float32 (exact); anything else itself."""
+    return a.astype(np.float32) if _is_low(a) else a
+
+
+def _tmp(a):
+    """Where a kernel computes an output ``a``: float32 for a low type, else ``a`` itself."""
+    return np.empty(a.shape, np.float32) if _is_low(a) else a
+
+
+def _store(out, r):
+    if r is not out:
+        out[...] = r.astype(out.dtype)
+
+
 def _channels(desc, ptr):
     a = _at(desc, ptr)
     return None if a is None else a.reshape(-1)
@@ -38,11 +61,14 @@ def _channels(desc, ptr):
 
 def _blend(out, result, alpha=1.0, beta=0.0):
     """cuDNN's out = alpha * result + beta * out (beta 0: out is not read, NaN or not)."""
-    r = result if alpha == 1.0 else alpha * result
+    r = _f(result)
+    r = r if alpha == 1.0 else alpha * r
     if beta == 0.0:
-        out[...] = r
+        out[...] = r.astype(out.dtype) if _is_low(out) else r
     else:
-        out[...] = r + (out if beta == 1.0 else beta * out)
+        o = _f(out)
+        r = r + (o if beta == 1.0 else beta * o)
+        out[...] = r.astype(out.dtype) if _is_low(out) else r
 
 
 class CudnnStandIn:
@@ -51,6 +77,7 @@ class CudnnStandIn:
 
     def __init__(self):
         self.calls = []
+        self.dtypes = []            # (kind, x, w, y dtypes, compute type) of each convolution
 
     def __getattr__(self, name):
         return getattr(cudnn, name)            # constants, ALGO_NAMES, AlgoPerf
@@ -70,7 +97,8 @@ class CudnnStandIn:
         return Desc("tensor", shape=(1, int(channels), 1, 1), dtype=np.dtype(dtype), strides=None)
 
     def convolution_descriptor(self, padding, stride, dilation, groups, dtype):
-        return Desc("conv", padding=padding, stride=stride, dilation=dilation, groups=groups)
+        return Desc("conv", padding=padding, stride=stride, dilation=dilation, groups=groups,
+                    dtype=np.dtype(dtype))
 
     def pooling_descriptor(self, mode, window, padding, stride, nan=None):
         return Desc("pool", mode=mode, window=window, padding=padding, stride=stride)
@@ -114,7 +142,9 @@ class CudnnStandIn:
     def convolution_forward(self, h, xd, x, wd, w, cd, algo, ws, ws_bytes, yd, y, alpha=1.0,
                             beta=0.0):
         x, w, y = _at(xd, x), _at(wd, w), _at(yd, y)
-        r = np.empty(y.shape, y.dtype)
+        self.dtypes.append(("fwd", x.dtype, w.dtype, y.dtype, cd.dtype))
+        x, w = _f(x), _f(w)
+        r = np.empty(y.shape, x.dtype)
         numpy_ref.conv2d_forward(x, w, None, r, *self._conv(cd),
                                  self._ws(x.shape, w.shape, cd, x.dtype))
         _blend(y, r, alpha, beta)
@@ -122,25 +152,31 @@ class CudnnStandIn:
     def convolution_backward_data(self, h, wd, w, dyd, dy, cd, algo, ws, ws_bytes, dxd, dx,
                                   alpha=1.0, beta=0.0):
         w, dy, dx = _at(wd, w), _at(dyd, dy), _at(dxd, dx)
-        r = np.empty(dx.shape, dx.dtype)
+        w, dy = _f(w), _f(dy)
+        r = np.empty(dx.shape, dy.dtype)
         numpy_ref.conv2d_backward(np.zeros_like(r), w, dy, r, None, None, *self._conv(cd),
-                                  self._ws(dx.shape, w.shape, cd, dx.dtype))
+                                  self._ws(dx.shape, w.shape, cd, dy.dtype))
         _blend(dx, r, alpha, beta)
 
     def convolution_backward_filter(self, h, xd, x, dyd, dy, cd, algo, ws, ws_bytes, wd, dw,
                                     alpha=1.0, beta=0.0):
         x, dy, dw = _at(xd, x), _at(dyd, dy), _at(wd, dw)
-        r = np.empty(dw.shape, dw.dtype)
+        assert x.dtype == dy.dtype == dw.dtype, \
+            f"cuDNN backward filter: x {x.dtype}, dy {dy.dtype}, dw {dw.dtype} must agree"
+        x, dy = _f(x), _f(dy)
+        r = np.empty(dw.shape, x.dtype)
         numpy_ref.conv2d_backward(x, np.zeros_like(r), dy, None, r, None, *self._conv(cd),
                                   self._ws(x.shape, dw.shape, cd, x.dtype))
         _blend(dw, r, alpha, beta)
 
     def convolution_backward_bias(self, h, dyd, dy, bd, db, alpha=1.0, beta=0.0):
         dy, db = _at(dyd, dy), _channels(bd, db)
-        _blend(db, dy.sum(axis=(0, 2, 3)), alpha, beta)
+        assert dy.dtype == db.dtype, f"cuDNN backward bias: dy {dy.dtype}, db {db.dtype}"
+        _blend(db, _f(dy).sum(axis=(0, 2, 3)), alpha, beta)
 
     def add_tensor(self, h, ad, a, cd, c, alpha=1.0, beta=1.0):
         a, c = _at(ad, a), _at(cd, c)
+        a = _f(a)
         _blend(c, np.broadcast_to(a, c.shape) if alpha == 1.0 else alpha * a, 1.0, beta)
 
     # batch normalization -----------------------------------------------------------------
@@ -148,29 +184,46 @@ class CudnnStandIn:
                                    sm, si, mode=None):
         rm, rv = _channels(bd, rm), _channels(bd, rv)
         assert (rm is None) == (rv is None), "cuDNN updates both running statistics or neither"
-        numpy_ref.batchnorm_forward_train(_at(xd, x), _channels(bd, scale),
-                                          _channels(bd, bias), _at(yd, y), rm, rv,
+        y = _at(yd, y)
+        self._bn_types(xd, yd, bd)
+        r = _tmp(y)
+        numpy_ref.batchnorm_forward_train(_f(_at(xd, x)), _channels(bd, scale),
+                                          _channels(bd, bias), r, rm, rv,
                                           _channels(bd, sm), _channels(bd, si), factor, eps,
                                           rm is not None)
+        _store(y, r)
 
     def batchnorm_forward_inference(self, h, xd, x, yd, y, bd, scale, bias, mean, var, eps,
                                     mode=None):
-        numpy_ref.batchnorm_forward_infer(_at(xd, x), _channels(bd, scale), _channels(bd, bias),
-                                          _at(yd, y), _channels(bd, mean), _channels(bd, var),
-                                          eps)
+        y = _at(yd, y)
+        self._bn_types(xd, yd, bd)
+        r = _tmp(y)
+        numpy_ref.batchnorm_forward_infer(_f(_at(xd, x)), _channels(bd, scale),
+                                          _channels(bd, bias), r, _channels(bd, mean),
+                                          _channels(bd, var), eps)
+        _store(y, r)
 
     def batchnorm_backward(self, h, xd, x, dyd, dy, dxd, dx, bd, scale, dscale, dbias, eps,
                            sm, si, mode=None, beta_data=0.0):
-        x, dy, dx = _at(xd, x), _at(dyd, dy), _at(dxd, dx)
+        self._bn_types(xd, dyd, bd)
+        x, dy, dx = _f(_at(xd, x)), _f(_at(dyd, dy)), _at(dxd, dx)
         sm, si = _channels(bd, sm), _channels(bd, si)
         if sm is None:              # cuDNN recomputes the statistics from x
             axes = (0, 2, 3) if x.ndim == 4 else (0,)
             sm = x.mean(axis=axes)
             si = 1.0 / np.sqrt(x.var(axis=axes) + eps)
-        r = np.empty(dx.shape, dx.dtype)
+        r = np.empty(dx.shape, x.dtype)
         numpy_ref.batchnorm_backward(x, dy, _channels(bd, scale), sm, si, r,
                                      _channels(bd, dscale), _channels(bd, dbias), eps)
         _blend(dx, r, 1.0, beta_data)
+
+    @staticmethod
+    def _bn_types(xd, yd, bd):
+        """cuDNN's rule: scale, bias and statistics are float for half and bfloat16 data."""
+        x, y, p = np.dtype(xd.dtype), np.dtype(yd.dtype), np.dtype(bd.dtype)
+        assert x == y, f"cuDNN batchnorm: x {x} and y {y} differ"
+        want = np.float64 if x == np.float64 else np.float32
+        assert p == want, f"cuDNN batchnorm: {x} data takes {np.dtype(want)} parameters, got {p}"
 
     # pooling, activations, softmax, LRN --------------------------------------------------
     @staticmethod
@@ -185,26 +238,36 @@ class CudnnStandIn:
         else:
             assert pd.mode in (cudnn.CUDNN_POOLING_MAX, cudnn.CUDNN_POOLING_MAX_DETERMINISTIC)
             f = numpy_pool.maxpool_forward
-        f(_at(xd, x), _at(yd, y), pd.window, pd.stride, pd.padding)
+        y = _at(yd, y)
+        r = _tmp(y)
+        f(_f(_at(xd, x)), r, pd.window, pd.stride, pd.padding)
+        _store(y, r)
 
     def pooling_backward(self, h, pd, yd, y, dyd, dy, xd, x, dxd, dx, beta=0.0):
         self._pool_floor_shape(pd, xd, yd)
         assert pd.mode in (cudnn.CUDNN_POOLING_MAX, cudnn.CUDNN_POOLING_MAX_DETERMINISTIC)
-        numpy_pool.maxpool_backward(_at(xd, x), _at(yd, y), _at(dyd, dy), _at(dxd, dx),
+        dx = _at(dxd, dx)
+        r = _f(dx).copy() if _is_low(dx) else dx
+        numpy_pool.maxpool_backward(_f(_at(xd, x)), _f(_at(yd, y)), _f(_at(dyd, dy)), r,
                                     pd.window, pd.stride, pd.padding, accumulate=beta == 1.0)
+        _store(dx, r)
 
     def activation_forward(self, h, ad, xd, x, yd, y):
+        y = _at(yd, y)
+        r = _tmp(y)
         {cudnn.CUDNN_ACTIVATION_RELU: numpy_ref.relu_forward,
          cudnn.CUDNN_ACTIVATION_SIGMOID: numpy_ref.sigmoid_forward,
-         cudnn.CUDNN_ACTIVATION_TANH: numpy_ref.tanh_forward}[ad.mode](_at(xd, x), _at(yd, y))
+         cudnn.CUDNN_ACTIVATION_TANH: numpy_ref.tanh_forward}[ad.mode](_f(_at(xd, x)), r)
+        _store(y, r)
 
     def activation_backward(self, h, ad, yd, y, dyd, dy, xd, x, dxd, dx, beta=0.0):
         assert ad.mode == cudnn.CUDNN_ACTIVATION_RELU, "only ReLU's backward is cuDNN's"
-        x, dy, dx = _at(xd, x), _at(dyd, dy), _at(dxd, dx)
+        x, dy, dx = _f(_at(xd, x)), _f(_at(dyd, dy)), _at(dxd, dx)
         _blend(dx, np.where(x > 0, dy, np.zeros((), dy.dtype)), 1.0, beta)  # cuDNN: x > 0
 
     def softmax_forward(self, h, xd, x, yd, y, algo=None, mode=None):
         x = _at(xd, x)
+        assert not _is_low(x), "the softmax of the loss runs in float32"
         numpy_ref.softmax_xent_forward(x, np.zeros(x.shape[0], np.int64), _at(yd, y))
 
     def lrn_forward(self, h, ld, xd, x, yd, y):

@@ -39,6 +39,8 @@ class DevArray(np.ndarray):
     def __new__(cls, shape, dtype=np.float32, memptr=None):
         dtype = np.dtype(dtype)
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        if memptr is None:              # cupy.ndarray(shape, dtype): fresh memory
+            return np.empty(shape, dtype).view(cls)
         n = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
         buf = (ctypes.c_char * n).from_address(memptr.ptr)
         a = np.ndarray.__new__(cls, shape, dtype, buffer=buf)

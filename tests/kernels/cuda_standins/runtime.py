@@ -266,7 +266,8 @@ class _Runtime:
 
     @staticmethod
     def getDeviceProperties(i):
-        return {"name": b"NVIDIA H100 stand-in", "totalGlobalMem": 16 << 30}
+        return {"name": b"NVIDIA H100 stand-in", "totalGlobalMem": 16 << 30, "major": 9,
+                "minor": 0}
 
     @staticmethod
     def runtimeGetVersion():
