@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The GPU contact kit: verify and measure neuron's whole GPU path in stages.
 #
-#   bash bench/gpu/contact.sh OUTDIR STAGE...|first|second|all
+#   bash bench/gpu/contact.sh OUTDIR STAGE...|first|second|third|all
 #
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
 #   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
 #                                           # cublas"), deepest (Table-4 ResNet 4,292 at batch
 #                                           # 16 in 12 GiB, graph replay), throughput (neuron
 #                                           # eager and graph vs PyTorch, fp32 and TF32)
-#   bash bench/gpu/contact.sh $OUT second   # the rest, <= 9.5 min: codec_tests,
-#                                           # mixed_tests (tests/gpu/test_cuda_mixed.py),
-#                                           # throughput_mixed (ResNet-50 b128 bf16/fp16 vs
-#                                           # PyTorch autocast, NCHW and channels_last),
-#                                           # pressure, deepest_offload, nccl, simulator
+#   bash bench/gpu/contact.sh $OUT second   # <= 8 min: mixed_tests (tests/gpu/
+#                                           # test_cuda_mixed.py), throughput_mixed (ResNet-50
+#                                           # b128 bf16/fp16 vs PyTorch autocast, NCHW and
+#                                           # channels_last), pressure; its first two fit the
+#                                           # minutes left after `first` (deadline 240 s)
+#   bash bench/gpu/contact.sh $OUT third    # <= 8 min: codec_tests, deepest_offload, nccl,
+#                                           # simulator
 # then, here: python -m bench.gpu.import_results <the fetched folders or tarballs>
 # Other stages: env install tests models pool confirm ("all": every stage, a long session).
 #
@@ -27,14 +29,14 @@
 # the kit's own logic on the CPU at tiny sizes (tests/bench/test_gpu_contact.py does);
 # TIMEOUT_<STAGE> (seconds) overrides a stage's limit, ARGS_<STAGE> adds arguments to it;
 # NEURON_KIT_DEADLINE_S caps the whole
-# command (default 480 for first, 570 for second): a stage gets at most what is left of it and
+# command (default 480 for each of first, second, third): a stage gets at most what is left of it and
 # none starts with under 20 s left, so the command ends before the device call's own limit.
 # NEURON_SOURCE_COMMIT=<sha> names the code's commit where the machine's .git is stale.
 set -u
 cd "$(dirname "$0")/../.."
 
 if [ $# -lt 2 ]; then
-    echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (first, second, all, or stages: env" \
+    echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (first, second, third, all, or stages: env" \
          "install tests models throughput throughput_mixed deepest replay_tests codec_tests" \
          "mixed_tests pressure" \
          "deepest_offload pool confirm simulator nccl)" >&2
@@ -42,14 +44,17 @@ if [ $# -lt 2 ]; then
 fi
 OUTDIR=$1; shift
 FIRST=(replay_tests deepest throughput)
-SECOND=(codec_tests mixed_tests throughput_mixed pressure deepest_offload nccl simulator)
+SECOND=(mixed_tests throughput_mixed pressure)
+THIRD=(codec_tests deepest_offload nccl simulator)
 STAGES=()
 DEFAULT_DEADLINE=
 for a in "$@"; do
     case $a in
         first)  STAGES+=("${FIRST[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-480} ;;
-        second) STAGES+=("${SECOND[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-570} ;;
-        all)    STAGES+=(env install tests models "${FIRST[@]}" "${SECOND[@]}" pool confirm) ;;
+        second) STAGES+=("${SECOND[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-480} ;;
+        third)  STAGES+=("${THIRD[@]}"); DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-480} ;;
+        all)    STAGES+=(env install tests models "${FIRST[@]}" "${SECOND[@]}" "${THIRD[@]}"
+                         pool confirm) ;;
         *)      STAGES+=("$a") ;;
     esac
 done
@@ -68,9 +73,7 @@ T_START=$(date +%s)
 
 # default limits (seconds); first: 60 + 230 + 280 = 570, cut by its 480 s deadline (throughput,
 # last, gets what is left: each configuration is saved as it finishes); second:
-# 45 + 90 + 150 + 200 + 170 + 100 + 150 = 905, cut by its 570 s deadline (the stages after
-# deepest_offload, last, get what is left: run `second` again with only them, or pass
-# NEURON_KIT_DEADLINE_S, when a session has the minutes)
+# 90 + 150 + 200 = 440; third: 45 + 170 + 100 + 150 = 465 (simulator, last, gets what is left)
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
                   [throughput_mixed]=150 [mixed_tests]=90
                   [replay_tests]=60 [codec_tests]=45 [pressure]=200 [deepest_offload]=170

@@ -368,19 +368,22 @@ def test_a_command_deadline_stops_starting_stages(tmp_path):
 
 
 def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
-    """Every stage of `first` and `second` on the CPU through the driver, then the importer's
-    contracts from what they wrote: throughput.json, deepest_gpu.json, pressure.json."""
+    """Every stage of `first`, `second` and `third` on the CPU through the driver, then the
+    importer's contracts from what they wrote: throughput.json, deepest_gpu.json,
+    pressure.json."""
     pytest.importorskip("torch")
     env = dict(os.environ, NEURON_CONTACT_DEVICE="cpu", NEURON_CONTACT_SMOKE="1",
                PYTHON=sys.executable, NEURON_KIT_DEADLINE_S="900")
     out = tmp_path / "out"
-    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(out), "first", "second"],
+    r = subprocess.run(["bash", os.path.join(KIT, "contact.sh"), str(out), "first", "second",
+                        "third"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
-    summary = json.loads((out / "summary-first-second.json").read_text())
+    summary = json.loads((out / "summary-first-second-third.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
-    assert list(got) == ["replay_tests", "deepest", "throughput", "codec_tests", "mixed_tests",
-                         "throughput_mixed", "pressure", "deepest_offload", "nccl", "simulator"]
+    assert list(got) == ["replay_tests", "deepest", "throughput", "mixed_tests",
+                         "throughput_mixed", "pressure", "codec_tests", "deepest_offload", "nccl",
+                         "simulator"]
     for name, st in got.items():
         assert st["ran"], (name, st["verdict"])
         assert st["verdict"].startswith("RAN, "), st["verdict"]
