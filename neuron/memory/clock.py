@@ -254,7 +254,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
     if deferred:
         rep.allreduce_s, rep.allreduce_calls = comm_busy, len(bucket_end)
         rep.makespan_s = max(end, comm_free)
-        rep.allreduce_exposed_s = comm_wait + rep.makespan_s - end
+        # never more than the all-reduces take (all exposed: equal but for rounding)
+        rep.allreduce_exposed_s = min(comm_busy, comm_wait + rep.makespan_s - end)
     elif dp and grads:
         comm_end, rep.allreduce_s, rep.allreduce_calls = _comm_stream(grads, comm, tl)
         rep.makespan_s = max(end, comm_end)
