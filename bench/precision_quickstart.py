@@ -1,6 +1,6 @@
 """The README's quick start at each precision, on the CPU: test accuracy at bf16 against fp32
 (issue 38's target: within 1 point), wall clock, img/s. Trained, not planned: the CPU reference
-(mixed_cpu.py) runs every kernel on float32 copies of 2-byte tensors, so it is slower than fp32
+(precision/mixed_cpu.py) runs every kernel on float32 copies of 2-byte tensors, so it is slower than fp32
 there; its speed says nothing about a GPU's.
 
     python bench/precision_quickstart.py                       # fp32 and bf16, ~6 minutes

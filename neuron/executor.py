@@ -33,8 +33,8 @@ from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
 from .precision import Precision, get_precision
-from .loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
-from . import mixed_cpu
+from .precision.loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
+from .precision import mixed_cpu
 from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, nonfinite_input, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
@@ -94,9 +94,9 @@ class Executor:
     once and its device operations replayed, neuron/tape.py), "graph" (the tape as one CUDA
     graph); None: the device's (tape on the CPU, graph on a GPU). The bits of "off" (on a GPU
     with deterministic algorithms: otherwise eager runs differ among themselves too).
-    precision: fp32 | tf32 | bf16 | fp16 (precision.py): which tensors are stored in a 2-byte
+    precision: fp32 | tf32 | bf16 | fp16 (neuron/precision): which tensors are stored in a 2-byte
     type; ``dtype`` stays the master dtype (parameters, optimizer state, statistics). fp16
-    trains with dynamic loss scaling (``loss_scaler``, loss_scale.py).
+    trains with dynamic loss scaling (``loss_scaler``, precision/loss_scale.py).
     prefetch_ahead: how many steps ahead tensors on the host are prefetched (1: the next
     step's reads, as the SuperNeurons runtime does; N: up to N steps, as far as the arena's
     free bytes allow without any step before the reader evicting), or "auto": as far as that
@@ -393,7 +393,7 @@ class Executor:
     def _native_mixed(self) -> bool:
         """Whether the device's kernels take 2-byte feature maps themselves (CudaDevice), so
         that mixed precision calls the layers as float32 does, instead of through the CPU
-        reference's casts around each kernel (mixed_cpu.py)."""
+        reference's casts around each kernel (precision/mixed_cpu.py)."""
         return self.precision.mixed and getattr(self.device, "native_mixed", False)
 
     def _check_precision(self) -> None:
@@ -577,7 +577,7 @@ class Executor:
 
     def _scaled_run(self, undo, ctx) -> None:
         """The guarded step; fp16: a gradient overflow skips it (undone whole, the batch spent)
-        and shrinks the loss scale, a good step may grow it (loss_scale.py)."""
+        and shrinks the loss scale, a good step may grow it (precision/loss_scale.py)."""
         scaler = self.loss_scaler
         if scaler is None:
             return self._guarded_run(undo, ctx)

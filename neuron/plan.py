@@ -288,7 +288,7 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         "host_peak_bytes": run.get("host_peak_bytes") if fits else None,
         "bytes_by_kind": run.get("bytes_by_kind_at_peak") if fits else None,
         "precision": ex.precision.name,
-        # each tensor at its own type (precision.py); workspaces are in bytes_by_kind
+        # each tensor at its own type (neuron/precision); workspaces are in bytes_by_kind
         "bytes_by_dtype": run.get("bytes_by_dtype_at_peak") if fits else None,
         "tensor_bytes_by_dtype": tensor_bytes_by_dtype(ex),
         "num_steps": len(ex.steps), "num_layers": len(ex.train_graph.route),

@@ -36,7 +36,7 @@ class Device:
         pass
 
     def precision_missing(self, precision: str) -> str | None:
-        """None when this device runs ``precision`` (precision.py), else what it lacks. Here:
+        """None when this device runs ``precision`` (neuron/precision), else what it lacks. Here:
         float32 only (a device's kernels take its master dtype; mixed precision needs its
         kernels to read and write 2-byte types)."""
         if precision == "fp32":

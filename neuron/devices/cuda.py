@@ -721,7 +721,7 @@ class CudaDevice(Device):
     def wait(event) -> None:
         event.synchronize()
 
-    # ---- precision (precision.py) -------------------------------------------------------------
+    # ---- precision (neuron/precision) ----------------------------------------------------------
     #: mixed precision runs natively: the layers' kernels take the 2-byte feature maps
     #: (kernels/cuda.py, cuda_low.py) instead of the CPU reference's casts around each kernel
     native_mixed = True

@@ -129,7 +129,7 @@ MIN_CAPABILITY = {"fp16": (5, 3), "bf16": (8, 0)}
 
 def precision_missing(precision: str, capability: tuple[int, int],
                       bf16_arrays: str | None = None) -> str | None:
-    """None when a GPU of ``capability`` (major, minor) runs ``precision`` (precision.py),
+    """None when a GPU of ``capability`` (major, minor) runs ``precision`` (neuron/precision),
     else what is missing, in one line. ``bf16_arrays``: why CuPy cannot hold bfloat16 arrays
     (None: it can), for bf16."""
     need = MIN_CAPABILITY.get(precision)

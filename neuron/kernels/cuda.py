@@ -27,14 +27,14 @@ Pooling and LRN live in :mod:`neuron.kernels.cuda_pool` and the helpers the kern
 share in :mod:`neuron.kernels.cuda_helpers`; this module re-exports them, so it stays the one
 namespace a CUDA device's layers call (as numpy_ref is for the CPU).
 
-Mixed precision (bf16, fp16: neuron/precision.py). Feature maps, their gradients and the
+Mixed precision (bf16, fp16: neuron/precision). Feature maps, their gradients and the
 low-precision copies of convolution and linear weights arrive in the 2-byte type; cuDNN takes
 them with a float compute type and tensor-op math, cuBLAS through cublasGemmEx with float32
 accumulation, BatchNorm with float32 scale, bias and statistics, and every elementwise kernel is
 :mod:`neuron.kernels.cuda_low`'s (float32 arithmetic, rounded once where it stores). Where a
 float32 master receives what a low-type kernel makes (a weight or bias gradient), the kernel
 writes a low-type buffer (carved from the step's workspace) that is then copied into the
-float32 gradient, as the CPU reference (neuron/mixed_cpu.py) rounds those gradients to the low
+float32 gradient, as the CPU reference (neuron/precision/mixed_cpu.py) rounds those gradients to the low
 type. Raw kernels written for float32 (LRN, sigmoid/tanh/leaky-ReLU backward, ceil-mode pools)
 run on float32 temporaries, and so does any cuDNN operation a build refuses in the low type. The loss reads its logits as
 float32 (a temporary) and rounds its logit gradient, times fp16's loss scale, once.
@@ -777,7 +777,7 @@ def nonfinite_flag_update(flag, a):
 
 
 def unscale_gradient(grad, inv_scale, flag, overflow):
-    """fp16 loss scaling (neuron/loss_scale.py) on the device: grad *= inv_scale; a gradient
+    """fp16 loss scaling (neuron/precision/loss_scale.py) on the device: grad *= inv_scale; a gradient
     that is inf or NaN sets ``overflow`` and the step guard's ``flag``, read once per step."""
     cuda_low.unscale(grad, inv_scale, flag, overflow)
 

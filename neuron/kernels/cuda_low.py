@@ -9,7 +9,7 @@ compiles them with CuPy's headers alone), CuPy's own bfloat16 support is not rel
 holding the arrays, and the CPU stand-ins compile the very same source with g++.
 
 Arithmetic is float32 and each result is rounded to the low type once, where it is stored: what
-cuDNN does with a float compute type, and what neuron/mixed_cpu.py (the CPU reference) does.
+cuDNN does with a float compute type, and what neuron/precision/mixed_cpu.py (the CPU reference) does.
 Compiled on first use, one kernel per low type (functools.cache); neuron.kernels.cuda calls them.
 """
 from __future__ import annotations
@@ -256,7 +256,7 @@ def bias_rows(t, b, y) -> None:
 
 def col_sums(dy, db, accumulate=False) -> None:
     """db (float32) = the column sums of dy (low, rows x cols), rounded through the low type
-    (the gradient of a low-precision bias: neuron/mixed_cpu.py); ``accumulate`` adds them to
+    (the gradient of a low-precision bias: neuron/precision/mixed_cpu.py); ``accumulate`` adds them to
     db first, the sum rounded once."""
     rows, cols = dy.shape
     _kernels(dy, _k_rows)[3](bits(dy), np.int64(rows), np.int64(cols),

@@ -198,7 +198,7 @@ class Schedule:
 def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
                    precision: Precision = FP32, alias_gradients: bool = True) -> Schedule:
     """``dtype``: the master dtype (parameters, optimizer state, statistics); ``precision``
-    (precision.py) says which tensors are stored in its low type instead.
+    (neuron/precision) says which tensors are stored in its low type instead.
     ``alias_gradients``: an Add's input gradient may be its output gradient's tensor
     (memory/aliasing.py); False: every gradient a tensor of its own (the papers' baseline)."""
     dtype = np.dtype(dtype)

@@ -15,7 +15,7 @@ class Kind(enum.Enum):
     OPT_STATE = "opt_state"
     WORKSPACE = "workspace"
     AUX = "aux"
-    # mixed precision (precision.py): a step's low-precision copy of the parameters its
+    # mixed precision (neuron/precision): a step's low-precision copy of the parameters its
     # layer reads, cast from the master weights at that step and freed after it
     PARAM_COPY = "param_copy"
 
@@ -40,7 +40,7 @@ class TensorInfo:
         self.byte_offset = 0
         self.members: tuple = ()
         self.parts: tuple = ()          # a block's bytes by kind index, for accounting
-        # the byte reports count each tensor at its own type (precision.py): a block's
+        # the byte reports count each tensor at its own type (neuron/precision): a block's
         # bytes by its members' dtype names, else this tensor's dtype name
         self.dtype_name = dtype.name
         self.dtype_parts: tuple = ()

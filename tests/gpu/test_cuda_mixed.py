@@ -1,4 +1,4 @@
-"""GPU: bf16 and fp16 mixed precision on CudaDevice against the CPU reference (neuron/mixed_cpu.py)
+"""GPU: bf16 and fp16 mixed precision on CudaDevice against the CPU reference (neuron/precision/mixed_cpu.py)
 from the same weights and data, and the CUDA graph of a bf16 step replaying eager's bits.
 tests/kernels/test_cuda_mixed_on_standins.py checks the same code path on the CPU stand-ins,
 where both sides sum in numpy_ref's order; here cuDNN's and cuBLAS's own summation order (and

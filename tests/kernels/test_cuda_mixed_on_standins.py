@@ -1,6 +1,6 @@
 """bf16 and fp16 mixed precision on the GPU code path (CudaDevice, neuron/kernels/cuda.py and
 cuda_low.py, cuBLAS/cuDNN wrappers) run on the CPU stand-ins, against the CPU reference
-(neuron/mixed_cpu.py) from the same weights and data.
+(neuron/precision/mixed_cpu.py) from the same weights and data.
 
 The two paths round at the same places (each feature map, weight copy and weight gradient once,
 to the low type; the loss in float32). On the stand-ins the arithmetic under the roundings is
@@ -146,7 +146,7 @@ def test_a_layer_in_the_wrong_type_fails_the_tolerance(gpu_kernels, precision, m
     """The reference with one convolution reading its float32 master weights (no low-type
     copy: that layer computes as float32 would), then with the cast layers' weight gradients
     left unrounded, both differ from the CUDA path by more than TOL."""
-    from neuron import mixed_cpu
+    from neuron.precision import mixed_cpu
     from neuron.precision import Precision
     data = _data()
     gpu = _on_cuda(precision, data)
@@ -272,7 +272,7 @@ def test_a_cudnn_that_refuses_bf16_batchnorm_runs_it_in_float32(gpu_kernels, mon
 def test_fp16_overflow_without_the_step_guard_raises(gpu_kernels):
     """Executor.transactional = False: no undo record, so an overflow is not skipped but named
     (as the CPU path raises mid-step), never applied silently."""
-    from neuron.loss_scale import GradientOverflow
+    from neuron.precision.loss_scale import GradientOverflow
     dev = _cuda_device()
     try:
         ex = Executor(resnet(), BATCH, device=dev, seed=1, precision="fp16",

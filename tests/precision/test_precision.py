@@ -1,4 +1,4 @@
-"""precision.py: which tensor is stored in which type, as planned (VirtualDevice) and reported."""
+"""neuron/precision: which tensor is stored in which type, as planned (VirtualDevice) and reported."""
 import numpy as np
 import pytest
 

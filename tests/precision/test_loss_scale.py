@@ -1,9 +1,9 @@
-"""loss_scale.py: fp16's dynamic loss scaling, alone and in the executor (CPU, NumPy float16)."""
+"""precision/loss_scale.py: fp16's dynamic loss scaling, alone and in the executor (CPU, NumPy float16)."""
 import numpy as np
 import pytest
 
 import neuron as nn
-from neuron.loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
+from neuron.precision.loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
 from neuron.models import build_model
 
 

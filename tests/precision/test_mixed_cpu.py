@@ -1,4 +1,4 @@
-"""mixed_cpu.py: bf16 training on the CPU against PyTorch's CPU autocast, from the same weights
+"""precision/mixed_cpu.py: bf16 training on the CPU against PyTorch's CPU autocast, from the same weights
 and data (the torch modules of tests/models/test_models_torch_reference.py, whose state-dict
 names are neuron's), and the checkpoints of a mixed-precision run.
 
@@ -37,7 +37,7 @@ F = torch.nn.functional
 pytest.importorskip("ml_dtypes")
 
 # the torch references live beside the model tests (tests/models)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "models"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "models"))
 from test_models_torch_reference import _torch_densenet, _torch_resnet  # noqa: E402
 
 LOGITS_TOL = 1e-4
