@@ -38,7 +38,7 @@ from .precision import mixed_cpu
 from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, nonfinite_input, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
-from .recording import TapeDiverged
+from .recording import TapeDiverged, per_iteration
 from .replay import MODES as REPLAY_MODES, Replay
 from .undo import UndoRecord
 
@@ -204,6 +204,7 @@ class Executor:
         self._early_blocks: list | None = None  # guard snapshots issued at a step's start
         self._k = None                      # the kernels a recorded iteration calls
         self._overflow = None               # fp16 on a native device: the overflow flag
+        self._skipped = False               # the last eager step was skipped (fp16 overflow)
 
     def _replay_for(self, mode) -> Replay | None:
         if mode is None:
@@ -221,10 +222,6 @@ class Executor:
         if self.precision.mixed and not self._native_mixed:
             r.give_up(f"precision {self.precision} casts around every kernel on the CPU: every "
                       "iteration runs it", warn=False)
-        elif self.precision.loss_scaling:
-            r.give_up(f"precision {self.precision}: the loss scale changes between steps and "
-                      "is a kernel argument, which a replay would fix: every iteration runs "
-                      "it", warn=False)
         if self.pool_class is not Pool:
             r.give_up(f"the pool is a {self.pool_class.__name__}: every iteration runs it",
                       warn=False)
@@ -557,7 +554,8 @@ class Executor:
                             log.extend(tape.pool_log)
             if replay is not None:
                 replay.last_ran = "off"
-                if tape is not None:
+                if tape is not None and not self._skipped:
+                    # (a step skipped for fp16 overflow recorded its undo too: not the program)
                     replay.finish(tape, self.pool)
             self.iteration += 1
             return loss_value(ctx.losses.get("loss"))
@@ -579,6 +577,7 @@ class Executor:
         """The guarded step; fp16: a gradient overflow skips it (undone whole, the batch spent)
         and shrinks the loss scale, a good step may grow it (precision/loss_scale.py)."""
         scaler = self.loss_scaler
+        self._skipped = False
         if scaler is None:
             return self._guarded_run(undo, ctx)
         if self._native_mixed:          # the unscale kernels' overflow flag, cleared per step
@@ -587,6 +586,7 @@ class Executor:
             self._guarded_run(undo, ctx)
         except GradientOverflow:
             scaler.overflowed()
+            self._skipped = True
         else:
             scaler.stepped()
 
@@ -673,6 +673,9 @@ class Executor:
         tape, undo = replay.tape, self._undo_record
         t0, waited = time.perf_counter(), getattr(self.device, "wait_seconds", 0.0)
         fed = self._feed(x, y, guarded=True)    # checked, written where the tape reads it
+        scaled = self.loss_scaler is not None   # fp16 (replayed on a native device only)
+        if scaled:
+            self._clear_overflow()
         graph = replay.graph_for(self.device, self._staging)
         try:
             results = replay.run(graph, self.iteration, self.device)
@@ -690,14 +693,22 @@ class Executor:
             return None
         loss = loss_value(replay.losses(tape, results).get("loss"))
         failed = None
-        if not math.isfinite(loss):
-            failed = self._loss_error(loss)
-        elif undo.nonfinite():
-            failed = self._update_error(loss)
-        if failed is not None:
-            with signals_deferred():
+        flagged = undo.nonfinite()
+        if flagged and scaled and self.device.kernels.nonfinite_flag_read(self._overflow):
+            with signals_deferred():        # fp16 overflow: skipped, undone, scale shrunk
                 undo.restore(tape.saved_before(len(tape.ops)))
-            raise self._bad_input(fed) or failed
+            self.loss_scaler.overflowed()
+        else:
+            if not math.isfinite(loss):
+                failed = self._loss_error(loss)
+            elif flagged:
+                failed = self._update_error(loss)
+            if failed is not None:
+                with signals_deferred():
+                    undo.restore(tape.saved_before(len(tape.ops)))
+                raise self._bad_input(fed) or failed
+            if scaled:
+                self.loss_scaler.stepped()
         replay.repeat_traffic(tape, self.pool)
         if self.pool.log is not None:       # the pool's event log of the recorded iteration
             self.pool.log.extend(tape.pool_log)
@@ -916,7 +927,8 @@ class Executor:
         ctx.accumulate = frozenset(i for i, _, acc in step.grad_targets if acc)
         dparams = {pname: view(g) for pname, _, g, _ in step.updates}
         if self.loss_scaler is not None and not mixed and layer.kind == "loss":
-            k = _LossScaled(k, self.loss_scaler.scale)  # fp16: scaled before rounding
+            # fp16: scaled before rounding; on a tape, the scale of each replay's own step
+            k = _LossScaled(k, per_iteration(k, _scale_of(self.loss_scaler), self.iteration))
         if mixed:
             scaler = self.loss_scaler
             mixed_cpu.backward(
@@ -935,7 +947,7 @@ class Executor:
         updates = due_updates(step)     # its own, unless deferred; and those due here
         if self.loss_scaler is not None:    # fp16: overflow skips the whole step (undone)
             if self._native_mixed:          # on the device: flagged, read once at the step's end
-                inv = 1.0 / self.loss_scaler.scale
+                inv = per_iteration(k, _inverse_scale_of(self.loss_scaler), self.iteration)
                 for _, _, g, _ in updates:
                     k.unscale_gradient(view(g), inv, undo.flag if undo is not None else
                                        self._overflow, self._overflow)
@@ -957,13 +969,22 @@ class Executor:
                 undo.check_finite([pv, *state_views])
 
 
+def _scale_of(scaler):
+    """The loss scale when a step (or its replay) runs: the scaler's, read then."""
+    return lambda iteration: float(scaler.scale)
+
+
+def _inverse_scale_of(scaler):
+    return lambda iteration: 1.0 / scaler.scale
+
+
 class _LossScaled:
     """A kernel set whose loss gradients are multiplied by fp16's loss scale in float32 before
     they are rounded to the low type (what mixed_cpu.backward's ``grad_scale`` does on the
     CPU); every other kernel is the set's own."""
 
-    def __init__(self, k, scale: float):
-        self._k, self._scale = k, float(scale)
+    def __init__(self, k, scale):
+        self._k, self._scale = k, scale     # a float, or a tape's Varying
 
     def softmax_xent_backward(self, *args, **kw):
         return self._k.softmax_xent_backward(*args, scale=self._scale, **kw)

@@ -120,8 +120,8 @@ stage_cmd() {
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
         throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes off,graph \
                         "${common[@]}" ;;
-        # mixed precision (issue 38): bf16 replayed as a graph, fp16 eagerly (its loss scale
-        # changes between steps); PyTorch under autocast in NCHW and channels_last
+        # mixed precision (issue 38): bf16 and fp16 replayed as a graph (fp16's is captured
+        # again when its loss scale changes); PyTorch under autocast in NCHW and channels_last
         throughput_mixed) local MIXED_MODES=graph
                     [ "$DEV" = cpu ] && MIXED_MODES=off     # the CPU captures no graph
                     ensure_built && "$PY" -m bench.gpu.throughput --stage throughput_mixed \

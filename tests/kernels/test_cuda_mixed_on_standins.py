@@ -230,10 +230,38 @@ def test_a_bf16_step_replays_as_tape_and_graph_with_eager_bits(gpu_kernels, reru
         assert ex.batch_buffers()["data"].dtype.name == "bfloat16"
 
 
-def test_fp16_runs_eagerly_and_says_why(gpu_kernels):
-    _, _, _, ex = _on_cuda("fp16", _data(steps=3), replay="tape")
-    r = ex.replay
-    assert r["ran"] == "off" and "loss scale" in r["eager_because"], r
+def test_an_fp16_step_replays_with_eager_bits_and_skips_overflows_as_eager_does(
+        gpu_kernels, rerun_graphs, monkeypatch):
+    """fp16 recorded and replayed as a tape and as a graph: the loss scale is read when each
+    replay runs (a graph is captured again when it changes). From a scale that overflows at
+    first (those records, which hold their own undo, are not trusted), then again in the middle
+    of the run (forced, replayed), the replays skip, undo and shrink exactly as the eager run
+    does: the same losses, scales and bits."""
+    data = _data(steps=12, seed=5)
+    runs = {}
+    for mode in ("off", "tape", "graph"):
+        dev = _cuda_device()
+        try:
+            ex = Executor(resnet(), BATCH, device=dev, seed=1, precision="fp16", replay=mode,
+                          optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
+            ex.loss_scaler.scale = 2.0 ** 19           # the first two steps overflow in fp16
+            losses, scales = [], []
+            for i, (x, y) in enumerate(data):
+                if i == 8:
+                    ex.loss_scaler.scale = 2.0 ** 40   # and these, replayed
+                losses.append(ex.train_step(x, y))
+                scales.append(ex.loss_scaler.scale)
+            runs[mode] = (losses, scales, ex.loss_scaler.skipped, ex.state_dict(), ex.replay)
+        finally:
+            dev.close()
+    losses, scales, skipped, state, _ = runs["off"]
+    assert scales[:2] == [2.0 ** 18, 2.0 ** 17] and scales[8] == 2.0 ** 39 and skipped >= 3
+    for mode in ("tape", "graph"):
+        l_m, s_m, k_m, st_m, r = runs[mode]
+        assert (l_m, s_m, k_m) == (losses, scales, skipped), mode
+        assert all(state[k].tobytes() == st_m[k].tobytes() for k in state), mode
+        assert r["ran"] == mode and r["replayed_iterations"] >= 6 and \
+            r["eager_because"] is None, r
 
 
 def test_a_cudnn_that_refuses_bf16_batchnorm_runs_it_in_float32(gpu_kernels, monkeypatch):
