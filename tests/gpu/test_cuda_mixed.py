@@ -62,9 +62,10 @@ def test_a_mixed_step_on_the_gpu_matches_the_cpu_reference(precision, monkeypatc
     assert _worst(gpu, wrong) > GPU_TOL[precision]
 
 
-def test_the_graph_of_a_bf16_step_gives_the_tapes_bits():
-    tape = _run("cuda", "bf16", replay="tape", steps=5)
-    graph = _run("cuda", "bf16", replay="graph", steps=5)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_graph_of_a_mixed_step_gives_the_tapes_bits(precision):
+    tape = _run("cuda", precision, replay="tape", steps=5)
+    graph = _run("cuda", precision, replay="graph", steps=5)
     assert graph[0] == tape[0]
     assert all(tape[2][k].tobytes() == graph[2][k].tobytes() for k in tape[2])
     assert graph[3].replay["ran"] == "graph" and graph[3].replay["eager_because"] is None
