@@ -556,17 +556,11 @@ def concat_forward(xs, y):
 def concat_backward(dy, dxs, widths=None, accumulate=()):
     if not is_low(dy):
         return numpy_ref.concat_backward(dy, dxs, widths, accumulate)
-    widths = numpy_ref.concat_widths(dy, dxs, widths)
-    if widths is None:
-        return
-    o = 0
-    for i, (d, c) in enumerate(zip(dxs, widths)):
-        if d is not None:
-            if i in accumulate:
-                cuda_low.accumulate(d, dy[:, o:o + c])
-            else:
-                cuda_low.bits(d)[...] = cuda_low.bits(dy)[:, o:o + c]
-        o += c
+    for i, d, part in numpy_ref.concat_parts(dy, dxs, widths):
+        if i in accumulate:
+            cuda_low.accumulate(d, dy[:, part])
+        else:
+            cuda_low.bits(d)[...] = cuda_low.bits(dy)[:, part]
 
 
 # ------------------------------------------------------------------------------------------

@@ -416,22 +416,29 @@ def concat_widths(dy, dxs, widths=None):
     return known
 
 
-def concat_backward(dy, dxs, widths=None, accumulate=()):
-    """dxs[i] <- (or += for i in ``accumulate``) its channel slice of dy.  None entries are
-    skipped (see concat_widths). In-place operators only, so CuPy arrays take the same code
-    (kernels/cuda.py) with no temporary."""
+def concat_parts(dy, dxs, widths=None):
+    """(i, dxs[i], its channel slice of dy's axis 1) for every dxs[i] that is not None (see
+    concat_widths): what each device's concat_backward writes where."""
     widths = concat_widths(dy, dxs, widths)
     if widths is None:
         return
     o = 0
     for i, (d, c) in enumerate(zip(dxs, widths)):
         if d is not None:
-            if i in accumulate:
-                d += dy[:, o:o + c]
-            else:
-                d[...] = dy[:, o:o + c]
+            yield i, d, slice(o, o + c)
         o += c
     assert o == dy.shape[1]
+
+
+def concat_backward(dy, dxs, widths=None, accumulate=()):
+    """dxs[i] <- (or += for i in ``accumulate``) its channel slice of dy.  None entries are
+    skipped (see concat_widths). In-place operators only, so CuPy arrays take the same code
+    (kernels/cuda.py) with no temporary."""
+    for i, d, part in concat_parts(dy, dxs, widths):
+        if i in accumulate:
+            d += dy[:, part]
+        else:
+            d[...] = dy[:, part]
 
 
 # --------------------------------------------------------------------------
