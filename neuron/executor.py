@@ -525,7 +525,7 @@ class Executor:
                 if scaled:
                     self._clear_overflow()
                 self._run(self.steps, self.frees, ctx, check_loss=self.device.computes)
-                if scaled and self.device.kernels.nonfinite_flag_read(self._overflow):
+                if scaled and self._overflowed():
                     # no undo record: the update is applied, as the CPU path raises mid-step
                     raise GradientOverflow(f"a gradient overflowed at loss scale "
                                            f"{self.loss_scaler.scale:g} (not undone: the "
@@ -596,14 +596,18 @@ class Executor:
             self._overflow = self.device.kernels.nonfinite_flag_new()
         self.device.kernels.nonfinite_flag_clear(self._overflow)
 
+    def _overflowed(self) -> bool:
+        """fp16 on a native device: read the unscale kernels' flag (after the step guard's
+        flag said something was not finite, or where there is no guard)."""
+        return bool(self.device.kernels.nonfinite_flag_read(self._overflow))
+
     def _guarded_run(self, undo, ctx) -> None:
         undo.begin(self._snapshots_at_start())
         self.undo = undo
         try:
             self._run(self.steps, self.frees, ctx, check_loss=True)
             if undo.nonfinite():        # the one read of a good step (and the loss, where
-                if self.loss_scaler is not None and self._native_mixed and \
-                        self.device.kernels.nonfinite_flag_read(self._overflow):
+                if self.loss_scaler is not None and self._native_mixed and self._overflowed():
                     raise GradientOverflow(f"a gradient overflowed at loss scale "
                                            f"{self.loss_scaler.scale:g}")
                 loss = loss_value(ctx.losses.get("loss"))   # it stayed on the device)
@@ -632,9 +636,7 @@ class Executor:
                 seen = set()
                 for step in self.steps:
                     if step.phase == "F":
-                        blocks = [t.storage for t in step.params.values()
-                                  if t.name not in self.schedule.param_grads
-                                  and t.dtype == self.dtype]
+                        blocks = [step.params[n].storage for n in self._buffers(step)]
                     elif step.phase == "B":
                         blocks = [p.storage for _, p, _, _ in due_updates(step)]
                     else:
@@ -644,6 +646,12 @@ class Executor:
                             seen.add(b.id)
                             self._early_blocks.append(b)
         return self._early_blocks
+
+    def _buffers(self, step) -> list[str]:
+        """The parameters a forward step writes in place: buffers without a gradient (BN
+        running statistics), not a step's low-precision copy of its weights."""
+        return [n for n, t in step.params.items()
+                if t.name not in self.schedule.param_grads and t.dtype == self.dtype]
 
     def _input_on_device(self) -> bool:
         """Whether the step guard checks the images (float32/64 inputs) on the device."""
@@ -694,7 +702,7 @@ class Executor:
         loss = loss_value(replay.losses(tape, results).get("loss"))
         failed = None
         flagged = undo.nonfinite()
-        if flagged and scaled and self.device.kernels.nonfinite_flag_read(self._overflow):
+        if flagged and scaled and self._overflowed():
             with signals_deferred():        # fp16 overflow: skipped, undone, scale shrunk
                 undo.restore(tape.saved_before(len(tape.ops)))
             self.loss_scaler.overflowed()
@@ -903,9 +911,7 @@ class Executor:
             k.copy(view(c), view(m))
         if step.phase != "B":
             # a training forward (not a recompute) may update buffers (BN running statistics)
-            buffers = [n for n, t in step.params.items() if t.name not in self.schedule.param_grads
-                       and t.dtype == self.dtype] \
-                if undo is not None and step.phase == "F" and step.params else ()
+            buffers = self._buffers(step) if undo is not None and step.phase == "F" else ()
             for n in buffers:
                 undo.save(step.params[n].storage)
             ctx.recompute = step.phase == "R"

@@ -49,7 +49,7 @@ class UndoRecord:
         self.kernels.nonfinite_flag_clear(self._flag)
         fences = getattr(self.pool, "fences", None)
         for block in early if fences is not None else ():
-            if self.pool.resident(block) and block.id not in self._saved_ids:
+            if self.pool.resident(block):
                 ev = self._snapshot(block, fences)
                 off = self.pool.offset[block.id]
                 fences.reading[off] = ev

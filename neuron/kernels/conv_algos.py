@@ -12,16 +12,16 @@ Per layer geometry (kind, shapes, stride/padding/dilation/groups, dtype, switche
    block now**: the request is exactly that algorithm's workspace, and the kernel, handed that
    workspace, picks the same algorithm from the same cache.
 
-Algorithms that needed more than the measuring buffer were not timed. Where a later call has
-at least twice that buffer free and cuDNN's heuristic list has an algorithm that needs more
-than the measuring buffer and fits the new one, the geometry is measured again with the larger
-buffer (:func:`wants_measurement`), so a measurement under a tight budget never holds back a
-later unbudgeted run in the same process. Without a measurement (``conv_algo_search = "heuristic"``, or no buffer of
-the full limit) the choice is cuDNN's heuristic ranking. With ``deterministic`` the choice is the
-first deterministic algorithm of the (reproducible) heuristic ranking under the *planned*
-workspace (the im2col ceiling every device plans with), so that it does not depend on the free
-memory of the moment, and two policies compute bit-identical results: the executor asks for that
-algorithm's workspace even where less is free (the pool evicts for it).
+Algorithms that needed more than the measuring buffer were not timed. Where a later call has at
+least twice that buffer free and cuDNN's heuristic list has an algorithm that needs more than
+the measuring buffer and fits the new one, the geometry is measured again with the larger buffer
+(:func:`wants_measurement`), so a measurement under a tight budget never holds back a later
+unbudgeted run in the same process. Without a measurement (``conv_algo_search = "heuristic"``,
+or no buffer of the full limit) the choice is cuDNN's heuristic ranking. With ``deterministic``
+the choice is the first deterministic algorithm of the (reproducible) heuristic ranking under
+the *planned* workspace (the im2col ceiling every device plans with), so that it does not depend
+on the free memory of the moment, and two policies compute bit-identical results: the executor
+asks for that algorithm's workspace even where less is free (the pool evicts for it).
 
 Callers that accumulate into the output (beta = 1) use :func:`choose_accumulating`: the
 measuring call overwrites the output operand, so it measures with a stand-in output in the
