@@ -5,7 +5,7 @@
 #
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
 #   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
-#                                           # cublas"), deepest (Table-4 ResNet 4,292 at batch
+#                                           # cublas or engines"), deepest (Table-4 ResNet 4,292 at batch
 #                                           # 16 in 12 GiB, graph replay), throughput (neuron
 #                                           # eager and graph vs PyTorch, fp32 and TF32)
 #   bash bench/gpu/contact.sh $OUT second   # <= 8 min: mixed_tests (tests/gpu/
@@ -71,12 +71,12 @@ LABEL=$(IFS=-; echo "$*")
 SUMMARY_LINES=()
 T_START=$(date +%s)
 
-# default limits (seconds); first: 60 + 230 + 280 = 570, cut by its 480 s deadline (throughput,
+# default limits (seconds); first: 90 + 230 + 280 = 600, cut by its 480 s deadline (throughput,
 # last, gets what is left: each configuration is saved as it finishes); second:
 # 90 + 150 + 200 = 440; third: 45 + 170 + 100 + 150 = 465 (simulator, last, gets what is left)
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
                   [throughput_mixed]=150 [mixed_tests]=90
-                  [replay_tests]=60 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
+                  [replay_tests]=90 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
                   [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100)
 
 pack() {
@@ -112,7 +112,7 @@ stage_cmd() {
         install)    "$PY" -m bench.gpu.install "${common[@]}" ;;
         tests)      ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" ;;
         replay_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
-                        --name replay_tests --paths tests/gpu -k "replay or cublas" ;;
+                        --name replay_tests --paths tests/gpu -k "replay or cublas or engines" ;;
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
         mixed_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \

@@ -169,7 +169,14 @@ def conv_choices() -> dict | None:
             "free_block_decided": sum(r["chosen_ms"] > r["fastest_ms"] for r in timed),
             "chosen_ms_sum": round(sum(r["chosen_ms"] for r in timed), 3),
             "fastest_ms_sum": round(sum(r["fastest_ms"] for r in timed), 3),
-            "algorithms": sorted({f"{r['kind']}:{r['algo']}" for r in rows}), "rows": rows}
+            "algorithms": sorted({f"{r['kind']}:{r['algo']}" for r in rows}),
+            # cuDNN's backend engine plans (cudnn_engines.py): how many calls run one, and
+            # why a geometry's engines were not timed (the first few reasons)
+            "engine_plans": sum(str(r["algo"]).startswith("engine") for r in rows),
+            "engine_skips": len(getattr(conv_algos, "engine_skips", {})),
+            "engine_skip_reasons": sorted(set(getattr(conv_algos, "engine_skips",
+                                                      {}).values()))[:5],
+            "rows": rows}
 
 
 def run_torch(name, batch, args, memory, tf32, precision=None, layout="nchw") -> dict:

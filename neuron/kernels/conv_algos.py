@@ -50,11 +50,23 @@ class ConvAlgoError(RuntimeError):
 
 
 class ConvChoice(NamedTuple):
-    algo: int
+    algo: int | str      # a legacy algorithm, or an engine plan's name
     memory: int          # workspace bytes the algorithm needs
     math_type: int       # what to set on the convolution descriptor before running it
     time: float          # ms (FindEx); -1 for heuristic choices
     source: str          # "find", "find-cached", "heuristic"
+    plan: object = None  # a cudnn_engines.EnginePlan to run instead of a legacy algorithm
+
+
+class EnginePerf(NamedTuple):
+    """A backend engine plan as one more row of a perf list (what pick_algo reads)."""
+    algo: str            # the plan's name
+    status: int
+    time: float          # ms, CUDA events (cudnn_engines.time_conv_plans)
+    memory: int
+    determinism: int
+    math_type: int       # unused: a plan carries its own
+    plan: object
 
 
 class ConvAlgoRecord(NamedTuple):
@@ -71,13 +83,16 @@ class ConvAlgoRecord(NamedTuple):
 #: one record per convolution call, for the memory trace (bounded: a long run keeps the latest)
 conv_algo_trace: deque = deque(maxlen=1 << 16)
 
-_measured: dict = {}        # geometry key -> ([AlgoPerf] from FindEx, workspace it had)
+_measured: dict = {}        # geometry key -> ([AlgoPerf/EnginePerf] timed, workspace it had)
 _heuristic: dict = {}       # geometry key -> [AlgoPerf] from Get*_v7
+#: geometry key -> why its backend engines were not timed (the kit reports these)
+engine_skips: dict = {}
 
 
 def clear_conv_algo_cache() -> None:
     _measured.clear()
     _heuristic.clear()
+    engine_skips.clear()
     conv_algo_trace.clear()
 
 
@@ -95,16 +110,19 @@ def workspace_bucket(limit_bytes: int) -> int:
     return 1 << (limit_bytes.bit_length() - 1)
 
 
-def pick_algo(perfs, limit_bytes: int, *, deterministic: bool = False, by_time: bool = True):
+def pick_algo(perfs, limit_bytes: int, *, deterministic: bool = False, by_time: bool = True,
+              plans: bool = True):
     """The best usable entry of a cuDNN perf list (AlgoPerf-like: algo, status, time, memory,
     determinism), or None.
 
-    Usable: status SUCCESS, workspace <= limit, and deterministic when asked. Best: the fastest
+    Usable: status SUCCESS, workspace <= limit, deterministic when asked, and a legacy
+    algorithm unless ``plans`` (engine plans compute with beta = 0). Best: the fastest
     measured (ties: less workspace) when ``by_time``; otherwise the first in the given order,
     which for the heuristics is cuDNN's own ranking."""
     ok = [p for p in perfs
           if p.status == dnn.CUDNN_STATUS_SUCCESS and 0 <= p.memory <= limit_bytes
-          and (not deterministic or p.determinism == dnn.CUDNN_DETERMINISTIC)]
+          and (not deterministic or p.determinism == dnn.CUDNN_DETERMINISTIC)
+          and (plans or getattr(p, "plan", None) is None)]
     if not ok:
         return None
     if by_time:
@@ -138,7 +156,7 @@ def choose_accumulating(kind, key, xd, wd, cd, yd, limit, ptrs, out_index, out_n
             stand_in[out_index] = ws[0]
             rest = (ws[0] + head, ws[1] - head)
             choose(kind, key, xd, wd, cd, yd, rest[1], tuple(stand_in), rest)
-    return choose(kind, key, xd, wd, cd, yd, limit, None, ws)
+    return choose(kind, key, xd, wd, cd, yd, limit, None, ws, plans=False)
 
 
 def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype) -> tuple:
@@ -179,10 +197,13 @@ def wants_measurement(key, limit: int) -> bool:
                and p.algo not in timed for p in _heuristic.get(key, ()))
 
 
-def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice:
+def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0), *,
+           plans: bool = True) -> ConvChoice:
     """The algorithm for one call under ``limit`` workspace bytes (see the module docstring).
     ``ptrs`` = (x, w, y) device pointers in forward naming and ``ws`` = (pointer, bytes) of the
-    workspace: with both, an unmeasured geometry is measured now."""
+    workspace: with both, an unmeasured geometry is measured now, its engine plans too where
+    ``plans`` (operands packed and aligned) and ``cuda_switches.conv_engines``; a chosen plan
+    is in the answer's ``plan``."""
     det = bool(cuda_switches.deterministic)
     mt = math_type(xd.dtype)
     cd.set_math_type(mt)
@@ -195,13 +216,15 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice
             x_ptr, w_ptr, y_ptr = ptrs
             perfs = dnn.find_algorithms(h, kind, xd, x_ptr, wd, w_ptr, cd, yd, y_ptr, ws[0],
                                         ws[1])
+            if plans and cuda_switches.conv_engines:
+                perfs = list(perfs) + engine_perfs(h, kind, key, ptrs, ws, xd.dtype)
             rec = _measured[key] = (perfs, ws[1])
             if key not in _heuristic:   # what a larger workspace would admit (wants_measurement)
                 _heuristic[key] = dnn.get_algorithms(h, kind, xd, wd, cd, yd)
             source = "find"
         if rec is not None:
             perfs = rec[0]
-            best = pick_algo(perfs, limit, by_time=True)
+            best = pick_algo(perfs, limit, by_time=True, plans=plans)
     if best is None:
         perfs = _heuristic.get(key)
         if perfs is None:
@@ -217,7 +240,34 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0)) -> ConvChoice
     # with TF32 off, run under FMA math whatever the perf row says (DEFAULT would allow TF32)
     run_math = mt if mt == dnn.CUDNN_FMA_MATH else best.math_type
     return ConvChoice(best.algo, best.memory, run_math,
-                      best.time if source != "heuristic" else -1.0, source)
+                      best.time if source != "heuristic" else -1.0, source,
+                      getattr(best, "plan", None))
+
+
+def engine_perfs(h, kind, key, ptrs, ws, dtype) -> list:
+    """The backend engine plans of a geometry that fit the workspace ``ws`` = (pointer, bytes),
+    timed on the operands at ``ptrs``, as perf rows (``dtype`` the operands': the key's text
+    form does not tell bfloat16). Never fails the step: where cuDNN cannot
+    build or run them the reason is kept in :data:`engine_skips` and the legacy algorithms
+    stay the only candidates."""
+    _, x_shape, w_shape, stride, padding, dilation = key[:6]
+    n, _, hh, ww = x_shape
+    ho, wo = conv2d_out_hw(hh, ww, w_shape[2], w_shape[3], stride, padding, dilation)
+    y_shape = (n, w_shape[0], ho, wo)
+    try:
+        plans, skipped = dnn.conv_engine_plans(
+            h, kind, x_shape, w_shape, y_shape, padding, stride, dilation, np.dtype(dtype),
+            tf32=bool(cuda_switches.allow_tf32), limit_bytes=ws[1])
+        times = dnn.time_conv_plans(h, plans, ptrs, ws[0]) if plans else []
+    except Exception as e:      # noqa: BLE001 - an engine problem must not fail the step
+        engine_skips[key] = f"{type(e).__name__}: {e}"
+        return []
+    if not plans:
+        engine_skips[key] = "; ".join(skipped) or "cuDNN's heuristics listed no engine"
+    return [EnginePerf(p.name, dnn.CUDNN_STATUS_SUCCESS if t != float("inf") else -1, float(t),
+                       p.workspace, dnn.CUDNN_DETERMINISTIC if p.deterministic
+                       else dnn.CUDNN_NON_DETERMINISTIC, -1, p)
+            for p, t in zip(plans, times)]
 
 
 def choice_report(records=None) -> list[dict]:

@@ -75,8 +75,8 @@ __all__ = list(numpy_ref.__all__) + [
 # switches
 # ------------------------------------------------------------------------------------------
 
-# deterministic, allow_tf32, conv_algo_search, trace_label: kept in cuda_switches.py (where
-# conv_algos.py and cuda_pool.py read them) and set or read here, their public home, through
+# deterministic, allow_tf32, conv_algo_search, conv_engines, trace_label: kept in
+# cuda_switches.py (where conv_algos.py and cuda_pool.py read them) and set or read here, their public home, through
 # the module class at the end of this file
 
 # ------------------------------------------------------------------------------------------
@@ -107,6 +107,12 @@ def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, 
                                             itemsize)
 
 
+def _plan_ready(*arrays) -> bool:
+    """Whether the operands fit an engine plan: packed, and aligned as its tensors declare
+    (cudnn_engines.ALIGNMENT); otherwise the legacy algorithms run."""
+    return all(a.flags.c_contiguous and _ptr(a) % dnn.ALIGNMENT == 0 for a in arrays)
+
+
 def _conv_setup(x, w, stride, padding, dilation, groups):
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     _contig(w)
@@ -120,13 +126,17 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
     xd, yd = _td(x), _td(y)
     ws_ptr, ws_bytes = aligned_workspace(workspace)
     key = conv_geometry_key("fwd", x.shape, w.shape, stride, padding, dilation, groups, x.dtype)
-    choice = _choose("fwd", key, xd, wd, cd, yd, ws_bytes, (_ptr(x), _ptr(w), _ptr(y)),
-                     (ws_ptr, ws_bytes))
+    ptrs = (_ptr(x), _ptr(w), _ptr(y))
+    choice = _choose("fwd", key, xd, wd, cd, yd, ws_bytes, ptrs, (ws_ptr, ws_bytes),
+                     plans=_plan_ready(x, w, y))
     _record("fwd", key, choice, ws_bytes)
-    cd.set_math_type(choice.math_type)
     h = _h()
-    dnn.convolution_forward(h, xd, _ptr(x), wd, _ptr(w), cd, choice.algo, ws_ptr, ws_bytes, yd,
-                            _ptr(y))
+    if choice.plan is not None:
+        dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
+    else:
+        cd.set_math_type(choice.math_type)
+        dnn.convolution_forward(h, xd, _ptr(x), wd, _ptr(w), cd, choice.algo, ws_ptr, ws_bytes,
+                                yd, _ptr(y))
     if b is not None:
         dnn.add_tensor(h, dnn.bias_descriptor(w.shape[0], b.dtype), _ptr(_contig(b)), yd, _ptr(y),
                        1.0, 1.0)
@@ -159,12 +169,15 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
                                           dw.nbytes, (ws_ptr, ws_bytes))
         else:
             choice = _choose("bwd_filter", key, xd, wd, cd, dyd, ws_bytes, ptrs,
-                             (ws_ptr, ws_bytes))
+                             (ws_ptr, ws_bytes), plans=_plan_ready(x, dw, dy))
         _record("bwd_filter", key, choice, ws_bytes)
-        cd.set_math_type(choice.math_type)
-        dnn.convolution_backward_filter(h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
-                                        ws_bytes, wd, _ptr(dw),
-                                        beta=1.0 if accumulate_params else 0.0)
+        if choice.plan is not None:
+            dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
+        else:
+            cd.set_math_type(choice.math_type)
+            dnn.convolution_backward_filter(h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo,
+                                            ws_ptr, ws_bytes, wd, _ptr(dw),
+                                            beta=1.0 if accumulate_params else 0.0)
     if dx is not None:
         dxd = _td(dx)
         key = conv_geometry_key("bwd_data", x.shape, w.shape, stride, padding, dilation,
@@ -175,11 +188,15 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
                                           dx.nbytes, (ws_ptr, ws_bytes))
         else:
             choice = _choose("bwd_data", key, dxd, wd, cd, dyd, ws_bytes, ptrs,
-                             (ws_ptr, ws_bytes))
+                             (ws_ptr, ws_bytes), plans=_plan_ready(dx, w, dy))
         _record("bwd_data", key, choice, ws_bytes)
-        cd.set_math_type(choice.math_type)
-        dnn.convolution_backward_data(h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo, ws_ptr,
-                                      ws_bytes, dxd, _ptr(dx), beta=1.0 if accumulate else 0.0)
+        if choice.plan is not None:
+            dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
+        else:
+            cd.set_math_type(choice.math_type)
+            dnn.convolution_backward_data(h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo,
+                                          ws_ptr, ws_bytes, dxd, _ptr(dx),
+                                          beta=1.0 if accumulate else 0.0)
 
 
 def _low_param_grads(run, dw, db, low, accumulate, workspace=None):

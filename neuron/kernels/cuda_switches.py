@@ -16,7 +16,10 @@ allow_tf32 = False
 #: "find": measure with cudnnFind*AlgorithmEx (once per layer geometry and bucket);
 #: "heuristic": cuDNN's ranking without running anything
 conv_algo_search = "find"
+#: with "find": time cuDNN's backend engine plans too (cudnn_engines.py), the kernels PyTorch's
+#: cudnn.benchmark picks from; the fastest of both sets runs
+conv_engines = True
 #: label stamped on conv_algo_trace records (the executor may set the current layer/step name)
 trace_label = None
 
-NAMES = ("deterministic", "allow_tf32", "conv_algo_search", "trace_label")
+NAMES = ("deterministic", "allow_tf32", "conv_algo_search", "conv_engines", "trace_label")

@@ -19,6 +19,8 @@ code lives in four modules, bottom up:
 * :mod:`~neuron.kernels.cudnn_ops`: thin pointer-level wrappers for the operations neuron uses.
   They take raw device pointers and descriptors and know nothing about CuPy;
   :mod:`neuron.kernels.cuda` composes them;
+* :mod:`~neuron.kernels.cudnn_engines`: convolutions on the backend API's engines (heuristics,
+  execution plans, timing), the kernels PyTorch's cudnn.benchmark chooses from;
 * :mod:`~neuron.kernels.cudnn_headers`: :func:`check_headers`, which compiles a probe against the
   installed headers and compares them with the hand-copied values (the only way hand-copied
   constants stay honest).
@@ -30,10 +32,11 @@ from __future__ import annotations
 
 from . import cudnn_api as _api
 from . import cudnn_descriptors as _descriptors
+from . import cudnn_engines as _engines
 from . import cudnn_headers as _headers
 from . import cudnn_ops as _ops
 
-_PARTS = (_api, _descriptors, _ops, _headers)
+_PARTS = (_api, _descriptors, _ops, _engines, _headers)
 #: rebound after import (the library once loaded): never copied, always read from cudnn_api
 _LIVE = ("annotations", "_lib", "_lib_path")
 for _m in _PARTS:

@@ -105,6 +105,8 @@ def _param_code(param: str) -> str:
         return "d"
     if base == "size_t":
         return "z"
+    if base == "int64_t":
+        return "l"
     if base == "unsigned":
         return "u"
     return "i"          # int and every enum typedef

@@ -216,12 +216,15 @@ def test_algo_perf_reads_a_c_laid_out_buffer():
 
 def test_signature_table_is_well_formed():
     for name, sig in dnn.SIGNATURES.items():
-        assert name.startswith("cudnn") and set(sig) <= set("piuzd"), name
+        assert name.startswith("cudnn") and set(sig) <= set("piuzld"), name
     # the calls whose argument lists are long enough to get wrong by hand
     assert dnn.SIGNATURES["cudnnConvolutionForward"] == "pppppppipzppp"
     assert dnn.SIGNATURES["cudnnFindConvolutionForwardAlgorithmEx"] == "ppppppppipppz"
     assert dnn.SIGNATURES["cudnnBatchNormalizationForwardTraining"] == "pipppppppppdppdpp"
     assert dnn.SIGNATURES["cudnnSetLRNDescriptor"] == "puddd"
+    # the backend API's element counts are int64_t: "l", never a C int
+    assert dnn.SIGNATURES["cudnnBackendSetAttribute"] == "piilp"
+    assert dnn.SIGNATURES["cudnnBackendGetAttribute"] == "piilpp"
 
 
 def test_declare_sets_argtypes_from_the_table():
@@ -246,9 +249,13 @@ def test_parse_prototypes():
     cudnnSetThing(cudnnTensorDescriptor_t d, cudnnDataType_t t, int n, const int dimA[],
                   double eps, size_t bytes, unsigned lrnN, void *ptr, cudaStream_t s);
     size_t CUDNNWINAPI cudnnGetVersion(void);
+    cudnnStatus_t CUDNNWINAPI cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
+        cudnnBackendAttributeName_t attributeName, cudnnBackendAttributeType_t attributeType,
+        int64_t elementCount, const void *arrayOfElements);
     """
     protos = dnn.parse_prototypes(text)
     assert protos["cudnnSetThing"] == "piipdzupp"
+    assert protos["cudnnBackendSetAttribute"] == "piilp"
     assert protos["cudnnGetVersion"] == ""
 
 

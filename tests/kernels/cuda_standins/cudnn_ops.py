@@ -129,6 +129,43 @@ class CudnnStandIn:
     def workspace_size(self, *a):
         return 0
 
+    # backend engine plans (cudnn_engines.py) ----------------------------------------------
+    #: ms per plan: below find_algorithms' 0.01, so a plan is chosen wherever one may run
+    #: (every stand-in test then runs the plan path); a test sets it higher to see the legacy
+    #: algorithm win, or sets ``engine_failure`` to see the plans skipped
+    engine_time = 0.005
+    engine_failure = None
+
+    def conv_engine_plans(self, h, kind, x_shape, w_shape, y_shape, padding, stride, dilation,
+                          dtype, *, tf32=False, deterministic=False, limit_bytes, count=6):
+        self.calls.append(("plans", kind))
+        if self.engine_failure is not None:
+            raise self.engine_failure
+        plan = cudnn.EnginePlan(kind, 0, 0, (), 0, True)
+        plan.geometry = (tuple(x_shape), tuple(w_shape), tuple(y_shape), padding, stride,
+                         dilation, np.dtype(dtype))
+        return [plan], []
+
+    def time_conv_plans(self, h, plans, ptrs, ws_ptr, runs=3):
+        for plan in plans:      # like cuDNN's, timing runs the plan: it writes the output
+            self.run_conv_plan(h, plan, ptrs, ws_ptr)
+        return [self.engine_time for _ in plans]
+
+    def run_conv_plan(self, h, plan, ptrs, ws_ptr):
+        """The plan's convolution (beta = 0) on packed operands at ``ptrs`` (x, w, y)."""
+        xs, ws_, ys, padding, stride, dilation, dt = plan.geometry
+        xd, wd, yd = (Desc("tensor", shape=s, dtype=dt, strides=None) for s in (xs, ws_, ys))
+        cd = Desc("conv", padding=padding, stride=stride, dilation=dilation,
+                  groups=xs[1] // ws_[1], dtype=dt)
+        self.calls.append(("plan", plan.kind))
+        x, w, y = ptrs
+        if plan.kind == "fwd":
+            self.convolution_forward(h, xd, x, wd, w, cd, None, ws_ptr, 0, yd, y)
+        elif plan.kind == "bwd_data":
+            self.convolution_backward_data(h, wd, w, yd, y, cd, None, ws_ptr, 0, xd, x)
+        else:
+            self.convolution_backward_filter(h, xd, x, yd, y, cd, None, ws_ptr, 0, wd, w)
+
     @staticmethod
     def _conv(c):
         return c.stride, c.padding, c.dilation, c.groups
