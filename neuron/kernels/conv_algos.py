@@ -6,8 +6,11 @@ Per layer geometry (kind, shapes, stride/padding/dilation/groups, dtype, switche
    is seen, the executor's workspace request (:func:`conv2d_workspace_request`) asks for the
    whole largest free block of the arena; the kernel then runs cudnnFind*AlgorithmEx with that
    buffer, which times every algorithm whose workspace fits it (FFT and Winograd included) and
-   writes the output operand (the real call overwrites it right after). The answer is cached per
-   geometry, with the workspace it was measured under.
+   writes the output operand (the real call overwrites it right after). Where the operands
+   suit them, cuDNN's backend engine plans (cudnn_engines.py, what PyTorch's cudnn.benchmark
+   picks from) are built too, and the plans and FindEx's algorithms are timed again by one
+   clock (:func:`with_engines`). The answer is cached per geometry, with the workspace it was
+   measured under.
 2. **Then, at every step, the fastest measured algorithm whose workspace fits the largest free
    block now**: the request is exactly that algorithm's workspace, and the kernel, handed that
    workspace, picks the same algorithm from the same cache.
@@ -62,7 +65,7 @@ class EnginePerf(NamedTuple):
     """A backend engine plan as one more row of a perf list (what pick_algo reads)."""
     algo: str            # the plan's name
     status: int
-    time: float          # ms, CUDA events (cudnn_engines.time_conv_plans)
+    time: float          # ms, CUDA events (cudnn_engines.time_calls)
     memory: int
     determinism: int
     math_type: int       # unused: a plan carries its own
@@ -217,7 +220,7 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0), *,
             perfs = dnn.find_algorithms(h, kind, xd, x_ptr, wd, w_ptr, cd, yd, y_ptr, ws[0],
                                         ws[1])
             if plans and cuda_switches.conv_engines:
-                perfs = list(perfs) + engine_perfs(h, kind, key, ptrs, ws, xd.dtype)
+                perfs = with_engines(h, kind, key, (xd, wd, cd, yd), ptrs, ws, perfs, mt)
             rec = _measured[key] = (perfs, ws[1])
             if key not in _heuristic:   # what a larger workspace would admit (wants_measurement)
                 _heuristic[key] = dnn.get_algorithms(h, kind, xd, wd, cd, yd)
@@ -244,30 +247,62 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0), *,
                       getattr(best, "plan", None))
 
 
-def engine_perfs(h, kind, key, ptrs, ws, dtype) -> list:
-    """The backend engine plans of a geometry that fit the workspace ``ws`` = (pointer, bytes),
-    timed on the operands at ``ptrs``, as perf rows (``dtype`` the operands': the key's text
-    form does not tell bfloat16). Never fails the step: where cuDNN cannot
-    build or run them the reason is kept in :data:`engine_skips` and the legacy algorithms
-    stay the only candidates."""
+def with_engines(h, kind, key, descs, ptrs, ws, perfs, mt) -> list:
+    """FindEx's rows and the geometry's backend engine plans that fit the workspace ``ws`` =
+    (pointer, bytes), all timed by one clock (cudnn_engines.time_calls: CUDA events around
+    the same runs on the operands at ``ptrs``), so that the fastest is chosen like with like.
+    Never fails the step: where cuDNN cannot build or run the plans the reason is kept in
+    :data:`engine_skips` and FindEx's rows are returned as they were."""
+    xd, wd, cd, yd = descs
     _, x_shape, w_shape, stride, padding, dilation = key[:6]
     n, _, hh, ww = x_shape
     ho, wo = conv2d_out_hw(hh, ww, w_shape[2], w_shape[3], stride, padding, dilation)
-    y_shape = (n, w_shape[0], ho, wo)
+    legacy = [p for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.time >= 0
+              and 0 <= p.memory <= ws[1]]
     try:
         plans, skipped = dnn.conv_engine_plans(
-            h, kind, x_shape, w_shape, y_shape, padding, stride, dilation, np.dtype(dtype),
-            tf32=bool(cuda_switches.allow_tf32), limit_bytes=ws[1])
-        times = dnn.time_conv_plans(h, plans, ptrs, ws[0]) if plans else []
+            h, kind, x_shape, w_shape, (n, w_shape[0], ho, wo), padding, stride, dilation,
+            np.dtype(xd.dtype), tf32=bool(cuda_switches.allow_tf32), limit_bytes=ws[1])
+        if not plans:
+            engine_skips[key] = "; ".join(skipped) or "cuDNN's heuristics listed no engine"
+            return perfs
+        calls = [_legacy_run(h, kind, descs, ptrs, ws, p.algo,
+                             mt if mt == dnn.CUDNN_FMA_MATH else p.math_type) for p in legacy]
+        calls += [_plan_run(h, plan, ptrs, ws) for plan in plans]
+        times = dnn.time_calls(calls)
     except Exception as e:      # noqa: BLE001 - an engine problem must not fail the step
         engine_skips[key] = f"{type(e).__name__}: {e}"
-        return []
-    if not plans:
-        engine_skips[key] = "; ".join(skipped) or "cuDNN's heuristics listed no engine"
-    return [EnginePerf(p.name, dnn.CUDNN_STATUS_SUCCESS if t != float("inf") else -1, float(t),
-                       p.workspace, dnn.CUDNN_DETERMINISTIC if p.deterministic
-                       else dnn.CUDNN_NON_DETERMINISTIC, -1, p)
-            for p, t in zip(plans, times)]
+        return perfs
+    retimed = {id(p): t for p, t in zip(legacy, times)}
+    rows = [p._replace(time=float(retimed[id(p)])) if id(p) in retimed else p for p in perfs]
+    return rows + [EnginePerf(p.name, dnn.CUDNN_STATUS_SUCCESS if t != float("inf") else -1,
+                              float(t), p.workspace, dnn.CUDNN_DETERMINISTIC if p.deterministic
+                              else dnn.CUDNN_NON_DETERMINISTIC, -1, p)
+                   for p, t in zip(plans, times[len(legacy):])]
+
+
+def _legacy_run(h, kind, descs, ptrs, ws, algo, math):
+    """One legacy call as FindEx ran it (beta = 0), for :func:`with_engines`' clock."""
+    xd, wd, cd, yd = descs
+    x, w, y = ptrs
+
+    def run():
+        cd.set_math_type(math)
+        if kind == "fwd":
+            dnn.convolution_forward(h, xd, x, wd, w, cd, algo, ws[0], ws[1], yd, y)
+        elif kind == "bwd_data":
+            dnn.convolution_backward_data(h, wd, w, yd, y, cd, algo, ws[0], ws[1], xd, x)
+        else:
+            dnn.convolution_backward_filter(h, xd, x, yd, y, cd, algo, ws[0], ws[1], wd, w)
+    run.plan = None
+    return run
+
+
+def _plan_run(h, plan, ptrs, ws):
+    def run():
+        dnn.run_conv_plan(h, plan, ptrs, ws[0])
+    run.plan = plan
+    return run
 
 
 def choice_report(records=None) -> list[dict]:

@@ -4,7 +4,7 @@ The legacy API (cudnn_ops.py) offers eight fixed algorithms per direction; cuDNN
 more engines and knob settings behind its backend (graph) API. For one convolution geometry
 this module builds the one-operation graph, asks cuDNN's heuristics for its ranked engine
 configurations, keeps those whose numerical notes the run allows, finalizes the first few as
-execution plans (each knows its exact workspace), times them (:func:`time_conv_plans`, CUDA
+execution plans (each knows its exact workspace), times them (:func:`time_calls`, CUDA
 events) and runs a chosen one with the step's pointers (:func:`run_conv_plan`). conv_algos.py
 decides between these plans and the legacy algorithms by measured time.
 
@@ -267,19 +267,20 @@ def run_conv_plan(handle, plan: EnginePlan, ptrs, ws_ptr: int) -> None:
     call("cudnnBackendExecute", handle.ptr, ctypes.c_void_p(plan.ptr), vp.ptr)
 
 
-def time_conv_plans(handle, plans, ptrs, ws_ptr: int, runs: int = 3) -> list[float]:
-    """Milliseconds per run of each plan (one warm-up run, then the mean of ``runs`` between
-    CUDA events on the current stream, which the handle is bound to); inf where one fails."""
+def time_calls(calls, runs: int = 3) -> list[float]:
+    """Milliseconds per run of each zero-argument GPU call (one warm-up run, then the mean of
+    ``runs`` between CUDA events on the current stream, which the handle is bound to); inf
+    where one fails. One clock for plans and legacy algorithms alike (conv_algos)."""
     import cupy                     # the GPU only: the stand-ins have their own
     stream = cupy.cuda.get_current_stream()
     out = []
-    for plan in plans:
+    for run in calls:
         try:
-            run_conv_plan(handle, plan, ptrs, ws_ptr)
+            run()
             start, stop = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
             for _ in range(runs):
-                run_conv_plan(handle, plan, ptrs, ws_ptr)
+                run()
             stop.record(stream)
             stop.synchronize()
             out.append(cupy.cuda.get_elapsed_time(start, stop) / runs)

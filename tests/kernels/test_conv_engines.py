@@ -137,6 +137,10 @@ def test_a_plan_measured_slower_than_the_legacy_algorithm_does_not_run(gpu_kerne
     # the plans ran while being timed (once per measurement), never as the step's kernel
     assert len(timed_only) == len([c for c in _calls() if c[0] == "plans"])
     assert not any(r.algo_name.startswith("engine") for r in conv_algos.conv_algo_trace)
+    # FindEx's rows were timed again by the plans' clock: like is compared with like
+    legacy = [p for perfs, _ in conv_algos._measured.values() for p in perfs
+              if getattr(p, "plan", None) is None]
+    assert legacy and {p.time for p in legacy} == {conv_algos.dnn.legacy_time}
 
 
 def test_calls_adding_into_their_output_never_run_a_plan(gpu_kernels):
