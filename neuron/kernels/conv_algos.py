@@ -247,9 +247,13 @@ def choose(kind, key, xd, wd, cd, yd, limit, ptrs=None, ws=(0, 0), *,
                       getattr(best, "plan", None))
 
 
+#: FindEx's fastest rows timed again beside the engine plans
+LEGACY_RETIMED = 3
+
+
 def with_engines(h, kind, key, descs, ptrs, ws, perfs, mt) -> list:
     """FindEx's rows and the geometry's backend engine plans that fit the workspace ``ws`` =
-    (pointer, bytes), all timed by one clock (cudnn_engines.time_calls: CUDA events around
+    (pointer, bytes), FindEx's fastest few and the plans timed by one clock (cudnn_engines.time_calls: CUDA events around
     the same runs on the operands at ``ptrs``), so that the fastest is chosen like with like.
     Never fails the step: where cuDNN cannot build or run the plans the reason is kept in
     :data:`engine_skips` and FindEx's rows are returned as they were."""
@@ -257,8 +261,9 @@ def with_engines(h, kind, key, descs, ptrs, ws, perfs, mt) -> list:
     _, x_shape, w_shape, stride, padding, dilation = key[:6]
     n, _, hh, ww = x_shape
     ho, wo = conv2d_out_hw(hh, ww, w_shape[2], w_shape[3], stride, padding, dilation)
-    legacy = [p for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.time >= 0
-              and 0 <= p.memory <= ws[1]]
+    # FindEx's fastest few (the rest cannot win, and every timing costs the first step time)
+    legacy = sorted((p for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.time >= 0
+                     and 0 <= p.memory <= ws[1]), key=lambda p: p.time)[:LEGACY_RETIMED]
     try:
         plans, skipped = dnn.conv_engine_plans(
             h, kind, x_shape, w_shape, (n, w_shape[0], ho, wo), padding, stride, dilation,

@@ -28,8 +28,9 @@ UIDS = (ord("x"), ord("w"), ord("y"))
 #: bytes every operand pointer (and the workspace) must be aligned to: declared to cuDNN
 ALIGNMENT = 16
 #: the heuristic's first configurations finalized and timed per geometry (PyTorch's
-#: cudnn.benchmark_limit is 10; plans take time to finalize, and the first ones win)
-PLANS_PER_GEOMETRY = 6
+#: cudnn.benchmark_limit is 10; plans take time to finalize and to time, the first step pays
+#: for it, and the heuristic's first ones usually win)
+PLANS_PER_GEOMETRY = 4
 
 _OPS = {  # kind -> (operation type, alpha, beta, conv, operand attributes in (x, w, y) order)
     "fwd": (api.CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
@@ -267,7 +268,7 @@ def run_conv_plan(handle, plan: EnginePlan, ptrs, ws_ptr: int) -> None:
     call("cudnnBackendExecute", handle.ptr, ctypes.c_void_p(plan.ptr), vp.ptr)
 
 
-def time_calls(calls, runs: int = 3) -> list[float]:
+def time_calls(calls, runs: int = 2) -> list[float]:
     """Milliseconds per run of each zero-argument GPU call (one warm-up run, then the mean of
     ``runs`` between CUDA events on the current stream, which the handle is bound to); inf
     where one fails. One clock for plans and legacy algorithms alike (conv_algos)."""
