@@ -13,8 +13,8 @@
 #                                           # b128 bf16/fp16 vs PyTorch autocast, NCHW and
 #                                           # channels_last), pressure; its first two fit the
 #                                           # minutes left after `first` (deadline 240 s)
-#   bash bench/gpu/contact.sh $OUT third    # <= 8 min: codec_tests, deepest_offload, nccl,
-#                                           # simulator
+#   bash bench/gpu/contact.sh $OUT third    # <= 8 min: profile_step, codec_tests,
+#                                           # deepest_offload, nccl, simulator
 # then, here: python -m bench.gpu.import_results <the fetched folders or tarballs>
 # Other stages: env install tests models pool confirm ("all": every stage, a long session).
 #
@@ -39,13 +39,13 @@ if [ $# -lt 2 ]; then
     echo "usage: bash bench/gpu/contact.sh OUTDIR STAGE... (first, second, third, all, or stages: env" \
          "install tests models throughput throughput_mixed deepest replay_tests codec_tests" \
          "mixed_tests pressure" \
-         "deepest_offload pool confirm simulator nccl)" >&2
+         "deepest_offload pool confirm simulator nccl profile_step)" >&2
     exit 2
 fi
 OUTDIR=$1; shift
 FIRST=(replay_tests deepest throughput)
 SECOND=(mixed_tests throughput_mixed pressure)
-THIRD=(codec_tests deepest_offload nccl simulator)
+THIRD=(profile_step codec_tests deepest_offload nccl simulator)
 STAGES=()
 DEFAULT_DEADLINE=
 for a in "$@"; do
@@ -73,11 +73,12 @@ T_START=$(date +%s)
 
 # default limits (seconds); first: 90 + 230 + 280 = 600, cut by its 480 s deadline (throughput,
 # last, gets what is left: each configuration is saved as it finishes); second:
-# 90 + 150 + 200 = 440; third: 45 + 170 + 100 + 150 = 465 (simulator, last, gets what is left)
+# 90 + 150 + 200 = 440; third: 100 + 45 + 170 + 100 + 150 = 565 (cut by its deadline: nccl and
+# the simulator, last, get what is left)
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
                   [throughput_mixed]=150 [mixed_tests]=90
                   [replay_tests]=90 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
-                  [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100)
+                  [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100 [profile_step]=100)
 
 pack() {
     # the summary first (the tarball holds it too), each written then moved: never half a file
@@ -140,6 +141,9 @@ stage_cmd() {
         confirm)    ensure_built && "$PY" -m bench.gpu.confirm "${common[@]}" ;;
         simulator)  ensure_built && "$PY" -m bench.gpu.simulator "${common[@]}" ;;
         nccl)       ensure_built && "$PY" -m bench.gpu.nccl "${common[@]}" ;;
+        # where a step's GPU time goes, every kernel per stream, neuron (as it replays) beside
+        # PyTorch eager: ResNet-50 b64 fp32 (a diagnosis of the kernel gap, no target)
+        profile_step) ensure_built && "$PY" -m bench.gpu.profile_step "${common[@]}" ;;
         *)          echo "unknown stage $s"; return 2 ;;
     esac
 }

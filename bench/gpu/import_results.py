@@ -52,7 +52,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STAGES = ("env", "install", "tests", "models", "throughput", "throughput_mixed", "deepest",
-          "replay_tests", "mixed_tests",
+          "replay_tests", "mixed_tests", "profile_step",
           "codec_tests", "pressure", "deepest_offload", "nccl", "simulator", "pool", "confirm")
 
 

@@ -26,7 +26,7 @@ import pstats
 import sys
 import time
 
-from bench.gpu.kit import median, stage_parser
+from bench.gpu.kit import median, stage_parser, verdict_line
 
 
 #: trace categories of device activities (Kineto's chrome trace); CPU-side events (operators,
@@ -117,6 +117,7 @@ def _wall(fn, sync, iters):
 
 def profile_neuron(args, x, y, graph):
     import neuron as nn
+    from bench.gpu.kit import replay_of
     from neuron.executor import Executor
     cuda = args.device == "cuda"
     if cuda:
@@ -140,10 +141,13 @@ def profile_neuron(args, x, y, graph):
         out["host_profile"] = _host_profile(step, 3)
         sync()
         out["device"] = _kernel_table(step, 3, sync, cuda=cuda)
+        out["replay"] = replay_of(ex)
         if cuda:
+            from bench.gpu.throughput import conv_choices
             from neuron.kernels import conv_algos
             out["conv_algos"] = sorted({(r.kind, r.algo_name, r.source) for r in
                                         list(conv_algos.conv_algo_trace)[-400:]})
+            out["conv_choices"] = conv_choices()
     finally:
         if hasattr(ex.device, "close"):
             ex.device.close()
@@ -206,6 +210,13 @@ def main(argv=None):
         except Exception:               # noqa: BLE001 (one side's failure is its result)
             import traceback
             res[name] = {"error": traceback.format_exc()[-3000:]}
+    # a diagnosis, not a target: it ran when both sides were profiled
+    res["ran"] = all("error" not in res[n] for n in ("neuron", "pytorch"))
+    res["target_met"] = None
+    res["verdict"] = verdict_line(res["ran"], None, "; ".join(
+        f"{n}: " + ("ERROR" if "error" in res[n] else
+                    f"GPU busy {res[n]['device']['busy_ms_per_step']:.2f} ms/step")
+        for n in ("neuron", "pytorch")) + " (a diagnosis)")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "profile_step.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

@@ -382,13 +382,14 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
     summary = json.loads((out / "summary-first-second-third.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
     assert list(got) == ["replay_tests", "deepest", "throughput", "mixed_tests",
-                         "throughput_mixed", "pressure", "codec_tests", "deepest_offload", "nccl",
-                         "simulator"]
+                         "throughput_mixed", "pressure", "profile_step", "codec_tests",
+                         "deepest_offload", "nccl", "simulator"]
     for name, st in got.items():
         assert st["ran"], (name, st["verdict"])
         assert st["verdict"].startswith("RAN, "), st["verdict"]
     assert got["codec_tests"]["target_met"] is None         # every GPU test skipped here
     assert got["mixed_tests"]["target_met"] is None
+    assert got["profile_step"]["target_met"] is None        # a diagnosis
     res = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "bench.gpu.import_results", str(out), "--results",
                         str(res), "--no-readme-tables", "--allow-smoke"], cwd=ROOT,
