@@ -107,6 +107,16 @@ def conv2d_workspace_bytes(x_shape, w_shape, stride, padding, dilation, groups, 
                                             itemsize)
 
 
+def _run_conv(h, choice, cd, ptrs, ws_ptr, legacy) -> None:
+    """The chosen engine plan on ``ptrs`` (x, w, y in forward naming), or ``legacy()`` under
+    the choice's math type."""
+    if choice.plan is not None:
+        dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
+    else:
+        cd.set_math_type(choice.math_type)
+        legacy()
+
+
 def _plan_ready(*arrays) -> bool:
     """Whether the operands fit an engine plan: packed, and aligned as its tensors declare
     (cudnn_engines.ALIGNMENT); otherwise the legacy algorithms run."""
@@ -131,12 +141,8 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
                      plans=_plan_ready(x, w, y))
     _record("fwd", key, choice, ws_bytes)
     h = _h()
-    if choice.plan is not None:
-        dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
-    else:
-        cd.set_math_type(choice.math_type)
-        dnn.convolution_forward(h, xd, _ptr(x), wd, _ptr(w), cd, choice.algo, ws_ptr, ws_bytes,
-                                yd, _ptr(y))
+    _run_conv(h, choice, cd, ptrs, ws_ptr, lambda: dnn.convolution_forward(
+        h, xd, _ptr(x), wd, _ptr(w), cd, choice.algo, ws_ptr, ws_bytes, yd, _ptr(y)))
     if b is not None:
         dnn.add_tensor(h, dnn.bias_descriptor(w.shape[0], b.dtype), _ptr(_contig(b)), yd, _ptr(y),
                        1.0, 1.0)
@@ -171,13 +177,9 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
             choice = _choose("bwd_filter", key, xd, wd, cd, dyd, ws_bytes, ptrs,
                              (ws_ptr, ws_bytes), plans=_plan_ready(x, dw, dy))
         _record("bwd_filter", key, choice, ws_bytes)
-        if choice.plan is not None:
-            dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
-        else:
-            cd.set_math_type(choice.math_type)
-            dnn.convolution_backward_filter(h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo,
-                                            ws_ptr, ws_bytes, wd, _ptr(dw),
-                                            beta=1.0 if accumulate_params else 0.0)
+        _run_conv(h, choice, cd, ptrs, ws_ptr, lambda: dnn.convolution_backward_filter(
+            h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo, ws_ptr, ws_bytes, wd, _ptr(dw),
+            beta=1.0 if accumulate_params else 0.0))
     if dx is not None:
         dxd = _td(dx)
         key = conv_geometry_key("bwd_data", x.shape, w.shape, stride, padding, dilation,
@@ -190,13 +192,9 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
             choice = _choose("bwd_data", key, dxd, wd, cd, dyd, ws_bytes, ptrs,
                              (ws_ptr, ws_bytes), plans=_plan_ready(dx, w, dy))
         _record("bwd_data", key, choice, ws_bytes)
-        if choice.plan is not None:
-            dnn.run_conv_plan(h, choice.plan, ptrs, ws_ptr)
-        else:
-            cd.set_math_type(choice.math_type)
-            dnn.convolution_backward_data(h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo,
-                                          ws_ptr, ws_bytes, dxd, _ptr(dx),
-                                          beta=1.0 if accumulate else 0.0)
+        _run_conv(h, choice, cd, ptrs, ws_ptr, lambda: dnn.convolution_backward_data(
+            h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo, ws_ptr, ws_bytes, dxd, _ptr(dx),
+            beta=1.0 if accumulate else 0.0))
 
 
 def _low_param_grads(run, dw, db, low, accumulate, workspace=None):

@@ -85,17 +85,9 @@ def test_engines_are_filtered_by_their_notes_as_pytorch_filters_them():
 # on the CUDA stand-ins
 # ----------------------------------------------------------------------------------------------
 
-class _OnStandIns(CpuDevice):
-    name = "cuda-standin"
-
-    @property
-    def kernels(self):
-        from neuron.kernels import cuda
-        return cuda
-
-    def view(self, offset, shape, dtype):
-        from cuda_standins import DevArray
-        return super().view(offset, shape, dtype).view(DevArray)
+def _OnStandIns(arena):
+    from cuda_standins import CudaKernelsOnCpu
+    return CudaKernelsOnCpu(arena)
 
 
 def _train(device, steps=3, **kw):

@@ -17,18 +17,10 @@ from neuron.models import build_model
 from neuron.plan import plan
 
 
-class CudaKernelsOnCpu(CpuDevice):
-    """The CPU arena, the GPU kernel module (on the stand-ins)."""
-    name = "cuda-standin"
-
-    @property
-    def kernels(self):
-        from neuron.kernels import cuda
-        return cuda
-
-    def view(self, offset, shape, dtype):
-        from cuda_standins import DevArray
-        return super().view(offset, shape, dtype).view(DevArray)
+def CudaKernelsOnCpu(arena):
+    """The CPU arena with the GPU kernel module on the stand-ins (cuda_standins)."""
+    from cuda_standins import CudaKernelsOnCpu as device
+    return device(arena)
 
 
 def alexnet_like():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 
+from neuron.devices import CpuDevice
 from neuron.kernels import conv_algos, cuda, cuda_helpers, cuda_low, cuda_pool, cuda_raw, cudnn
 
 from .cudnn_ops import CudnnStandIn, Desc
@@ -37,12 +38,25 @@ from .cupy_arrays import CupyStandIn, DevArray, ElementwiseKernel, have_compiler
 from .runtime import (CUDARuntimeError, Memory, MemoryPointer, _Capture, _Cuda, _Stream,
                       happens_before, launch, log_streams, memory_snapshot)
 
-__all__ = ["CUDARuntimeError", "CudnnStandIn", "CupyStandIn", "Desc", "DevArray",
+__all__ = ["CUDARuntimeError", "CudaKernelsOnCpu", "CudnnStandIn", "CupyStandIn", "Desc",
+           "DevArray",
            "ElementwiseKernel", "KERNEL_CACHES", "Memory", "MemoryPointer", "happens_before",
            "have_compiler", "install", "launch", "log_streams", "memory_snapshot", "uninstall"]
 
 KERNEL_CACHES = [getattr(cuda_raw, n) for n in dir(cuda_raw) if n.startswith("_k_")] + \
     [cuda._k_any_nonfinite, *cuda_low.KERNEL_CACHES]
+
+
+class CudaKernelsOnCpu(CpuDevice):
+    """The CPU arena with the GPU kernel module (on the stand-ins, once installed)."""
+    name = "cuda-standin"
+
+    @property
+    def kernels(self):
+        return cuda
+
+    def view(self, offset, shape, dtype):
+        return super().view(offset, shape, dtype).view(DevArray)
 
 
 def install(monkeypatch, build_dir):
