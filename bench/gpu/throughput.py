@@ -173,10 +173,21 @@ def conv_choices() -> dict | None:
             # cuDNN's backend engine plans (cudnn_engines.py): how many calls run one, and
             # why a geometry's engines were not timed (the first few reasons)
             "engine_plans": sum(str(r["algo"]).startswith("engine") for r in rows),
+            # per geometry timed both ways: the fastest legacy algorithm against the fastest
+            # engine plan, summed (what the engines are worth, one call per geometry)
+            **_set_sums(rows),
             "engine_skips": len(getattr(conv_algos, "engine_skips", {})),
             "engine_skip_reasons": sorted(set(getattr(conv_algos, "engine_skips",
                                                       {}).values()))[:5],
             "rows": rows}
+
+
+def _set_sums(rows) -> dict:
+    both = [r for r in rows if r.get("legacy_fastest_ms") is not None
+            and r.get("engine_fastest_ms") is not None]
+    return {"timed_both_ways": len(both),
+            "legacy_fastest_ms_sum": round(sum(r["legacy_fastest_ms"] for r in both), 3),
+            "engine_fastest_ms_sum": round(sum(r["engine_fastest_ms"] for r in both), 3)}
 
 
 def run_torch(name, batch, args, memory, tf32, precision=None, layout="nchw") -> dict:

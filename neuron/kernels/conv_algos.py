@@ -81,6 +81,7 @@ class ConvAlgoRecord(NamedTuple):
     workspace_bytes: int
     limit_bytes: int
     source: str
+    geometry: tuple = ()     # the full key (switches included): which measurement it used
 
 
 #: one record per convolution call, for the memory trace (bounded: a long run keeps the latest)
@@ -319,16 +320,18 @@ def choice_report(records=None) -> list[dict]:
     latest = {}
     for r in (conv_algo_trace if records is None else records):
         latest[(r.key, r.kind)] = r
-    by_text = {}
-    for key, (perfs, _) in _measured.items():
-        by_text[(key_text(key), key[0])] = perfs
     out = []
     for (text, kind), r in latest.items():
-        perfs = by_text.get((text, kind), ())
+        perfs = (_measured.get(r.geometry) or ((),))[0]
         timed = [p for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.time >= 0]
         chosen = next((p for p in timed if p.algo == r.algo), None)
         best = min(timed, key=lambda p: (p.time, p.memory)) if timed else None
+        legacy = [p.time for p in timed if getattr(p, "plan", None) is None]
+        plans = [p.time for p in timed if getattr(p, "plan", None) is not None]
         out.append({
+            # the fastest of each set, by one clock where engines were timed (with_engines)
+            "legacy_fastest_ms": round(float(min(legacy)), 4) if legacy else None,
+            "engine_fastest_ms": round(float(min(plans)), 4) if plans else None,
             "key": text, "kind": kind, "algo": r.algo_name, "source": r.source,
             "chosen_ms": None if chosen is None else round(float(chosen.time), 4),
             "fastest": None if best is None else dnn.ALGO_NAMES[kind].get(best.algo,
@@ -343,7 +346,7 @@ def _record(kind, key, choice, limit):
     conv_algo_trace.append(ConvAlgoRecord(
         cuda_switches.trace_label, key_text(key), kind, choice.algo,
         dnn.ALGO_NAMES[kind].get(choice.algo, str(choice.algo)), choice.memory, limit,
-        choice.source))
+        choice.source, key))
 
 
 def _descriptors(x_shape, w_shape, stride, padding, dilation, dtype):

@@ -117,6 +117,10 @@ def test_a_plan_measured_faster_runs_and_gives_numpy_refs_numbers(gpu_kernels):
     assert ran == {"fwd", "bwd_data", "bwd_filter"}
     chosen = {r.algo_name for r in conv_algos.conv_algo_trace}
     assert any(name.startswith("engine") for name in chosen), chosen
+    # the report sets the two sets' fastest side by side, by the one clock
+    rows = [r for r in conv_algos.choice_report() if r["kind"] == "fwd"]
+    assert rows and all((r["engine_fastest_ms"], r["legacy_fastest_ms"]) == (0.005, 0.02)
+                        for r in rows), rows
     _close(got, _train(CpuDevice(64 << 20)))
 
 
