@@ -206,7 +206,12 @@ class Executor:
         self._replay = self._replay_for(replay)
         self._new_pool()
         if self.planned is not None:        # the plan's iteration says this one's evictions
-            self._adopt_evictions(self.planned.get("executor"))
+            sim = self.planned["executor"]
+            self._adopt_evictions(sim)
+            if self._evict_schedule is not None and self._evict_schedule.issue:
+                # and the plan is the iteration that runs: with their copies ahead (the same
+                # moves and peak; the host buffers taken earlier)
+                self.planned = self.simulate(sim.device.arena_bytes)
         self._step_flag = self.device.step_flag() if self.device.computes else None
         self._staging = None                # the fixed buffers a replayed batch is written to
         self._loss_sinks: dict = {}         # (loss, chunk, ...) -> fixed device buffer
