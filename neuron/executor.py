@@ -786,6 +786,7 @@ class Executor:
         the host. Leaving offloaded parameters cached across iterations would make each
         iteration's layout differ from the plan's."""
         pool = self.pool
+        pool.drop_precopies()
         pool.release_draining()
         for t in list(pool.live.values()) + [t for t, _ in list(pool.host.values())]:
             if not t.persistent:

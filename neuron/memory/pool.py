@@ -14,7 +14,9 @@ executor's plumbing. On the CPU copies are synchronous. On the GPU they run on a
 direction, ordered per block (memory/fences.py): a copy waits for the kernels that touch its
 block, a kernel for the copies that touch its block, and a miss waits on the GPU, never on the
 host. The decisions (what moves, when, where) are the same on every device, so a run moves what
-its plan moves (memory/traffic.py checks it per iteration).
+its plan moves (memory/traffic.py checks it per iteration). An eviction the iteration before
+recorded has its copy started right after the tensor's last use (``precopy``,
+memory/evict_ahead.py), so that it runs under compute; the eviction itself stays where it was.
 """
 from __future__ import annotations
 
@@ -812,6 +814,12 @@ class Pool:
         if self.log is not None:
             self.log.append(("precopy", tid, t.nbytes))
         return True
+
+    def drop_precopies(self) -> None:
+        """The iteration ends: early copies whose eviction did not come are dropped (a
+        persistent tensor's block may be written before the next one: undo, updates)."""
+        for tid in list(self.precopied):
+            self._drop_precopy(self.live[tid])
 
     def _drop_precopy(self, t: TensorInfo, off: int | None = None) -> None:
         """``t`` is used again or freed before its eviction: its early copy is dropped (its

@@ -187,3 +187,70 @@ def test_the_clock_counts_an_early_copy_under_compute():
     a, b = makespan(late, ex.steps, batch, cost), makespan(early, ex.steps, batch, cost)
     assert a.bytes_moved == b.bytes_moved == n
     assert b.exposed_copy_s < a.exposed_copy_s
+
+
+@pytest.mark.parametrize("kw", [{"policy": "superneurons"}, {"planner": "capuchin"}],
+                         ids=_name)
+def test_an_undone_step_leaves_no_early_copy_behind(kw):
+    """A step undone (a non-finite image) after its early copies started: they are dropped
+    with the iteration, and the steps after it train as without them."""
+    from neuron.errors import DataError
+    graph, batch, budget = resnet8_budget(0.5, size=8, batch=4)
+    runs = []
+    for ahead in (True, False):
+        ex = Executor(graph, batch, device=CpuDevice(budget), seed=1, budget=budget,
+                      evict_ahead=ahead, **kw)
+        rng = np.random.default_rng(0)
+        losses = []
+        for i in range(4):
+            x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
+            y = rng.integers(0, 10, batch)
+            if i == 1:
+                x[0, 0, 0, 0] = np.nan
+                with pytest.raises(DataError):
+                    ex.train_step(x, y)
+                continue
+            losses.append(ex.train_step(x, y))
+        assert not ex.pool.precopied and ex.pool.counters()["evictions"] > 0
+        runs.append((losses, ex.state_dict(), ex.pool.counters()))
+    (l_on, s_on, c_on), (l_off, s_off, c_off) = runs
+    assert l_on == l_off
+    assert all(s_on[k].tobytes() == s_off[k].tobytes() for k in s_off)
+    assert c_on["offload_bytes"] == c_off["offload_bytes"]
+
+
+def test_a_step_interrupted_with_early_copies_in_flight_drops_them():
+    """Interrupted mid-backward (early copies started, their evictions not yet come): the
+    copies are dropped with the iteration, counted, and training goes on as without them."""
+    graph, batch, budget = resnet8_budget(0.5, size=8, batch=4)
+    runs, stop = [], None
+    for ahead in (True, False):
+        ex = Executor(graph, batch, device=CpuDevice(budget), seed=1, budget=budget,
+                      evict_ahead=ahead, policy="superneurons")
+        if stop is None:                # right before the last recorded eviction
+            stop = max(at for _, at, _ in ex._evict_schedule.evictions) - 1
+        compute, calls = ex._compute, [0]
+
+        def faulty(step, ctx, ws):
+            calls[0] += 1
+            if calls[0] == len(ex.steps) + stop:         # the second iteration's step `stop`
+                raise KeyboardInterrupt
+            return compute(step, ctx, ws)
+        ex._compute = faulty
+        rng = np.random.default_rng(0)
+        losses = []
+        for i in range(3):
+            x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
+            y = rng.integers(0, 10, batch)
+            if i == 1:
+                with pytest.raises(KeyboardInterrupt):
+                    ex.train_step(x, y)
+                assert not ex.pool.precopied
+                dropped = ex.pool.counters()["ahead_fallbacks"]
+                continue
+            losses.append(ex.train_step(x, y))
+        runs.append((losses, ex.state_dict(), dropped))
+    (l_on, s_on, dropped), (l_off, s_off, _) = runs
+    assert dropped > 0
+    assert l_on == l_off
+    assert all(s_on[k].tobytes() == s_off[k].tobytes() for k in s_off)
