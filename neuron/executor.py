@@ -25,6 +25,7 @@ from .distributed.overlap import after_step, due_updates
 from .memory.liveness import frees_for
 from .memory.policy import Policy, get_policy
 from .memory.prefetch_horizon import PrefetchHorizon, prefetch_ahead_arg
+from .memory.evict_ahead import EvictionRecorder
 from .memory.pool import Pool
 from .memory.recompute import plan_recompute
 from .memory.chunking import build_chunked_schedule, logits_chunks
@@ -102,6 +103,10 @@ class Executor:
     free bytes allow without any step before the reader evicting), or "auto": as far as that
     and the plan's clock (``cost``, else the device's analytic model) say the copy needs
     (memory/prefetch_horizon.py).
+    evict_ahead: the LRU cache's evictions copied to the host ahead, on the schedule of the
+    iteration before (memory/evict_ahead.py: right after each evicted tensor's last use, so the
+    copy runs under compute); the same evictions, moves and bits as without. Off under a host
+    budget (early copies hold host buffers longer than the plan's).
     _alias_gradients: False gives every Add input a gradient tensor of its own (a copy), as
     the baseline policy always does (memory/aliasing.py); for tests that compare the two.
     """
@@ -116,7 +121,7 @@ class Executor:
                  loss: str = "softmax", grad_buckets: int | None = None,
                  grad_lag: int | None = None, replay: str | None = None,
                  precision: str | Precision | None = None, prefetch_ahead: int | str = 1,
-                 _plan_from=None, _alias_gradients: bool = True):
+                 evict_ahead: bool = True, _plan_from=None, _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
@@ -125,6 +130,8 @@ class Executor:
         # None: "auto"; set before planning, which simulates with it
         self.prefetch_ahead = prefetch_ahead_arg(prefetch_ahead, "Executor")
         self._horizons: dict = {}           # id(frees) -> (frees, its PrefetchHorizon)
+        self.evict_ahead = bool(evict_ahead)
+        self._evict_schedule = None         # the last iteration's evictions (evict_ahead.py)
         self.graph = graph
         if loss not in LOSSES:
             raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
@@ -198,6 +205,13 @@ class Executor:
         self._check_precision()
         self._replay = self._replay_for(replay)
         self._new_pool()
+        if self.planned is not None:        # the plan's iteration says this one's evictions
+            sim = self.planned["executor"]
+            self._adopt_evictions(sim)
+            if self._evict_schedule is not None and self._evict_schedule.issue:
+                # and the plan is the iteration that runs: with their copies ahead (the same
+                # moves and peak; the host buffers taken earlier)
+                self.planned = self.simulate(sim.device.arena_bytes)
         self._step_flag = self.device.step_flag() if self.device.computes else None
         self._staging = None                # the fixed buffers a replayed batch is written to
         self._loss_sinks: dict = {}         # (loss, chunk, ...) -> fixed device buffer
@@ -343,7 +357,9 @@ class Executor:
                          compact=self.compact, chunks=self.chunks,
                          block=self.block,
                          strategy=self.strategy, loss=self.loss, precision=self.precision,
-                         prefetch_ahead=self.prefetch_ahead or "auto", _plan_from=self)
+                         prefetch_ahead=self.prefetch_ahead or "auto",
+                         evict_ahead=self.evict_ahead, _plan_from=self)
+            v._adopt_evictions(self)
             v.record_trace = trace
             if events:
                 v.pool.log = []
@@ -357,6 +373,23 @@ class Executor:
                 "bytes_by_kind_at_peak": {k.value: b for k, b in v.pool.by_kind_at_peak.items()},
                 "bytes_by_dtype_at_peak": v.pool.by_dtype_at_peak,
                 **v.pool.counters()}
+
+    def _adopt_evictions(self, other) -> None:
+        """Take ``other``'s recorded evictions where they are of this plan in this arena."""
+        rec = getattr(other, "_evict_schedule", None)
+        if rec is not None and rec.fits(self.steps, self.frees, self.pool.heap.size):
+            self._evict_schedule = rec
+
+    def _eviction_hooks(self, steps, frees):
+        """For a planned iteration that may evict: the schedule of early copies recorded from
+        an earlier iteration (memory/evict_ahead.py), or a recorder for this one; None: off."""
+        pool = self.pool
+        if not self.evict_ahead or not pool.evict_enabled or self.host_budget is not None:
+            return None
+        rec = self._evict_schedule
+        if rec is not None and rec.fits(steps, frees, pool.heap.size):
+            return rec if rec.issue else None
+        return EvictionRecorder(steps)
 
     # ---- state ------------------------------------------------------------------------
     def _alloc_persistent(self, pool=None):
@@ -753,6 +786,7 @@ class Executor:
         the host. Leaving offloaded parameters cached across iterations would make each
         iteration's layout differ from the plan's."""
         pool = self.pool
+        pool.drop_precopies()
         pool.release_draining()
         for t in list(pool.live.values()) + [t for t, _ in list(pool.host.values())]:
             if not t.persistent:
@@ -794,6 +828,7 @@ class Executor:
         release_after = self.decisions.release_after if defer_offloads else {}
         ahead = self._prefetch_after if planned else None
         horizon = self._horizon(steps, frees)
+        evicts = pool.ahead = self._eviction_hooks(steps, frees) if planned else None
         pending: list = []
         trace = [] if self.record_trace else None
         dynamic_ws = getattr(dev, "dynamic_workspace", False)
@@ -876,9 +911,14 @@ class Executor:
                                 pool.prefetch(t)
                     else:                   # further ahead, as the arena allows
                         horizon.issue(pool, i)
+                if evicts is not None:      # early copies of the evictions ahead
+                    evicts.after_step(pool, i)
+            if isinstance(evicts, EvictionRecorder):
+                self._evict_schedule = evicts.schedule(frees, pool.heap.size)
             self.last_trace = [TraceRow(*r) for r in trace] if trace is not None else []
             return [pool.view(t) for t in keep]
         finally:
+            pool.ahead = None
             with signals_deferred():
                 if ws_off is not None:      # a step that failed holding its workspace
                     pool.free_bytes(ws_off)

@@ -15,7 +15,8 @@ MODES = ("off", "tape", "graph")
 
 #: the Pool's traffic counters (attributes) a replayed iteration adds to, as its record did
 _TRAFFIC = ("offload_bytes", "prefetch_bytes", "offload_count", "prefetch_count", "evictions",
-            "evicted_bytes", "hits", "misses", "compactions", "moved_bytes")
+            "evicted_bytes", "evictions_ahead", "ahead_fallbacks", "hits", "misses",
+            "compactions", "moved_bytes")
 
 
 def pool_state(pool) -> tuple:

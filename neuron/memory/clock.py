@@ -22,7 +22,11 @@ dependencies the executor really creates (CudaDevice + Pool):
   copies after its encode and compute waits for the encode (the tensor's block is reused at
   once), a decode runs after its copy back and the compute queued when it is issued (a
   prefetched one's at its first reader), and the reader waits for it; ``("drop", tensor id,
-  0)``: a prefetched compressed copy evicted before its reader, compute waits for its copy.
+  0)``: a prefetched compressed copy evicted before its reader, compute waits for its copy;
+- ``("precopy", tensor id, bytes)`` (memory/evict_ahead.py): an eviction's copy started after
+  the tensor's last use, the tensor staying resident; its eviction (an ``offload`` of it) then
+  copies nothing and compute waits only for what is left of that copy.
+  ``("precopy_drop", ...)``: one dropped unused (its copy still counts as copy time).
 
 On a device without a copy stream (the CPU device) every copy runs on the compute thread.
 
@@ -144,6 +148,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
     moved = 0
     ready: dict[int, float] = {}        # tensor id -> end of its prefetch
     pending: dict[int, float] = {}      # tensor id -> end of its deferred offload
+    early: dict[int, float] = {}        # tensor id -> end of its eviction's early copy
     codec = codec_busy = 0.0            # the codec stream (COMPRESS)
     encoded: dict[int, float] = {}      # tensor id -> end of its encode
     tl = [] if timeline else None
@@ -196,6 +201,15 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             if r is not None and r > compute:
                 exposed += r - compute
                 compute = r
+        elif kind == "precopy_drop":
+            early.pop(ev[1], None)
+        elif kind in ("offload", "offload_async") and ev[1] in early:
+            r = early.pop(ev[1])        # copied ahead: the block waits for that copy only
+            if kind == "offload_async":
+                pending[ev[1]] = r
+            elif overlap and r > compute:
+                exposed += r - compute
+                compute = r
         elif kind == "compact":
             dt = cost.move_time(ev[2])
             compute = max(compute, host)
@@ -241,6 +255,8 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
                 tl.append(("copy", start, copy, kind))
             if kind == "prefetch":
                 ready[ev[1]] = copy
+            elif kind == "precopy":
+                early[ev[1]] = copy
             elif kind == "offload_async":
                 pending[ev[1]] = copy
             else:                       # fetch / offload: compute waits

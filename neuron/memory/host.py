@@ -48,6 +48,14 @@ class HostPool:
         g = self.granularity
         return max(g, (nbytes + g - 1) // g * g)
 
+    def can_get(self, nbytes: int) -> bool:
+        """Whether a buffer of nbytes more stays under the limit, and a new one under the
+        cap (an early copy of an eviction, memory/evict_ahead.py, takes one only then)."""
+        c = self.size_class(nbytes)
+        if self.limit is not None and self.in_use_bytes + c > self.limit:
+            return False
+        return self.cap is None or self.reserved_bytes + c <= self.cap
+
     def get(self, nbytes: int, home: int | None = None):
         """A buffer of at least nbytes (uint8); reuse a released one of the same class
         (``home``: the tensor's own, if it has one)."""

@@ -14,7 +14,9 @@ executor's plumbing. On the CPU copies are synchronous. On the GPU they run on a
 direction, ordered per block (memory/fences.py): a copy waits for the kernels that touch its
 block, a kernel for the copies that touch its block, and a miss waits on the GPU, never on the
 host. The decisions (what moves, when, where) are the same on every device, so a run moves what
-its plan moves (memory/traffic.py checks it per iteration).
+its plan moves (memory/traffic.py checks it per iteration). An eviction the iteration before
+recorded has its copy started right after the tensor's last use (``precopy``,
+memory/evict_ahead.py), so that it runs under compute; the eviction itself stays where it was.
 """
 from __future__ import annotations
 
@@ -133,6 +135,12 @@ class Pool:
         # compressed ones offloaded as they are, for want of room for the staging block:
         # tensor id -> its codec, back in ``codecs`` once it leaves the host
         self.uncompressed: dict = {}
+        # evictions on the plan's schedule (memory/evict_ahead.py): the running iteration's
+        # recorder or schedule (None: neither), and the tensors whose copy to the host started
+        # ahead of their eviction while they stay resident: id -> (host buffer, its event)
+        self.ahead = None
+        self.precopied: dict[int, tuple] = {}
+        self.evictions_ahead = self.ahead_fallbacks = 0
 
     # ---- allocation -------------------------------------------------------------------
     def _take(self, nbytes: int, what, step, top: bool = False) -> int:
@@ -201,6 +209,10 @@ class Pool:
             if new != off:
                 if self.inflight:
                     self._settle(t)
+                if self.precopied and tid in self.precopied:
+                    ev = self.precopied[tid][1]
+                    if ev is not None:      # the move may overwrite what its copy reads
+                        dev.compute_wait(ev)
                 if self.collectives:
                     self._settle_collective(tid)
                 dev.move(off, new, t.nbytes)
@@ -300,6 +312,8 @@ class Pool:
             self.unpin_collective([t])
         if t.id in self.offset:
             off = self.offset.pop(t.id)
+            if self.precopied and t.id in self.precopied:
+                self._drop_precopy(t, off)
             self._account_tensor(t, -1)
             if self.fences is not None:
                 self._fenced_free(t, off)
@@ -364,6 +378,10 @@ class Pool:
         return t.storage.id in self.offset
 
     def lock(self, ids) -> None:
+        if self.precopied:              # used again before its eviction: its early copy goes
+            for i in ids:
+                if i in self.precopied:
+                    self._drop_precopy(self.live[i])
         self.locked.update(ids)
 
     def unlock(self, ids) -> None:
@@ -504,6 +522,8 @@ class Pool:
             if off is None:                 # on the host, or a block: the general path
                 self.free(t)
                 continue
+            if self.precopied and t.id in self.precopied:
+                self._drop_precopy(t, off)
             self._account_tensor(t, -1)
             if fenced:
                 self._fenced_free(t, off)
@@ -586,6 +606,8 @@ class Pool:
             self.log.append(("prefetch" if ahead else "fetch", t.id, t.nbytes))
         if plain:
             self.codecs[t.id] = self.uncompressed.pop(t.id)
+        if ahead and self.ahead is not None:
+            self.ahead.arrived(t.id)
 
     def prefetch(self, t: TensorInfo) -> bool:
         """Bring t back ahead of use if that needs no eviction (a compressed one: its
@@ -618,26 +640,35 @@ class Pool:
             self._settle(t)
         if self.collectives:
             self._settle_collective(t.id)
-        buf = self.host_pool.get(t.nbytes, home=t.id if t.persistent else None)
+        # its copy started ahead (precopy: the tensor is unchanged since), or one now
+        early = self.precopied.pop(t.id, None) if self.precopied else None
+        if early is None:
+            buf = self.host_pool.get(t.nbytes, home=t.id if t.persistent else None)
+            ev = None
+        else:
+            buf, ev = early
         off = self.offset.pop(t.id)
         view = self.device.view(off, t.shape, t.dtype)
-        ev = None
         epoch = -1
         if fences is not None:
             # after the last kernel that used t (and the copy that filled it, if none did);
             # nothing else. The block's next tenant waits for this copy (claim), not compute
             # now: an eviction stalls no kernel that does not touch the block
-            after = fences.tensor_fence(t.id)
             pre = self.inflight.pop(t.id, None) if self.inflight else None
-            if pre is not None:
-                after.append(pre)
-            reading = self.host_pool.pending_read(buf)
-            if reading is not None:         # buf's last prefetch may still read it
-                after.append(reading)
+            if early is None:
+                after = fences.tensor_fence(t.id)
+                if pre is not None:
+                    after.append(pre)
+                reading = self.host_pool.pending_read(buf)
+                if reading is not None:         # buf's last prefetch may still read it
+                    after.append(reading)
+                ev = self.device.offload(view, buf[:t.nbytes], after=after)
             epoch = fences.epoch if t.id in self.locked else fences.tensor_epoch(t.id)
-            ev = self.device.offload(view, buf[:t.nbytes], after=after)
             fences.filled.pop(t.id, None)
             self.outbound[t.id] = ev
+        elif early is not None:
+            if ev is not None and not defer:    # as below: later kernels may overwrite it
+                self.device.compute_wait(ev)
         elif self.async_copies:
             # copy stream, after the producer; unless deferred, compute waits for the copy on
             # the GPU before any later kernel (which may overwrite the block), so the host
@@ -739,9 +770,72 @@ class Pool:
                 else:
                     self.evictions += 1
                     self.evicted_bytes += t.nbytes
+                    if self.precopied and tid in self.precopied:
+                        self.evictions_ahead += 1
+                    elif self.ahead is not None and tid not in self.codecs:
+                        self.ahead.evicted(t)
                     self.offload(t)
                 return True
         return False
+
+    # ---- early copies of evictions (memory/evict_ahead.py) ------------------------------
+    def precopy(self, t: TensorInfo) -> bool:
+        """Start copying resident tensor ``t`` to a host buffer ahead of its eviction, leaving
+        it resident and in the LRU (False: it cannot start: not an evictable resident tensor,
+        compressed, or no host room). The eviction then frees its block without a copy."""
+        tid = t.id
+        if tid not in self.lru or tid in self.locked or tid in self.precopied or \
+                tid in self.codecs or tid in self.collectives or \
+                (self.staged and tid in self.staged):
+            return False
+        hp = self.host_pool
+        if not hp.can_get(t.nbytes):
+            return False
+        buf = hp.get(t.nbytes, home=tid if t.persistent else None)
+        view = self.device.view(self.offset[tid], t.shape, t.dtype)
+        ev = None
+        if self.fences is not None:     # after the last kernel that used it (and its prefetch)
+            after = self.fences.tensor_fence(tid)
+            pre = self.inflight.get(tid) if self.inflight else None
+            if pre is not None:
+                after.append(pre)
+            reading = hp.pending_read(buf)
+            if reading is not None:
+                after.append(reading)
+            ev = self.device.offload(view, buf[:t.nbytes], after=after)
+        elif self.async_copies:
+            reading = hp.pending_read(buf)
+            if reading is not None:
+                self.device.wait(reading)
+            ev = self.device.offload(view, buf[:t.nbytes])
+        else:
+            self.device.copy_to_host(view, buf, t.nbytes)
+        self.precopied[tid] = (buf, ev)
+        if self.log is not None:
+            self.log.append(("precopy", tid, t.nbytes))
+        return True
+
+    def drop_precopies(self) -> None:
+        """The iteration ends: early copies whose eviction did not come are dropped (a
+        persistent tensor's block may be written before the next one: undo, updates)."""
+        for tid in list(self.precopied):
+            self._drop_precopy(self.live[tid])
+
+    def _drop_precopy(self, t: TensorInfo, off: int | None = None) -> None:
+        """``t`` is used again or freed before its eviction: its early copy is dropped (its
+        buffer back once the copy is done; what writes the block waits for the copy: the
+        block's next tenant where ``off`` is being freed, else the next kernel)."""
+        buf, ev = self.precopied.pop(t.id)
+        self.ahead_fallbacks += 1
+        self.release_host(t, buf, ev)
+        if ev is not None:
+            reading = self.fences.reading if self.fences is not None else None
+            if off is not None and reading is not None and off not in reading:
+                reading[off] = ev
+            else:
+                self.device.compute_wait(ev)
+        if self.log is not None:
+            self.log.append(("precopy_drop", t.id, 0))
 
     # ---- statistics -------------------------------------------------------------------
     @property
@@ -756,6 +850,7 @@ class Pool:
         return {"offload_bytes": self.offload_bytes, "prefetch_bytes": self.prefetch_bytes,
                 "offloads": self.offload_count, "prefetches": self.prefetch_count,
                 "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
+                "evictions_ahead": self.evictions_ahead, "ahead_fallbacks": self.ahead_fallbacks,
                 "cache_hits": self.hits, "cache_misses": self.misses,
                 "compactions": self.compactions, "compacted_bytes": self.moved_bytes,
                 "host_peak_bytes": self.host_pool.peak_bytes}

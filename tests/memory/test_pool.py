@@ -262,7 +262,8 @@ def test_counters(reg):
     c = p.counters()
     # a's host buffer is released after b's is taken: both were on the host at once
     assert c == {"offload_bytes": 3000, "prefetch_bytes": 1000, "offloads": 2,
-                 "prefetches": 1, "evictions": 2, "evicted_bytes": 3000, "cache_hits": 1, "cache_misses": 2,
+                 "prefetches": 1, "evictions": 2, "evicted_bytes": 3000, "evictions_ahead": 0,
+                 "ahead_fallbacks": 0, "cache_hits": 1, "cache_misses": 2,
                  "compactions": 0, "compacted_bytes": 0, "host_peak_bytes": 8192}
     p.prefetch(b)                                 # no room: nothing changes
     assert p.counters() == c

@@ -189,3 +189,84 @@ def test_guard_snapshots_start_with_the_step_and_run_under_forward(gpu_kernels, 
     assert any(p > first_kernel for p in snaps)      # the old order: the control
     late = ex.state_dict()
     assert all(early[k].tobytes() == late[k].tobytes() for k in early)
+
+
+def _evictions_on_the_log(monkeypatch):
+    """Note each LRU eviction as it happens: (the stream log's length when it starts and when
+    it is done, the evicted block's device range); a list filled while a _run trains."""
+    from neuron.memory.pool import Pool
+    from cuda_standins.runtime import _Stream
+    seen, evicting = [], []
+    evict_one, offload = Pool._evict_one, Pool.offload
+
+    def traced_evict_one(self):
+        evicting.append(True)
+        try:
+            return evict_one(self)
+        finally:
+            evicting.pop()
+
+    def traced_offload(self, t, *a, **k):
+        if not evicting or self.fences is None:     # (the plan's virtual device)
+            return offload(self, t, *a, **k)
+        lo, pos = self.device.arena.ptr + self.offset[t.id], len(_Stream.issued)
+        offload(self, t, *a, **k)
+        seen.append((pos, len(_Stream.issued), lo, lo + t.nbytes))
+    monkeypatch.setattr(Pool, "_evict_one", traced_evict_one)
+    monkeypatch.setattr(Pool, "offload", traced_offload)
+    return seen
+
+
+def _kernels_between_copy_and_eviction(ex, seen) -> list:
+    """For each eviction noted: the compute kernels issued after its copy to the host (the
+    last copy out of the block issued by the eviction's end) and before the eviction."""
+    from cuda_standins.runtime import _Stream
+    dev = ex.device
+    issued = _Stream.issued
+    out = []
+    for pos, end, lo, hi in seen:
+        copy = next((k for k in range(end - 1, -1, -1)
+                     if issued[k][0] is dev.d2h_stream
+                     and issued[k][0].ops[issued[k][1]][:1] == ("d2h",)
+                     and issued[k][0].ops[issued[k][1]][2] == lo
+                     and issued[k][0].ops[issued[k][1]][3] >= hi - lo), None)
+        assert copy is not None, (lo, hi)
+        out.append(sum(1 for s, i in issued[copy:pos]
+                       if s is dev.compute_stream and s.ops[i][0] == "kernel"))
+    return out
+
+
+def test_evictions_copy_under_the_compute_before_them(gpu_kernels, cuda_standins, monkeypatch):
+    """The LRU policy's evictions on the schedule of the iteration before (memory/
+    evict_ahead.py): each eviction's copy to the host is issued at least one compute step
+    before the allocation that takes its block, so it runs under that compute; the stream log
+    stays race-free and tight, and the run moves and computes what it did on demand."""
+    seen = _evictions_on_the_log(monkeypatch)
+    rep, ex = _run(cuda_standins, {"policy": "superneurons"}, iters=3)
+    c = ex.pool.counters()
+    assert c["evictions"] > 0 and seen and len(seen) == c["evictions"]
+    assert c["evictions_ahead"] == c["evictions"] and c["ahead_fallbacks"] == 0
+    assert not rep.races, rep.races[:3]
+    assert not rep.copy_waits, rep.copy_waits[:3]
+    assert not rep.compute_waits, rep.compute_waits[:3]
+    under = _kernels_between_copy_and_eviction(ex, seen)
+    assert min(under) >= 1, sorted(under)[:5]
+    state = ex.state_dict()
+    seen.clear()
+    _, on_demand = _run(cuda_standins, {"policy": "superneurons", "evict_ahead": False},
+                        iters=3)
+    assert on_demand.pool.counters()["evictions"] == c["evictions"]
+    assert on_demand.pool.counters()["offload_bytes"] == c["offload_bytes"]
+    other = on_demand.state_dict()
+    assert all(state[k].tobytes() == other[k].tobytes() for k in state)
+
+
+def test_an_eviction_on_demand_is_caught(gpu_kernels, cuda_standins, monkeypatch):
+    """The probe: evictions reverted to on demand (no copy starts ahead) copy at the
+    allocation that needs the block, with no compute to run under."""
+    from neuron.memory.pool import Pool
+    seen = _evictions_on_the_log(monkeypatch)
+    monkeypatch.setattr(Pool, "precopy", lambda self, t: False)
+    _, ex = _run(cuda_standins, {"policy": "superneurons"}, iters=3)
+    assert ex.pool.counters()["evictions_ahead"] == 0
+    assert seen and max(_kernels_between_copy_and_eviction(ex, seen)) == 0
