@@ -108,7 +108,12 @@ class EnginePlan:
         return f"engine{self.engine}#{self.position}"
 
 
-def packed_strides(shape) -> tuple:
+def packed_strides(shape, layout: str = "nchw") -> tuple:
+    """Element strides of a packed 4-d (N, C, H, W) array stored in ``layout``: C order, or
+    channels-last ("nhwc": stored N, H, W, C; for a filter K, R, S, C)."""
+    if layout == "nhwc":
+        _, c, h, w = (int(s) for s in shape)
+        return (h * w * c, 1, w * c, c)
     out, acc = [], 1
     for s in reversed(shape):
         out.insert(0, acc)
@@ -116,13 +121,14 @@ def packed_strides(shape) -> tuple:
     return tuple(out)
 
 
-def _tensor(uid: int, shape, dtype) -> Descriptor:
+def _tensor(uid: int, shape, dtype, layout: str = "nchw") -> Descriptor:
     i64 = api.CUDNN_TYPE_INT64
     return (Descriptor(api.CUDNN_BACKEND_TENSOR_DESCRIPTOR)
             .set(api.CUDNN_ATTR_TENSOR_DATA_TYPE, api.CUDNN_TYPE_DATA_TYPE, api.data_type(dtype),
                  ctypes.c_int)
             .set(api.CUDNN_ATTR_TENSOR_DIMENSIONS, i64, [int(s) for s in shape], ctypes.c_int64)
-            .set(api.CUDNN_ATTR_TENSOR_STRIDES, i64, packed_strides(shape), ctypes.c_int64)
+            .set(api.CUDNN_ATTR_TENSOR_STRIDES, i64, packed_strides(shape, layout),
+                 ctypes.c_int64)
             .set(api.CUDNN_ATTR_TENSOR_UNIQUE_ID, i64, uid, ctypes.c_int64)
             .set(api.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, i64, ALIGNMENT, ctypes.c_int64)
             .finalize())
@@ -143,12 +149,14 @@ def _convolution(padding, stride, dilation, dtype) -> Descriptor:
             .finalize())
 
 
-def conv_operation(kind, x_shape, w_shape, y_shape, padding, stride, dilation, dtype):
+def conv_operation(kind, x_shape, w_shape, y_shape, padding, stride, dilation, dtype,
+                   layout: str = "nchw"):
     """The finalized operation descriptor and everything it was built from (no handle needed:
-    a CPU test builds it against the real library)."""
+    a CPU test builds it against the real library). ``layout`` "nhwc": every operand stored
+    channels-last (--layout nhwc)."""
     op_type, alpha, beta, conv_attr, operands = _OPS[kind]
-    tensors = [_tensor(uid, shape, dtype) for uid, shape in zip(UIDS, (x_shape, w_shape,
-                                                                        y_shape))]
+    tensors = [_tensor(uid, shape, dtype, layout)
+               for uid, shape in zip(UIDS, (x_shape, w_shape, y_shape))]
     conv = _convolution(padding, stride, dilation, dtype)
     double = np.dtype(dtype) == np.float64
     typ, ctype = ((api.CUDNN_TYPE_DOUBLE, ctypes.c_double) if double
@@ -178,11 +186,14 @@ def allowed(notes, behaviour, dtype, tf32: bool, deterministic: bool) -> bool:
 
 def conv_engine_plans(handle, kind, x_shape, w_shape, y_shape, padding, stride, dilation, dtype,
                       *, tf32: bool = False, deterministic: bool = False, limit_bytes: int,
-                      count: int = PLANS_PER_GEOMETRY) -> tuple[list, list]:
+                      count: int = PLANS_PER_GEOMETRY,
+                      layout: str = "nchw") -> tuple[list, list]:
     """(plans, skipped): up to ``count`` execution plans in the heuristic's order whose notes
     fit the run and whose workspace fits ``limit_bytes``; ``skipped`` says why others were
-    left out ("engine N: reason"). Shapes are the forward convolution's x, w, y."""
-    op, keep = conv_operation(kind, x_shape, w_shape, y_shape, padding, stride, dilation, dtype)
+    left out ("engine N: reason"). Shapes are the forward convolution's x, w, y (logical
+    N, C, H, W), stored in ``layout``."""
+    op, keep = conv_operation(kind, x_shape, w_shape, y_shape, padding, stride, dilation, dtype,
+                              layout)
     h = handle.ptr                  # a cudnn_descriptors.Handle
     bd = api.CUDNN_TYPE_BACKEND_DESCRIPTOR
     graph = (Descriptor(api.CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)

@@ -41,12 +41,20 @@ GEOMETRIES = [  # x, w, y, padding, stride, dilation, dtype
 ]
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("kind", ["fwd", "bwd_data", "bwd_filter"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g[0])))
-def test_the_real_library_accepts_every_operation_descriptor(kind, geometry):
+def test_the_real_library_accepts_every_operation_descriptor(kind, geometry, layout):
     _library_or_skip()
-    op, keep = cudnn_engines.conv_operation(kind, *geometry)
+    op, keep = cudnn_engines.conv_operation(kind, *geometry, layout=layout)
     assert op.ptr.value and len(keep) == 4
+
+
+def test_channels_last_strides_are_the_storage_order():
+    shape = (2, 3, 4, 5)                        # N, C, H, W stored N, H, W, C
+    a = np.empty((2, 4, 5, 3)).transpose(0, 3, 1, 2)
+    assert cudnn_engines.packed_strides(shape, "nhwc") == tuple(s // 8 for s in a.strides)
+    assert cudnn_engines.packed_strides(shape) == (60, 20, 5, 1)
 
 
 def test_the_real_library_refuses_an_output_of_the_wrong_size():

@@ -138,13 +138,14 @@ class CudnnStandIn:
     engine_failure = None
 
     def conv_engine_plans(self, h, kind, x_shape, w_shape, y_shape, padding, stride, dilation,
-                          dtype, *, tf32=False, deterministic=False, limit_bytes, count=6):
+                          dtype, *, tf32=False, deterministic=False, limit_bytes, count=6,
+                          layout="nchw"):
         self.calls.append(("plans", kind))
         if self.engine_failure is not None:
             raise self.engine_failure
         plan = cudnn.EnginePlan(kind, 0, 0, (), 0, True)
         plan.geometry = (tuple(x_shape), tuple(w_shape), tuple(y_shape), padding, stride,
-                         dilation, np.dtype(dtype))
+                         dilation, np.dtype(dtype), layout)
         return [plan], []
 
     def time_calls(self, calls, runs=3):
@@ -158,8 +159,10 @@ class CudnnStandIn:
 
     def run_conv_plan(self, h, plan, ptrs, ws_ptr):
         """The plan's convolution (beta = 0) on packed operands at ``ptrs`` (x, w, y)."""
-        xs, ws_, ys, padding, stride, dilation, dt = plan.geometry
-        xd, wd, yd = (Desc("tensor", shape=s, dtype=dt, strides=None) for s in (xs, ws_, ys))
+        xs, ws_, ys, padding, stride, dilation, dt, layout = plan.geometry
+        # the operands as the plan's tensors describe them (packed in its layout)
+        xd, wd, yd = (Desc("tensor", shape=s, dtype=dt, strides=tuple(
+            st * dt.itemsize for st in cudnn.packed_strides(s, layout))) for s in (xs, ws_, ys))
         cd = Desc("conv", padding=padding, stride=stride, dilation=dilation,
                   groups=xs[1] // ws_[1], dtype=dt)
         self.calls.append(("plan", plan.kind))
