@@ -10,6 +10,7 @@ import ctypes
 import numpy as np
 
 from neuron.kernels import cudnn, numpy_pool, numpy_ref
+from neuron.kernels.channels_last import channels_last_strides
 
 class Desc:
     def __init__(self, kind, **kw):
@@ -90,8 +91,13 @@ class CudnnStandIn:
         return Desc("tensor", shape=tuple(shape), dtype=np.dtype(dtype),
                     strides=None if strides_bytes is None else tuple(strides_bytes))
 
-    def filter_descriptor(self, shape, dtype):
-        return Desc("filter", shape=tuple(shape), dtype=np.dtype(dtype), strides=None)
+    def filter_descriptor(self, shape, dtype, fmt=cudnn.CUDNN_TENSOR_NCHW):
+        """NCHW: a C-ordered (K, C, R, S) filter; NHWC: stored K, R, S, C (--layout nhwc)."""
+        assert fmt in (cudnn.CUDNN_TENSOR_NCHW, cudnn.CUDNN_TENSOR_NHWC), f"filter format {fmt}"
+        strides = None if fmt == cudnn.CUDNN_TENSOR_NCHW else \
+            channels_last_strides(shape, np.dtype(dtype).itemsize)
+        return Desc("filter", shape=tuple(shape), dtype=np.dtype(dtype), strides=strides,
+                    fmt=fmt)
 
     def bias_descriptor(self, channels, dtype):
         return Desc("tensor", shape=(1, int(channels), 1, 1), dtype=np.dtype(dtype), strides=None)
