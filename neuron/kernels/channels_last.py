@@ -38,3 +38,10 @@ def storage_permutation(a):
         return TO_STORAGE
     raise ValueError(f"an array of shape {tuple(a.shape)} with strides {tuple(a.strides)} is "
                      "neither C-ordered nor channels-last (--layout nchw|nhwc)")
+
+
+def storage_view(a):
+    """``a`` as its storage, C-contiguous: the (N, H, W, C) view of a channels-last array
+    (elementwise work in place, such as summing a gradient over ranks, may run on it), else
+    ``a`` itself."""
+    return a.transpose(TO_STORAGE) if a.ndim == 4 and is_channels_last(a) else a
