@@ -101,3 +101,22 @@ def test_a_mixed_step_at_nhwc_on_the_cuda_path_matches_the_cpu_reference(gpu_ker
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=LOSS_RTOL[precision])
     worst, name = worst_update_error(gpu, cpu)
     assert worst < TOL[precision], (worst, name)
+
+
+def test_nhwc_under_memory_pressure_with_recomputation_and_chunks(gpu_kernels):
+    """Offloaded parameters and activations brought back as raw bytes, recomputed BN, the
+    chunked BN kernels (kernels/bn_chunks.py) and gradients accumulated over chunks, all on
+    channels-last views."""
+    from neuron.plan import plan
+    g = GRAPHS["resnet_cifar8"]()
+    budget = int(plan(g, 4, policy="liveness", search_min=False)["peak_bytes"] * 0.5)
+    for kw in ({"planner": "superneurons", "offload_params": True, "budget": budget},
+               {"policy": "superneurons", "chunks": 2}):
+        arena = budget if "budget" in kw else ARENA
+        from neuron.devices.cuda import CudaDevice
+        dev = CudaDevice(arena, headroom_bytes=0)
+        try:
+            nhwc = train("resnet_cifar8", dev, layout="nhwc", replay="off", **kw)
+        finally:
+            dev.close()
+        _same(nhwc, train("resnet_cifar8", CpuDevice(arena), **kw))
