@@ -49,6 +49,11 @@ def test_the_cuda_path_gets_channels_last_views_and_nhwc_filters(gpu_kernels, mo
         seen.append((xd.strides, wd.fmt))
         return real(self, h, xd, x, wd, w, cd, *a, **k)
     monkeypatch.setattr(cuda_standins.CudnnStandIn, "convolution_forward", spy)
+    asked = []
+    request = gpu_kernels.conv2d_workspace_request
+    monkeypatch.setattr(gpu_kernels, "conv2d_workspace_request",
+                        lambda *a, **k: asked.append(k.get("layout")) or request(*a, **k))
+    gpu_kernels.conv_algo_trace.clear()
     dev = _cuda_device()
     try:
         _, _, ex = train("resnet_cifar8", dev, steps=1, layout="nhwc", replay="off")
@@ -59,6 +64,11 @@ def test_the_cuda_path_gets_channels_last_views_and_nhwc_filters(gpu_kernels, mo
     assert seen and all(fmt == gpu_kernels.dnn.CUDNN_TENSOR_NHWC for _, fmt in seen)
     # every convolution input is channels-last: the channel stride is one element
     assert all(strides[1] == 4 for strides, _ in seen), seen
+    # the algorithms are chosen, and the workspace asked for, among nhwc's
+    trace = gpu_kernels.conv_algo_trace
+    assert trace and all(r.key.endswith(" nhwc") for r in trace), trace[:3]
+    if getattr(dev, "dynamic_workspace", False):
+        assert asked and set(asked) == {"nhwc"}
 
 
 def test_a_filter_read_in_the_wrong_format_is_caught(gpu_kernels, monkeypatch):
