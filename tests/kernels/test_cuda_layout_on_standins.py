@@ -92,25 +92,27 @@ def test_a_replayed_nhwc_iteration_gives_the_eager_bits(gpu_kernels):
         np.testing.assert_array_equal(eager[1][k], replayed[1][k], err_msg=k)
 
 
+@pytest.mark.parametrize("graph", ["resnet", "densenet", "pointwise_and_lrn"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_a_mixed_step_at_nhwc_on_the_cuda_path_matches_the_cpu_reference(gpu_kernels, precision):
+def test_a_mixed_step_at_nhwc_on_the_cuda_path_matches_the_cpu_reference(gpu_kernels, precision,
+                                                                          graph):
     """The low-precision weight copies and the float32 masters' gradients (buffers carved in
     the weight's own layout) at nhwc, against the CPU reference at nhwc (the same summation
     orders on both sides, so test_cuda_mixed_on_standins.py's tolerance holds; against nchw,
     BN's reductions in another order flip low-type roundings: about 2e-3 at bf16)."""
     pytest.importorskip("ml_dtypes")
-    from test_cuda_mixed_on_standins import LOSS_RTOL, TOL, _data, _run, resnet, \
-        worst_update_error
-    data = _data()
+    import test_cuda_mixed_on_standins as mixed
+    net = getattr(mixed, graph)
+    data = mixed._data()
     dev = _cuda_device()
     try:
-        gpu = _run(dev, precision, data, graph=resnet, layout="nhwc")
+        gpu = mixed._run(dev, precision, data, graph=net, layout="nhwc")
     finally:
         dev.close()
-    cpu = _run(CpuDevice(ARENA), precision, data, graph=resnet, layout="nhwc")
-    np.testing.assert_allclose(gpu[0], cpu[0], rtol=LOSS_RTOL[precision])
-    worst, name = worst_update_error(gpu, cpu)
-    assert worst < TOL[precision], (worst, name)
+    cpu = mixed._run(CpuDevice(ARENA), precision, data, graph=net, layout="nhwc")
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=mixed.LOSS_RTOL[precision])
+    worst, name = mixed.worst_update_error(gpu, cpu)
+    assert worst < mixed.TOL[precision], (worst, name)
 
 
 def test_nhwc_under_memory_pressure_with_recomputation_and_chunks(gpu_kernels):

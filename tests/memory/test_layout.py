@@ -167,3 +167,19 @@ def test_a_bad_layout_is_one_clear_error():
     with pytest.raises(ValueError, match="layout must be one of nchw, nhwc, got 'nwhc'"):
         Executor(vgg_like(), BATCH, device="cpu", layout="nwhc")
     assert get_layout(None) == "nchw" and get_layout("NHWC") == "nhwc"
+
+
+def test_compressed_swaps_at_nhwc():
+    """FreeLunch's codecs (memory/compressed_swap.py) encode and decode a map's raw storage:
+    at nhwc the first step is the exact one's (backward reads the decoded maps only), the
+    second close, and runs repeat bit for bit."""
+    def run(planner):
+        ex = Executor(GRAPHS["resnet_cifar8"](), BATCH, device="cpu", seed=3, planner=planner,
+                      layout="nhwc", optimizer=nn.SGD(lr=0.05, momentum=0.9))
+        return [ex.train_step(x, y) for x, y in _data(2)], ex
+    exact, _ = run("vdnn")
+    a, ex = run("vdnn:compress=2")
+    b, _ = run("vdnn:compress=2")
+    assert ex.pool.codecs and ex.pool.offload_bytes > 0
+    assert a == b and a[0] == exact[0]
+    assert abs(a[1] - exact[1]) < 0.05 * abs(exact[1])

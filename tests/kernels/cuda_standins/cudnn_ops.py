@@ -46,8 +46,9 @@ def _f(a):
 
 
 def _tmp(a):
-    """Where a kernel computes an output ``a``: float32 for a low type, else ``a`` itself."""
-    return np.empty(a.shape, np.float32) if _is_low(a) else a
+    """Where a kernel computes an output ``a``: float32 for a low type (laid out as ``a``, so
+    that reductions over it run in ``a``'s memory order), else ``a`` itself."""
+    return np.empty_like(a, dtype=np.float32) if _is_low(a) else a
 
 
 def _store(out, r):
@@ -218,7 +219,7 @@ class CudnnStandIn:
             axes = (0, 2, 3) if x.ndim == 4 else (0,)
             sm = x.mean(axis=axes)
             si = 1.0 / np.sqrt(x.var(axis=axes) + eps)
-        r = np.empty(dx.shape, x.dtype)
+        r = np.empty_like(dx, dtype=x.dtype)    # dx's layout: its reductions' memory order
         numpy_ref.batchnorm_backward(x, dy, _channels(bd, scale), sm, si, r,
                                      _channels(bd, dscale), _channels(bd, dbias), eps)
         _blend(dx, r, 1.0, beta_data)
