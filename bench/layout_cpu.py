@@ -91,7 +91,7 @@ def main(argv=None) -> int:
           f"{threads['requested']} BLAS thread(s), median of {args.rounds} alternating rounds of {args.iters} steps.\n\n"
           "| layout | img/s | ms/step | CPU ms/step | replay |\n|---|---:|---:|---:|---|\n"
           f"{table}\n\nnhwc / nchw = {ratio:.2f}\n\nThe layouts compute the same function up to "
-          "float32 summation order (tests/memory/test_layout.py: 3 steps agree to 1e-6); over "
+          "float32 summation order (tests/memory/test_memory_layout.py: 3 steps agree to 1e-6); over "
           "many steps at lr 0.1 the two trajectories drift apart as any change of summation "
           "order makes them (``last_loss`` in the JSON).\n")
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
