@@ -11,17 +11,15 @@ kernels gather channels-last maps through strided copies, so this measures what 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench._common import provenance, write  # noqa: E402
 from bench.cpu_speed import digits_batches, run, set_threads, summary  # noqa: E402
 
 LAYOUTS = ("nchw", "nhwc")
@@ -52,6 +50,8 @@ def stepper(args, shape, classes, layout):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    prov = provenance(device=f"CPU ({platform.processor() or platform.machine()}, "
+                             f"{os.cpu_count()} cores, shared), training on the CPU")
     limits = set_threads(args.threads)         # holds the BLAS limit while it lives
     threads = {k: v for k, v in limits.items() if not k.startswith("_")}
     batches, shape, classes = digits_batches(args.batch)
@@ -74,32 +74,23 @@ def main(argv=None) -> int:
                         replay_ran=exs[layout].replay["ran"], last_loss=losses[layout])
            for layout in LAYOUTS}
     ratio = res["nhwc"]["img_per_s"] / res["nchw"]["img_per_s"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     out = {"model": f"resnet_cifar depth {args.depth}", "dataset": "digits 1x8x8",
            "batch": args.batch, "replay": args.replay, "threads": threads,
            "rounds": args.rounds, "iters": args.iters, "layouts": res,
-           "nhwc_over_nchw": round(ratio, 3),
-           "host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit}
-    print(json.dumps(out))
+           "nhwc_over_nchw": round(ratio, 3), "provenance": prov}
     table = "\n".join(
         f"| {layout} | {r['img_per_s']} | {r['step_ms']} | {r['cpu_ms_per_step']} | "
         f"{r['replay_ran']} |" for layout, r in res.items())
     md = (f"# CPU speed by layout ({out['model']}, {out['dataset']}, batch {args.batch})\n\n"
-          f"{out['date']}, commit {commit}, {out['cpus']} CPUs (shared), "
-          f"{threads['requested']} BLAS thread(s), median of {args.rounds} alternating rounds of {args.iters} steps.\n\n"
+          f"{prov['date']}, commit {prov['commit']}, {prov['device']}; "
+          f"{threads['requested']} BLAS thread(s); median of {args.rounds} alternating rounds "
+          f"of {args.iters} steps; load average {prov['load_average_at_start']} at start.\n\n"
           "| layout | img/s | ms/step | CPU ms/step | replay |\n|---|---:|---:|---:|---|\n"
           f"{table}\n\nnhwc / nchw = {ratio:.2f}\n\nThe layouts compute the same function up to "
-          "float32 summation order (tests/memory/test_memory_layout.py: 3 steps agree to 1e-6); over "
-          "many steps at lr 0.1 the two trajectories drift apart as any change of summation "
-          "order makes them (``last_loss`` in the JSON).\n")
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", f"{args.name}.json"), "w") as f:
-        json.dump(out, f, indent=1)
-    with open(os.path.join(ROOT, "bench", "results", f"{args.name}.md"), "w") as f:
-        f.write(md)
-    print(md)
+          "float32 summation order (tests/memory/test_memory_layout.py: 3 steps agree to 1e-6); "
+          "over many steps at lr 0.1 the two trajectories drift apart as any change of "
+          "summation order makes them (``last_loss`` in the JSON).\n")
+    write(args.name, out, md)
     return 0
 
 
