@@ -36,6 +36,7 @@ from .optim import SGD
 from .precision import Precision, get_precision
 from .precision.loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
 from .precision import mixed_cpu
+from .memory.layout import apply_layout, get_layout
 from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, nonfinite_input, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
@@ -98,6 +99,9 @@ class Executor:
     precision: fp32 | tf32 | bf16 | fp16 (neuron/precision): which tensors are stored in a 2-byte
     type; ``dtype`` stays the master dtype (parameters, optimizer state, statistics). fp16
     trains with dynamic loss scaling (``loss_scaler``, precision/loss_scale.py).
+    layout: "nchw" (default) or "nhwc": how 4-d feature maps and convolution weights are stored
+    (memory/layout.py). Shapes, planned bytes and checkpoints are the same in both; under nhwc
+    the kernels get channels-last views (cuDNN's tensor-core convolutions want them).
     prefetch_ahead: how many steps ahead tensors on the host are prefetched (1: the next
     step's reads, as the SuperNeurons runtime does; N: up to N steps, as far as the arena's
     free bytes allow without any step before the reader evicting), or "auto": as far as that
@@ -121,7 +125,8 @@ class Executor:
                  loss: str = "softmax", grad_buckets: int | None = None,
                  grad_lag: int | None = None, replay: str | None = None,
                  precision: str | Precision | None = None, prefetch_ahead: int | str = 1,
-                 evict_ahead: bool = True, _plan_from=None, _alias_gradients: bool = True):
+                 evict_ahead: bool = True, layout: str | None = None, _plan_from=None,
+                 _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
@@ -141,6 +146,7 @@ class Executor:
         # what feature maps, their gradients and convolution workspaces are stored in
         self.feature_dtype = self.precision.feature_dtype(self.dtype)
         self.loss_scaler = LossScaler() if self.precision.loss_scaling else None
+        self.layout = get_layout(layout)
         self.optimizer = optimizer or SGD()
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.offload_params = bool(offload_params)
@@ -261,6 +267,7 @@ class Executor:
         self.schedule: Schedule = build_chunked_schedule(
             self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names,
             self.precision, self._alias_gradients)
+        apply_layout(self.schedule.registry, self.layout)    # before any step binds a view
         self.recompute_report = None
         steps = self.schedule.steps
         if self.policy.recompute and self.chunks == 1:
@@ -858,14 +865,14 @@ class Executor:
                         ws_bytes = min(shared_ws[1], step.layer.workspace_request(
                             dev.kernels, "F" if step.phase != "B" else "B",
                             step.chunk.size if step.chunk else self.batch, self.feature_dtype,
-                            shared_ws[1]))
+                            shared_ws[1], self.layout))
                 elif ws_bytes:
                     free = pool.heap.largest_free
                     if dynamic_ws:              # choose under what is free right now (§3.5)
                         ws_bytes = step.layer.workspace_request(
                             dev.kernels, "F" if step.phase != "B" else "B",
                             step.chunk.size if step.chunk else self.batch, self.feature_dtype,
-                            free)
+                            free, self.layout)
                     elif ws_bytes > free and step.layer.workspace_shrinks():
                         ws_bytes = 0            # no workspace rather than evicting for one
                     if ws_bytes:
@@ -1072,6 +1079,6 @@ def _prefetch_in_order(pool, pending: list) -> list:
     return []
 
 
-_PLAN_FIELDS = ("train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
+_PLAN_FIELDS = ("layout", "train_graph", "schedule", "recompute_report", "steps", "frees", "eval_steps",
                 "logits_tensors", "_eval_frees", "persistent", "state_tensors",
                 "_offload_after", "_prefetch_after", "decisions", "_horizon_cost")

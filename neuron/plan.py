@@ -205,7 +205,7 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
               precision=None, search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
               cost=None, timed: bool | None = None, planner=None, comm=None,
               grad_buckets: int | None = None, grad_lag: int | None = None,
-              prefetch_ahead=1) -> Plan:
+              prefetch_ahead=1, layout=None) -> Plan:
     """``cost`` (a memory.costmodel.CostModel): what a planner plans with, and what times the
     iteration when ``timed`` (default: whenever a cost model is given; `plan --time`);
     ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock;
@@ -230,7 +230,7 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
     kw = dict(policy=policy, offload_params=offload_params,
               recompute_strategy=recompute_strategy, host_budget=host_budget,
               tensor_cache=tensor_cache, compact=compact, dtype=dtype, precision=precision,
-              prefetch_ahead=prefetch_ahead)
+              prefetch_ahead=prefetch_ahead, layout=layout)
     more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
     ex = None
     for_budget = bool(planner) and budget is not None      # a planner plans for the budget
@@ -288,6 +288,7 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         "host_peak_bytes": run.get("host_peak_bytes") if fits else None,
         "bytes_by_kind": run.get("bytes_by_kind_at_peak") if fits else None,
         "precision": ex.precision.name,
+        "layout": ex.layout,        # storage only: the bytes are the same in either layout
         # each tensor at its own type (neuron/precision); workspaces are in bytes_by_kind
         "bytes_by_dtype": run.get("bytes_by_dtype_at_peak") if fits else None,
         "tensor_bytes_by_dtype": tensor_bytes_by_dtype(ex),
@@ -447,5 +448,6 @@ def widest(model: str, budget: int, *, depth: int | None = None, progress=None, 
 def _kw_report(kw) -> dict:
     return {"policy": kw.get("policy", "superneurons"), "planner": kw.get("planner"),
             "precision": str(kw.get("precision") or "fp32"),
+            "layout": str(kw.get("layout") or "nchw"),
             "offload_params": kw.get("offload_params", False),
             "chunking": kw.get("chunks", 1)}

@@ -27,6 +27,10 @@ scales its loss), PyTorch measured in NCHW and in channels_last (``layouts`` in 
 ratio is against the faster, ``pytorch.layout``). The kit's ``throughput_mixed`` stage runs
 ``resnet50:128`` so (``--stage throughput_mixed``), inside the ``second`` command.
 
+``--layout nhwc`` stores neuron's feature maps and convolution weights channels-last
+(``Executor(layout=)``, neuron/memory/layout.py: cuDNN's NHWC tensor-core convolutions); the row
+records the layout neuron ran in. Default nchw.
+
 Each precision runs in a child process of its own: CuPy reads CUPY_TF32 once, when it sets up
 cuBLAS. Writes <out>/throughput.json after every configuration (a stage stopped at its limit
 keeps what finished), with per configuration ``neuron_over_pytorch``: the fastest neuron mode
@@ -60,6 +64,8 @@ def parse_args(argv=None):
     p = stage_parser(__doc__)
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16", "both", "mixed"],
                    default="both", help="both: fp32 and tf32; mixed: bf16 and fp16")
+    p.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw",
+                   help="neuron's storage layout of 4-d maps and conv weights (Executor(layout=))")
     p.add_argument("--stage", default="throughput",
                    help="the stage name the JSON is written as (<out>/<stage>.json)")
     p.add_argument("--memory", default=None,
@@ -125,6 +131,8 @@ def run_neuron(name, batch, args, memory, tf32, mode="off", precision=None) -> d
         K.allow_tf32, K.deterministic, K.conv_algo_search = tf32, False, "find"
         conv_algos.conv_algo_trace.clear()      # this run's choices only
     mixed = {"precision": precision} if precision in MIXED else {}
+    if args.layout != "nchw":
+        mixed["layout"] = args.layout
     ex = Executor(graph, batch, device=args.device, policy="liveness", budget=memory,
                   optimizer=nn.SGD(lr=1e-6, momentum=0.9), **executor_kwargs(mode), **mixed)
     try:
@@ -298,7 +306,7 @@ def child(args) -> int:
     modes = [m for m in args.modes.split(",") if m]
     for name, batch in configs_of(args):
         row = {"model": name, "batch": batch, "precision": args.precision,
-               "memory_bytes": memory, "neuron": {}}
+               "layout": args.layout, "memory_bytes": memory, "neuron": {}}
         for mode in modes:
             try:
                 row["neuron"][mode] = run_neuron(name, batch, args, memory, tf32, mode,
@@ -340,7 +348,8 @@ def main(argv=None) -> int:
         env = dict(os.environ, CUPY_TF32="1" if prec == "tf32" else "0")
         cmd = [sys.executable, "-m", "bench.gpu.throughput", "--child", "--precision", prec,
                "--out", args.out, "--device", args.device, "--runs", str(args.runs),
-               "--iters", str(args.iters), "--warmup", str(args.warmup), "--modes", args.modes]
+               "--iters", str(args.iters), "--warmup", str(args.warmup), "--modes", args.modes,
+               "--layout", args.layout]
         if args.memory:
             cmd += ["--memory", args.memory]
         if args.configs:

@@ -4,14 +4,16 @@ Each numeric option of every command is declared with ``type=numeric(...)`` (or 
 helpers below), so that a value the run cannot use is a usage error (exit 2) naming the option
 ("argument --NAME:", argparse's prefix) and what it accepts, before any work: NaN and infinities are refused everywhere (they pass
 ``float()`` and every ``<`` comparison that would catch them), as are integers written as
-fractions. Byte sizes (``--budget``), precisions and paths are checked here too. Imports nothing
-of neuron but units and precision (leaves), so any module that declares options may use it.
+fractions. Byte sizes (``--budget``), precisions, layouts and paths are checked here too. Imports
+nothing of neuron but units, precision and memory.layout (leaves), so any module that declares
+options may use it.
 """
 from __future__ import annotations
 
 import argparse
 import math
 
+from ..memory.layout import LAYOUTS
 from ..precision import PRECISIONS
 from ..units import parse_bytes
 
@@ -110,6 +112,30 @@ def precision_option(p) -> None:
     """--precision on a command that plans or trains."""
     p.add_argument("--precision", default="fp32", type=precision_arg("--precision"),
                    metavar="{" + ",".join(PRECISIONS) + "}", help=PRECISION_HELP)
+
+
+#: the help text of --layout (every command that plans or trains)
+LAYOUT_HELP = ("storage layout of 4-d feature maps and convolution weights: nchw (default) or "
+               "nhwc (channels last, what cuDNN's tensor-core convolutions want). Shapes, planned "
+               "bytes and checkpoints (NCHW order) are the same in both; a network without 4-d "
+               "maps runs the same either way")
+
+
+def layout_arg(name: str):
+    """One of memory.layout.LAYOUTS, else a usage error naming the option and the choices."""
+    def convert(text: str) -> str:
+        if text.lower() not in LAYOUTS:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(LAYOUTS)}, got "
+                                             f"{text!r}")
+        return text.lower()
+    convert.__name__ = name.lstrip("-").replace("-", "_")
+    return convert
+
+
+def layout_option(p) -> None:
+    """--layout on a command that plans or trains."""
+    p.add_argument("--layout", default="nchw", type=layout_arg("--layout"),
+                   metavar="{" + ",".join(LAYOUTS) + "}", help=LAYOUT_HELP)
 
 
 def path_arg(name: str):

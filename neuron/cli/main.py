@@ -6,8 +6,8 @@ import json
 import sys
 import time
 
-from .args import (byte_size, count, numeric, path_arg, positive_int, positive_number,
-                   precision_option)
+from .args import (byte_size, count, layout_option, numeric, path_arg, positive_int,
+                   positive_number, precision_option)
 from .planning import cmd_profile
 from ..memory.policy import POLICIES
 from ..units import fmt_bytes, parse_bytes
@@ -63,6 +63,7 @@ def _device_arg(p):
 def _policy_args(p, default: str, budget_required: bool = False):
     _policy_arg(p, default)
     precision_option(p)
+    layout_option(p)
     p.add_argument("--budget", required=budget_required, default=None, type=byte_size("--budget"),
                    help="arena size, e.g. 12GiB, 512MiB, 3GB, 1000000" +
                    ("" if budget_required else " (default: none, i.e. unbounded)"))
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "after the current step and write --checkpoint.")
     _model_args(t, 64)
     precision_option(t)
+    layout_option(t)
     g = t.add_mutually_exclusive_group()
     g.add_argument("--iters", type=positive_int("--iters"),
                    help="number of iterations (default: one epoch)")
@@ -313,7 +315,7 @@ def _policy_kw(args, host_default=None) -> dict:
     hb = args.host_budget or host_default
     from .planning import planner_spec
     return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
-                precision=args.precision,
+                precision=args.precision, layout=args.layout,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None, chunks=args.chunks,
@@ -353,7 +355,8 @@ def cmd_plan(args) -> int:
     how = f"planner {r['planner']}" if r.get("planner") else f"policy {r['policy']}"
     print(f"{args.model} batch {args.batch}, {how}"
           f"{' + offload-params' if args.offload_params else ''}"
-          f"{', precision ' + args.precision if args.precision != 'fp32' else ''}: "
+          f"{', precision ' + args.precision if args.precision != 'fp32' else ''}"
+          f"{', layout ' + args.layout if args.layout != 'nchw' else ''}: "
           f"{r['num_layers']} layers, "
           f"{r['num_steps']} steps, {r['params']:,} parameters")
     print(f"  peak (unbounded arena)  {fmt_bytes(r['unbounded_peak_bytes'])}  (the plan for no "
@@ -476,7 +479,8 @@ def _search_cmd(args, kind: str) -> int:
     print(f"{kind} {args.model} under {fmt_bytes(budget)} "
           f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
           f"{', offload-params' if r['offload_params'] else ''}"
-          f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}): "
+          f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}"
+          f"{', layout ' + r['layout'] if r.get('layout', 'nchw') != 'nchw' else ''}): "
           f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
@@ -565,7 +569,7 @@ def cmd_train(args) -> int:
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
                       chunks=chunks, replay=args.replay, precision=args.precision,
-                      prefetch_ahead=args.prefetch_ahead)
+                      prefetch_ahead=args.prefetch_ahead, layout=args.layout)
     except MemoryBudgetError as e:
         from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
@@ -603,7 +607,7 @@ def cmd_train(args) -> int:
     res.update(model=args.model, depth=args.depth, batch=args.batch, device=ex.device.name,
                policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
                chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay,
-               precision=ex.precision.name)
+               precision=ex.precision.name, layout=ex.layout)
     if ex.loss_scaler is not None:      # fp16
         res.update(loss_scale=ex.loss_scaler.scale, overflow_skipped_steps=ex.loss_scaler.skipped)
     res.update(ex.pool.counters())
@@ -616,6 +620,7 @@ def cmd_train(args) -> int:
             (f" (planner {args.planner})" if args.planner else "") +
             (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else "") +
             (f", precision {ex.precision}" if ex.precision.name != "fp32" else "") +
+            (f", layout {ex.layout}" if ex.layout != "nchw" else "") +
             (f" (loss scale {ex.loss_scaler.scale:g}, {ex.loss_scaler.skipped} steps skipped for "
              "overflow)" if ex.loss_scaler is not None else "") +
             _replay_text(ex.replay))

@@ -129,8 +129,9 @@ def add_profile_command(sub, positive) -> None:
                     help="input height and width (default: the model's)")
     pr.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="device whose kernels are timed")
-    from .args import precision_option
+    from .args import layout_option, precision_option
     precision_option(pr)
+    layout_option(pr)
     pr.add_argument("--repeat", type=positive("--repeat"), default=3,
                     help="timed iterations")
     pr.add_argument("-o", "--output", required=True, metavar="FILE.json",
@@ -156,7 +157,7 @@ def cmd_profile(args) -> int:
         in_shape = (g.inputs[0].shape[0], args.image_size, args.image_size)
     graph = build_model(args.model, depth=args.depth, in_shape=in_shape)
     prof = profile_model(graph, args.batch, device=args.device, repeat=args.repeat,
-                         model=args.model, precision=args.precision)
+                         model=args.model, precision=args.precision, layout=args.layout)
     with open(args.output, "w") as f:
         json.dump(prof, f, indent=1)
     print(f"{args.model} batch {args.batch} on {prof['device']} ({prof['device_detail']}): "

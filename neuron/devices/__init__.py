@@ -29,6 +29,13 @@ class Device:
     def view(self, offset: int, shape, dtype):
         raise NotImplementedError
 
+    def channels_last_view(self, offset: int, shape, dtype):
+        """The (N, C, H, W) view of a tensor stored N, H, W, C at ``offset`` (--layout nhwc,
+        memory/layout.py): the storage's C-ordered view, transposed (no copy)."""
+        n, c, h, w = shape
+        v = self.view(offset, (n, h, w, c), dtype)
+        return None if v is None else v.transpose(0, 3, 1, 2)
+
     def to_numpy(self, a) -> np.ndarray:
         return np.array(a, copy=True)
 

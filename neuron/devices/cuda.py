@@ -402,6 +402,18 @@ class CudaDevice(Device):
         self._views[key] = v
         return v
 
+    def channels_last_view(self, offset: int, shape, dtype):
+        """The channels-last view of --layout nhwc (Device.channels_last_view), cached as the
+        C-ordered views are."""
+        key = (offset, tuple(shape), dtype, "nhwc")
+        v = self._views.get(key)
+        if v is None:
+            v = super().channels_last_view(offset, shape, dtype)
+            if len(self._views) >= _VIEW_CACHE:
+                self._views.clear()
+            self._views[key] = v
+        return v
+
     def move(self, src: int, dst: int, nbytes: int) -> None:
         """Arena bytes [src, src+n) -> [dst, dst+n) on the compute stream (compaction). Ranges
         may overlap: with dst < src, chunks no longer than the shift, copied from low to high

@@ -24,6 +24,7 @@ import zlib
 
 import numpy as np
 
+from ..kernels.channels_last import storage_view
 from ..recording import collective, host_call, kernel_module, per_iteration
 from .comm import Communicator, ParameterDivergenceError
 from .overlap import is_deferred
@@ -83,7 +84,8 @@ class DataParallel:
             return
         if self.overlap:
             return self._overlap_step(step)
-        grads = [dparams[pname] for pname, _, _, _ in step.updates]
+        # channels-last weights (--layout nhwc) reduced as their storage: a sum is elementwise
+        grads = [storage_view(dparams[pname]) for pname, _, _, _ in step.updates]
         if not grads:
             return
         name, k = step.layer.name, self.ex._k
@@ -101,8 +103,8 @@ class DataParallel:
             layers = f"{', '.join(b.layers[:3])}{', ...' if len(b.layers) > 3 else ''}"
             what = per_iteration(k, lambda it: f"all-reduce of gradient bucket {b.index} "
                                  f"({layers}; iteration {it})", self.ex.iteration)
-            self._pending[b.index] = host_call(k, self._start, [view(g) for g in b.grads()],
-                                               what)
+            self._pending[b.index] = host_call(k, self._start,
+                                               [storage_view(view(g)) for g in b.grads()], what)
         for d in step.due:
             host_call(k, self._finish, self._pending.pop(d.index))
 

@@ -45,6 +45,7 @@ import numpy as np
 from . import cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
+from .channels_last import TO_STORAGE, channels_last_strides, is_channels_last
 from .numpy_ref import _pair, conv2d_out_hw
 
 
@@ -163,17 +164,21 @@ def choose_accumulating(kind, key, xd, wd, cd, yd, limit, ptrs, out_index, out_n
     return choose(kind, key, xd, wd, cd, yd, limit, None, ws, plans=False)
 
 
-def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype) -> tuple:
-    return (kind, tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
-            _pair(stride), _pair(padding), _pair(dilation), int(groups), np.dtype(dtype).str,
-            bool(cuda_switches.deterministic), bool(cuda_switches.allow_tf32))
+def conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                      layout: str = "nchw") -> tuple:
+    """The key of a convolution's algorithm choice; ``layout`` "nhwc" (channels-last maps and
+    K, R, S, C filters: memory/layout.py) is a geometry of its own, with algorithms of its own."""
+    key = (kind, tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
+           _pair(stride), _pair(padding), _pair(dilation), int(groups), np.dtype(dtype).str,
+           bool(cuda_switches.deterministic), bool(cuda_switches.allow_tf32))
+    return key if layout == "nchw" else key + (layout,)
 
 
 @functools.lru_cache(maxsize=4096)      # every traced call formats its key
 def key_text(key) -> str:
     kind, xs, ws, st, pd, dl, g, dt = key[:8]
     return (f"{kind} x{list(xs)} w{list(ws)} s{list(st)} p{list(pd)} d{list(dl)} g{g} "
-            f"{np.dtype(dt).name}")
+            f"{np.dtype(dt).name}" + "".join(f" {e}" for e in key[10:]))
 
 
 def _searching() -> bool:
@@ -268,7 +273,8 @@ def with_engines(h, kind, key, descs, ptrs, ws, perfs, mt) -> list:
     try:
         plans, skipped = dnn.conv_engine_plans(
             h, kind, x_shape, w_shape, (n, w_shape[0], ho, wo), padding, stride, dilation,
-            np.dtype(xd.dtype), tf32=bool(cuda_switches.allow_tf32), limit_bytes=ws[1])
+            np.dtype(xd.dtype), tf32=bool(cuda_switches.allow_tf32), limit_bytes=ws[1],
+            layout=key[10] if len(key) > 10 else "nchw")
         if not plans:
             engine_skips[key] = "; ".join(skipped) or "cuDNN's heuristics listed no engine"
             return perfs
@@ -349,36 +355,55 @@ def _record(kind, key, choice, limit):
         choice.source, key))
 
 
-def _descriptors(x_shape, w_shape, stride, padding, dilation, dtype):
+def filter_format(w, x) -> int:
+    """cuDNN's filter format of weight array ``w`` convolved with ``x``: NHWC for channels-last
+    (K, R, S, C) weights, and for a 1x1 filter (the same bytes in both) of a channels-last x."""
+    nhwc = is_channels_last(w) or (is_channels_last(x) and
+                                   w.transpose(TO_STORAGE).flags.c_contiguous)
+    return dnn.CUDNN_TENSOR_NHWC if nhwc else dnn.CUDNN_TENSOR_NCHW
+
+
+def _descriptors(x_shape, w_shape, stride, padding, dilation, dtype, layout="nchw"):
     n, _, hh, ww = x_shape
     kk, _, kh, kw = w_shape
     ho, wo = conv2d_out_hw(hh, ww, kh, kw, stride, padding, dilation)
+    y_shape = (n, kk, ho, wo)
+    if layout == "nhwc":
+        item = np.dtype(dtype).itemsize
+        return (dnn.tensor_descriptor(x_shape, dtype, channels_last_strides(x_shape, item)),
+                dnn.filter_descriptor(w_shape, dtype, dnn.CUDNN_TENSOR_NHWC),
+                dnn.tensor_descriptor(y_shape, dtype, channels_last_strides(y_shape, item)))
     return (dnn.tensor_descriptor(x_shape, dtype), dnn.filter_descriptor(w_shape, dtype),
-            dnn.tensor_descriptor((n, kk, ho, wo), dtype))
+            dnn.tensor_descriptor(y_shape, dtype))
 
 
 def choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
-                     limit_bytes, *, arrays=None, workspace=None, record=True) -> ConvChoice:
+                     limit_bytes, *, arrays=None, workspace=None, record=True,
+                     layout: str = "nchw") -> ConvChoice:
     """The convolution algorithm for this geometry under ``limit_bytes`` of workspace.
 
     ``kind`` is "fwd", "bwd_data" or "bwd_filter"; shapes are those of the forward convolution's
     x and w. To measure, pass ``arrays`` = (x, w, y) (for bwd_data: (dx, w, dy), for
     bwd_filter: (x, dw, dy); FindEx writes the output operand) and ``workspace`` (a uint8 device
     array of at least limit bytes). Without them, the cached measurement if any, else cuDNN's
-    heuristic ranking."""
+    heuristic ranking. ``layout``: "nhwc" for channels-last maps and filters (with ``arrays``,
+    read off the filter array)."""
     dtype = np.dtype(dtype)
     limit = max(0, int(limit_bytes))
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
-    key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
     if arrays is not None:
         a, b, c = arrays
+        fmt = filter_format(b, a)
+        layout = "nhwc" if fmt == dnn.CUDNN_TENSOR_NHWC else "nchw"
         xd, wd, yd = (dnn.tensor_descriptor(a.shape, a.dtype, a.strides),
-                      dnn.filter_descriptor(b.shape, b.dtype),
+                      dnn.filter_descriptor(b.shape, b.dtype, fmt),
                       dnn.tensor_descriptor(c.shape, c.dtype, c.strides))
         ptrs = (a.data.ptr, b.data.ptr, c.data.ptr)
     else:
-        xd, wd, yd = _descriptors(x_shape, w_shape, stride, padding, dilation, dtype)
+        xd, wd, yd = _descriptors(x_shape, w_shape, stride, padding, dilation, dtype, layout)
         ptrs = None
+    key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                            layout)
     cd = dnn.convolution_descriptor(padding, stride, dilation, groups, dtype)
     ws = aligned_workspace(workspace)
     if workspace is not None:
@@ -390,7 +415,7 @@ def choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups, 
 
 
 def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation, groups, dtype,
-                             limit_bytes) -> int:
+                             limit_bytes, layout: str = "nchw") -> int:
     """Workspace bytes for a conv step when ``limit_bytes`` are free in one block.
 
     An unmeasured geometry asks for all of ``limit_bytes`` (the kernel measures with it); a
@@ -408,26 +433,29 @@ def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation,
         ceiling = numpy_ref.conv2d_workspace_bytes(
             x_shape, w_shape, stride, padding, dilation, groups, dtype.itemsize)
         return max(_deterministic_workspace(kind, x_shape, w_shape, stride, padding, dilation,
-                                            groups, dtype, ceiling) for kind in kinds)
+                                            groups, dtype, ceiling, layout) for kind in kinds)
     need = 0
     for kind in kinds:
-        key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
+        key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                                layout)
         if wants_measurement(key, limit):
             return limit                # the kernel times every algorithm with all of it
         need = max(need, choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation,
-                                          groups, dtype, limit, record=False).memory)
+                                          groups, dtype, limit, record=False,
+                                          layout=layout).memory)
     return need
 
 
 def _deterministic_workspace(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
-                             ceiling) -> int:
+                             ceiling, layout="nchw") -> int:
     """Workspace of the deterministic algorithm for a geometry: the first of cuDNN's heuristic
     ranking under the planned ceiling, else the deterministic one that needs least."""
     try:
         return choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups,
-                                dtype, ceiling, record=False).memory
+                                dtype, ceiling, record=False, layout=layout).memory
     except ConvAlgoError:
-        key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype)
+        key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
+                                layout)
         perfs = _heuristic.get(key, ())
         det = [p.memory for p in perfs if p.status == dnn.CUDNN_STATUS_SUCCESS and p.memory >= 0
                and p.determinism == dnn.CUDNN_DETERMINISTIC]

@@ -63,6 +63,7 @@ from .cuda_low import is_low
 from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device's kernels)
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
     lrn_backward, lrn_forward, maxpool_backward, maxpool_forward)
+from .channels_last import TO_LOGICAL, TO_STORAGE, is_channels_last, storage_permutation
 from .input_staging import PinnedStager
 from .pinned_host import pinned_empty
 
@@ -117,28 +118,55 @@ def _run_conv(h, choice, cd, ptrs, ws_ptr, legacy) -> None:
         legacy()
 
 
-def _plan_ready(*arrays) -> bool:
-    """Whether the operands fit an engine plan: packed, and aligned as its tensors declare
+def _plan_ready(layout, *arrays) -> bool:
+    """Whether the operands fit an engine plan: packed in ``layout`` (C order, or stored N, H,
+    W, C for "nhwc": a 1x1 filter's bytes are both) and aligned as its tensors declare
     (cudnn_engines.ALIGNMENT); otherwise the legacy algorithms run."""
-    return all(a.flags.c_contiguous and _ptr(a) % dnn.ALIGNMENT == 0 for a in arrays)
+    return all((a.flags.c_contiguous if layout == "nchw" else
+                a.transpose(TO_STORAGE).flags.c_contiguous)
+               and _ptr(a) % dnn.ALIGNMENT == 0 for a in arrays)
 
 
-def _conv_setup(x, w, stride, padding, dilation, groups):
+def _conv_setup(x, w, stride, padding, dilation, groups, dw=None):
+    """Pairs, the filter descriptor, the convolution descriptor and the layout ("nchw" or
+    "nhwc": the algorithm key's). Channels-last weights (--layout nhwc, stored K, R, S, C) take
+    cuDNN's NHWC filter format, and so does a 1x1 filter (the same bytes in both) of a
+    channels-last input; ``dw`` must be stored as ``w`` is (one descriptor for both)."""
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
-    _contig(w)
-    wd = dnn.filter_descriptor(w.shape, w.dtype)
+    nhwc = _channels_last_filter(w, x, "weight")
+    if dw is not None and _channels_last_filter(dw, x, "weight gradient") != nhwc:
+        raise ValueError(f"convolution: the weight {tuple(w.shape)} and its gradient are stored "
+                         f"in different layouts (strides {tuple(w.strides)} and "
+                         f"{tuple(dw.strides)}); --layout stores both alike")
+    wd = dnn.filter_descriptor(w.shape, w.dtype,
+                               dnn.CUDNN_TENSOR_NHWC if nhwc else dnn.CUDNN_TENSOR_NCHW)
     cd = dnn.convolution_descriptor(padding, stride, dilation, groups, x.dtype)
-    return stride, padding, dilation, wd, cd
+    return stride, padding, dilation, wd, cd, "nhwc" if nhwc else "nchw"
+
+
+def _channels_last_filter(w, x, what) -> bool:
+    """Whether filter ``w`` is described in cuDNN's NHWC format: a channels-last one, or one
+    whose bytes are the same in both (1x1) for a channels-last input ``x``. Strides of neither
+    layout are one error."""
+    if is_channels_last(w):
+        return True
+    if not w.flags.c_contiguous:
+        raise ValueError(f"convolution {what} of shape {tuple(w.shape)} has strides "
+                         f"{tuple(w.strides)}: cuDNN takes K, C, R, S (--layout nchw) or K, R, "
+                         "S, C (--layout nhwc) filters")
+    return is_channels_last(x) and w.transpose(TO_STORAGE).flags.c_contiguous
 
 
 def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
-    stride, padding, dilation, wd, cd = _conv_setup(x, w, stride, padding, dilation, groups)
+    stride, padding, dilation, wd, cd, layout = _conv_setup(x, w, stride, padding, dilation,
+                                                            groups)
     xd, yd = _td(x), _td(y)
     ws_ptr, ws_bytes = aligned_workspace(workspace)
-    key = conv_geometry_key("fwd", x.shape, w.shape, stride, padding, dilation, groups, x.dtype)
+    key = conv_geometry_key("fwd", x.shape, w.shape, stride, padding, dilation, groups, x.dtype,
+                            layout)
     ptrs = (_ptr(x), _ptr(w), _ptr(y))
     choice = _choose("fwd", key, xd, wd, cd, yd, ws_bytes, ptrs, (ws_ptr, ws_bytes),
-                     plans=_plan_ready(x, w, y))
+                     plans=_plan_ready(layout, x, w, y))
     _record("fwd", key, choice, ws_bytes)
     h = _h()
     _run_conv(h, choice, cd, ptrs, ws_ptr, lambda: dnn.convolution_forward(
@@ -150,7 +178,9 @@ def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
 
 def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, workspace,
                     accumulate=False, accumulate_params=False):
-    stride, padding, dilation, wd, cd = _conv_setup(x, w, stride, padding, dilation, groups)
+    stride, padding, dilation, wd, cd, layout = _conv_setup(
+        x, w, stride, padding, dilation, groups,
+        dw if dw is not None and dw.dtype == w.dtype else None)
     dyd = _td(dy)
     h = _h()
     ws_ptr, ws_bytes = aligned_workspace(workspace)
@@ -165,17 +195,16 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
         dnn.convolution_backward_bias(h, dyd, _ptr(dy), dnn.bias_descriptor(db.shape[0], db.dtype),
                                       _ptr(_contig(db)), beta=1.0 if accumulate_params else 0.0)
     if dw is not None:
-        _contig(dw)
         xd = _td(x)
         key = conv_geometry_key("bwd_filter", x.shape, w.shape, stride, padding, dilation,
-                                groups, x.dtype)
+                                groups, x.dtype, layout)
         ptrs = (_ptr(x), _ptr(dw), _ptr(dy))
         if accumulate_params:
             choice = _choose_accumulating("bwd_filter", key, xd, wd, cd, dyd, ws_bytes, ptrs, 1,
                                           dw.nbytes, (ws_ptr, ws_bytes))
         else:
             choice = _choose("bwd_filter", key, xd, wd, cd, dyd, ws_bytes, ptrs,
-                             (ws_ptr, ws_bytes), plans=_plan_ready(x, dw, dy))
+                             (ws_ptr, ws_bytes), plans=_plan_ready(layout, x, dw, dy))
         _record("bwd_filter", key, choice, ws_bytes)
         _run_conv(h, choice, cd, ptrs, ws_ptr, lambda: dnn.convolution_backward_filter(
             h, xd, _ptr(x), dyd, _ptr(dy), cd, choice.algo, ws_ptr, ws_bytes, wd, _ptr(dw),
@@ -183,14 +212,14 @@ def conv2d_backward(x, w, dy, dx, dw, db, stride, padding, dilation, groups, wor
     if dx is not None:
         dxd = _td(dx)
         key = conv_geometry_key("bwd_data", x.shape, w.shape, stride, padding, dilation,
-                                groups, x.dtype)
+                                groups, x.dtype, layout)
         ptrs = (_ptr(dx), _ptr(w), _ptr(dy))
         if accumulate:      # FindEx must not overwrite the partial sum in dx
             choice = _choose_accumulating("bwd_data", key, dxd, wd, cd, dyd, ws_bytes, ptrs, 0,
                                           dx.nbytes, (ws_ptr, ws_bytes))
         else:
             choice = _choose("bwd_data", key, dxd, wd, cd, dyd, ws_bytes, ptrs,
-                             (ws_ptr, ws_bytes), plans=_plan_ready(dx, w, dy))
+                             (ws_ptr, ws_bytes), plans=_plan_ready(layout, dx, w, dy))
         _record("bwd_data", key, choice, ws_bytes)
         _run_conv(h, choice, cd, ptrs, ws_ptr, lambda: dnn.convolution_backward_data(
             h, wd, _ptr(w), dyd, _ptr(dy), cd, choice.algo, ws_ptr, ws_bytes, dxd, _ptr(dx),
@@ -206,7 +235,11 @@ def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
     workspace when it holds them (bytes the plan already counts; the rest stays the
     algorithm's), else CuPy temporaries from the arena."""
     cp = _cp()
-    shapes = [g.shape if g is not None else None for g in (dw, db)]
+    # each buffer stored as its master is (a channels-last weight: K, R, S, C), so that one
+    # filter descriptor describes the weight and its gradient
+    perms = [storage_permutation(g) if g is not None else None for g in (dw, db)]
+    shapes = [(tuple(g.shape[i] for i in p) if p is not None else g.shape)
+              if g is not None else None for g, p in zip((dw, db), perms)]
     need = [math.prod(sh) * np.dtype(low).itemsize if sh is not None else 0 for sh in shapes]
     spans = [-(-n // 256) * 256 for n in need]
     bufs = []
@@ -219,6 +252,8 @@ def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
         workspace = workspace[at:]
     else:
         bufs = [cp.empty(sh, low) if sh is not None else None for sh in shapes]
+    bufs = [b.transpose(TO_LOGICAL) if b is not None and p is not None else b
+            for b, p in zip(bufs, perms)]
     if accumulate:
         for g, t in zip((dw, db), bufs):
             if g is not None:
@@ -688,12 +723,16 @@ def copy(dst, src):
     host batches through here."""
     cp = _cp()
     if isinstance(src, cp.ndarray):
-        if (is_low(dst) or is_low(src)) and dst.flags.c_contiguous and src.flags.c_contiguous:
-            cuda_low.cast(dst, src)         # a weight's low copy, a feature map
+        if is_low(dst) or is_low(src):
+            cuda_low.cast(dst, src)         # a weight's low copy, a feature map (any strides)
         else:
             cp.copyto(dst, src)
         return
     src = np.asarray(src)
+    if src.shape == dst.shape and is_channels_last(dst):
+        # a channels-last tensor (--layout nhwc): the host batch in its storage order, so that
+        # it is staged as one contiguous copy like an NCHW one
+        dst, src = dst.transpose(TO_STORAGE), np.ascontiguousarray(src.transpose(TO_STORAGE))
     if is_low(dst) and src.dtype == np.float32 and dst.flags.c_contiguous and \
             src.shape == dst.shape:
         _stage_cast(src, dst)           # a float32 batch into a low-precision data tensor

@@ -53,12 +53,14 @@ class TensorDescriptor(_Descriptor):
 
 
 class FilterDescriptor(_Descriptor):
+    """A filter of logical shape (K, C, R, S), stored K, C, R, S (``fmt`` CUDNN_TENSOR_NCHW) or
+    K, R, S, C (CUDNN_TENSOR_NHWC: the weights of --layout nhwc, memory/layout.py)."""
     _create, _destroy = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape, dtype, fmt=CUDNN_TENSOR_NCHW):
         super().__init__()
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        call("cudnnSetFilterNdDescriptor", self.ptr, data_type(dtype), CUDNN_TENSOR_NCHW,
+        self.shape, self.dtype, self.fmt = tuple(shape), np.dtype(dtype), int(fmt)
+        call("cudnnSetFilterNdDescriptor", self.ptr, data_type(dtype), self.fmt,
              len(shape), _ints(shape))
 
 
@@ -179,12 +181,15 @@ def bias_descriptor(channels, dtype) -> TensorDescriptor:
     return tensor_descriptor((1, int(channels), 1, 1), dtype)
 
 
-def filter_key(shape, dtype):
-    return ("filter", tuple(int(s) for s in shape), np.dtype(dtype).str)
+def filter_key(shape, dtype, fmt=CUDNN_TENSOR_NCHW):
+    key = ("filter", tuple(int(s) for s in shape), np.dtype(dtype).str)
+    return key if fmt == CUDNN_TENSOR_NCHW else key + (int(fmt),)
 
 
-def filter_descriptor(shape, dtype) -> FilterDescriptor:
-    return _cache.get(filter_key(shape, dtype), lambda: FilterDescriptor(shape, dtype))
+def filter_descriptor(shape, dtype, fmt=CUDNN_TENSOR_NCHW) -> FilterDescriptor:
+    """``fmt``: CUDNN_TENSOR_NCHW (weights stored K, C, R, S) or CUDNN_TENSOR_NHWC (K, R, S,
+    C); the shape is the logical (K, C, R, S) in both."""
+    return _cache.get(filter_key(shape, dtype, fmt), lambda: FilterDescriptor(shape, dtype, fmt))
 
 
 def _tuple2(v) -> tuple[int, int]:

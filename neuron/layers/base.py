@@ -144,11 +144,13 @@ class Layer:
         executor then gives a step none when its preferred one does not fit in one free block)."""
         return False
 
-    def workspace_request(self, k, phase: str, batch: int, dtype, limit: int) -> int:
+    def workspace_request(self, k, phase: str, batch: int, dtype, limit: int,
+                          layout: str = "nchw") -> int:
         """Bytes to give this step's kernel when ``limit`` bytes are free in one block.
 
         Static by default; convolution on the GPU picks the fastest algorithm that fits
-        (SuperNeurons §3.5) and asks for exactly its workspace."""
+        (SuperNeurons §3.5) and asks for exactly its workspace (``layout``, the executor's
+        nchw or nhwc, chooses among the algorithms of that layout)."""
         return self.workspace_bytes(phase, batch, np.dtype(dtype).itemsize)
 
     def in_shapes(self, batch: int) -> list[tuple[int, ...]]:

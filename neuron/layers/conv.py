@@ -74,12 +74,13 @@ class Conv2d(Layer):
         # with no workspace (IMPLICIT_GEMM and friends)
         return True
 
-    def workspace_request(self, k, phase, batch, dtype, limit):
+    def workspace_request(self, k, phase, batch, dtype, limit, layout="nchw"):
         choose = getattr(k, "conv2d_workspace_request", None)
         if choose is None:          # NumPy: the fixed im2col chunk
             return super().workspace_request(k, phase, batch, dtype, limit)
         return choose(phase, self.in_shapes(batch)[0], self.param_specs["weight"].shape,
-                      *self._args(), dtype, limit)
+                      *self._args(), dtype, limit,
+                      **({"layout": layout} if layout != "nchw" else {}))
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         k.conv2d_forward(ins[0], params["weight"], params.get("bias"), outs[0], *self._args(), ws)

@@ -1,4 +1,6 @@
-"""Fully connected layer. Inputs of any shape are flattened per sample (a free reshape)."""
+"""Fully connected layer. Inputs of any shape are flattened per sample in NCHW (C order)
+feature order: a free reshape of a C-ordered map; a copy of a channels-last one (--layout
+nhwc, memory/layout.py), so the weights mean the same features in either layout."""
 from __future__ import annotations
 
 import math
@@ -41,9 +43,16 @@ class Linear(Layer):
         k.linear_forward(self._flat(ins[0]), params["weight"], params.get("bias"), outs[0])
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
-        k.linear_backward(self._flat(ins[0]), params["weight"], douts[0], self._flat(dins[0]),
-                          dparams["weight"], dparams.get("bias"), **ctx.grad_kw(0),
-                          **param_accumulation(ctx))
+        dx, grad_kw = dins[0], ctx.grad_kw(0)
+        strided = dx is not None and not dx.flags.c_contiguous
+        # a channels-last dx: its flat (NCHW-order) gradient goes to a temporary, the reshape's
+        # copy, and from there into dx (written into a copy, it would be lost)
+        flat_dx = self._flat(dx)
+        k.linear_backward(self._flat(ins[0]), params["weight"], douts[0], flat_dx,
+                          dparams["weight"], dparams.get("bias"),
+                          **({} if strided else grad_kw), **param_accumulation(ctx))
+        if strided:
+            (k.add_inplace if grad_kw else k.copy)(dx, flat_dx.reshape(dx.shape))
 
     def flops(self, batch):
         return batch * self.in_features * self.out_features

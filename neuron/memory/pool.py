@@ -31,6 +31,7 @@ from .fences import BlockFences, FencedHeap
 from .heap import Heap
 from .host import HostPool
 from .tensors import KIND_INDEX, Kind, TensorInfo
+from .layout import TO_LOGICAL, storage_order, storage_shape
 
 _WS = KIND_INDEX[Kind.WORKSPACE]
 
@@ -362,9 +363,14 @@ class Pool:
 
     # ---- residency --------------------------------------------------------------------
     def view(self, t: TensorInfo):
-        if t.parent is not None:
-            return self.device.view(self.offset[t.parent.id] + t.byte_offset, t.shape, t.dtype)
-        return self.device.view(self.offset[t.id], t.shape, t.dtype)
+        """The array kernels read and write for t: its logical shape, with channels-last
+        strides where the layout stores it so (memory/layout.py). Byte copies take the raw
+        ``device.view`` instead."""
+        off = self.offset[t.parent.id] + t.byte_offset if t.parent is not None else \
+            self.offset[t.id]
+        if t.channels_last:
+            return self.device.channels_last_view(off, t.shape, t.dtype)
+        return self.device.view(off, t.shape, t.dtype)
 
     def state(self, t: TensorInfo) -> Residency:
         tid = t.storage.id
@@ -737,13 +743,16 @@ class Pool:
         if reading is not None:             # the host writes it: the copy must be done
             self.device.wait(reading)
         if value is not None and self.device.computes:
-            buf[:t.nbytes] = np.ascontiguousarray(value, dtype=t.dtype).reshape(-1).view(np.uint8)
+            buf[:t.nbytes] = storage_order(value, t).reshape(-1).view(np.uint8)
         self.host[t.id] = (t, buf)
 
     def host_view(self, t: TensorInfo) -> np.ndarray:
         """A member's or tensor's bytes while it is on the host (CPU arrays)."""
         _, buf = self.host[t.storage.id]
-        return buf[t.byte_offset:t.byte_offset + t.nbytes].view(t.dtype).reshape(t.shape)
+        raw = buf[t.byte_offset:t.byte_offset + t.nbytes].view(t.dtype)
+        if t.channels_last:         # stored N, H, W, C (memory/layout.py)
+            return raw.reshape(storage_shape(t.shape)).transpose(TO_LOGICAL)
+        return raw.reshape(t.shape)
 
     def _unread_left_only(self, nbytes: int) -> bool:
         """Whether compaction would make room for ``nbytes`` and the only tensors left to

@@ -108,12 +108,14 @@ class Profiler:
     that a benchmark can interleave it with the runs it checks (same contention for all)."""
 
     def __init__(self, graph, batch: int, *, device: str = "cpu", dtype=np.float32,
-                 clock: str = "wall", model: str | None = None, precision=None):
+                 clock: str = "wall", model: str | None = None, precision=None,
+                 layout=None):
         self.kind = "cpu" if device == "cpu" else gpu_kind()
         self.clock = clock if device == "cpu" else "wall"
         self.graph, self.batch, self.dtype, self.model = graph, batch, np.dtype(dtype), model
         self.ex = _TimedExecutor(graph, batch, device=device, policy="liveness", dtype=dtype,
-                                 optimizer=timing_optimizer(), precision=precision)
+                                 optimizer=timing_optimizer(), precision=precision,
+                                 layout=layout)
         self.ex.clock = CLOCKS[self.clock]
         self.ex.times = []
         self.x, self.y = random_batch(graph, batch)
@@ -141,6 +143,7 @@ class Profiler:
         spec = cpu_spec() if self.kind == "cpu" else device_spec(self.kind)
         out = {"format": PROFILE_FORMAT, "device": self.kind, "device_detail": spec.detail,
                "dtype": str(self.dtype), "precision": ex.precision.name,
+               "layout": ex.layout,
                "model": self.model or self.graph.name,
                "batch": batch, "repeat": rounds, "clock": self.clock,
                "measured_iteration_s": iteration_s, "step_overhead_s": overhead,
@@ -179,9 +182,10 @@ def pipelined_entries(steps, batch: int, pipes: list[dict], synced: list[float])
 
 def profile_model(graph, batch: int, *, device: str = "cpu", repeat: int = 3,
                   model: str | None = None, dtype=np.float32, clock: str = "wall",
-                  precision=None) -> dict:
+                  precision=None, layout=None) -> dict:
+    """``layout``: nchw or nhwc storage of 4-d maps and conv weights (memory/layout.py)."""
     p = Profiler(graph, batch, device=device, dtype=dtype, clock=clock, model=model,
-                 precision=precision)
+                 precision=precision, layout=layout)
     for _ in range(repeat):
         p.round()
     return p.result()

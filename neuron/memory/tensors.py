@@ -26,7 +26,8 @@ KIND_INDEX = {k: i for i, k in enumerate(Kind)}
 class TensorInfo:
     """Plain slots, sizes precomputed: the planner touches these millions of times."""
     __slots__ = ("id", "name", "kind", "kind_index", "shape", "dtype", "persistent", "nbytes",
-                 "parent", "byte_offset", "members", "parts", "dtype_name", "dtype_parts")
+                 "parent", "byte_offset", "members", "parts", "dtype_name", "dtype_parts",
+                 "channels_last")
 
     def __init__(self, id: int, name: str, kind: Kind, shape, dtype, persistent: bool = False):
         self.id, self.name, self.kind = id, name, kind
@@ -44,6 +45,9 @@ class TensorInfo:
         # bytes by its members' dtype names, else this tensor's dtype name
         self.dtype_name = dtype.name
         self.dtype_parts: tuple = ()
+        # stored N, H, W, C and viewed (N, C, H, W) with channels-last strides (--layout nhwc,
+        # memory/layout.py); the bytes are the same
+        self.channels_last = False
 
     @property
     def storage(self) -> "TensorInfo":
@@ -58,12 +62,17 @@ class TensorRegistry:
     def __init__(self):
         self.tensors: list[TensorInfo] = []
         self.by_name: dict[str, TensorInfo] = {}
+        # set by memory/layout.apply_layout: which tensors registered later (recomputed
+        # versions, low-precision weight copies) are stored channels-last
+        self.channels_last_rule = None
 
     def add(self, name: str, kind: Kind, shape, dtype, persistent: bool = False) -> TensorInfo:
         if name in self.by_name:
             raise KeyError(f"tensor {name!r} registered twice")
         dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         t = TensorInfo(len(self.tensors), name, kind, tuple(shape), dtype, persistent)
+        if self.channels_last_rule is not None:
+            t.channels_last = self.channels_last_rule(t)
         self.tensors.append(t)
         self.by_name[name] = t
         return t

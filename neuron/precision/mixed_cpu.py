@@ -30,8 +30,9 @@ def _up(a, master):
 
 
 def _fresh(a, master):
-    """A buffer the kernel overwrites: an empty master-dtype one for a low-precision ``a``."""
-    return np.empty(a.shape, master) if _is_low(a) else a
+    """A buffer the kernel overwrites: an empty master-dtype one for a low-precision ``a``,
+    laid out as ``a`` is (a channels-last map's reductions run in its memory order)."""
+    return np.empty_like(a, dtype=master) if _is_low(a) else a
 
 
 def _down(dst, src) -> None:

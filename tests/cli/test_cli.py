@@ -198,3 +198,11 @@ def test_train_at_fp16_reports_its_precision_and_loss_scale(capsys):
     r = json.loads(out.strip().splitlines()[-1])
     assert r["precision"] == "fp16" and r["loss_scale"] == 2.0 ** 16
     assert r["overflow_skipped_steps"] == 0 and "precision fp16 (loss scale 65536" in out
+
+
+def test_train_at_nhwc_reports_its_layout(capsys):
+    rc, out, _ = run(capsys, "train", *SMALL, "--batch", "4", "--iters", "2", "--device", "cpu",
+                     "--no-progress", "--layout", "nhwc", "--json")
+    assert rc == 0
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["layout"] == "nhwc" and ", layout nhwc" in out

@@ -128,3 +128,32 @@ def test_plan_reports_bytes_by_type(capsys):
     assert "at the peak by type (bf16): bfloat16" in out and "all tensors by type" in out
     r = json.loads(out.strip().splitlines()[-1])
     assert r["precision"] == "bf16" and set(r["bytes_by_dtype"]) == {"bfloat16", "float32"}
+
+
+def test_every_planning_and_training_command_takes_a_checked_layout(capsys):
+    cmds = _commands()
+    for cmd in PRECISION_COMMANDS:
+        a = next(a for a in cmds[cmd]._actions if "--layout" in a.option_strings)
+        assert a.type.__module__ == cli_args.__name__ and a.default == "nchw"
+        assert "nhwc" in a.help and "channels last" in a.help
+        argv = [cmd, *REQUIRED.get(cmd, ["resnet_cifar"]), "--layout", "nwhc"]
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(argv)
+        assert e.value.code == 2
+        assert "argument --layout: must be one of nchw, nhwc, got 'nwhc'" in \
+            capsys.readouterr().err
+    assert build_parser().parse_args(["plan", "resnet_cifar", "--layout", "NHWC"]
+                                     ).layout == "nhwc"
+
+
+def test_plan_at_nhwc_reports_the_layout_and_the_same_bytes(capsys):
+    import json
+    reports = {}
+    for layout in ("nchw", "nhwc"):
+        assert main(["plan", "resnet_cifar", "--depth", "8", "--layout", layout,
+                     "--no-min-budget", "--json"]) == 0
+        out = capsys.readouterr().out
+        assert ("layout nhwc" in out) == (layout == "nhwc")
+        reports[layout] = json.loads(out.strip().splitlines()[-1])
+    assert reports["nhwc"]["layout"] == "nhwc"
+    assert reports["nhwc"]["peak_bytes"] == reports["nchw"]["peak_bytes"]

@@ -208,3 +208,27 @@ def test_dp_lag_auto_chooses_on_the_clock_and_train_refuses_it(capsys):
     assert main(["train", "resnet_cifar", "--depth", "8", "--iters", "1", "--data-parallel",
                  "--dp-lag", "auto"]) == 2
     assert "--dp-lag auto chooses the lag on the simulated clock" in capsys.readouterr().err
+
+
+class _TwoEqualRanks(LocalComm):
+    """Rank 0 of two whose peer holds the same gradients; an all-reduce takes C-contiguous
+    arrays only, as MPI and NCCL do."""
+    world_size = 2
+
+    def allreduce_sum(self, arrays, what):
+        for a in arrays:
+            assert a.flags.c_contiguous, (what, a.shape, a.strides)
+            a += a
+
+
+def test_channels_last_gradients_are_reduced_as_their_storage():
+    """--layout nhwc: conv weight gradients are channels-last views; the all-reduce gets their
+    (contiguous) storage and the step is plain training's, bitwise."""
+    plain = make_executor(4, False, layout="nhwc")
+    wrapped = make_executor(4, False, layout="nhwc")
+    dp = DataParallel(wrapped, _TwoEqualRanks(), check_every=0)
+    for x, y in global_batches(8):
+        xs, ys = dp.shard(x, y)
+        assert plain.train_step(xs, ys) == dp.train_step(xs, ys)
+    a, b = plain.state_dict(), wrapped.state_dict()
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)

@@ -205,3 +205,14 @@ def test_a_measurement_under_a_tight_budget_is_redone_when_more_is_free(fake_cud
     assert K.conv2d_workspace_request(*args, 64 << 20) == 1 << 20     # nothing new would fit
     c, _ = _choose(64 << 20)
     assert (c.algo, c.source) == (7, "find-cached") and len(fake_cudnn["find"]) == 2
+
+
+def test_nhwc_is_a_geometry_of_its_own():
+    """--layout nhwc's convolutions (channels-last maps, NHWC filters) keep their algorithm
+    choices apart from nchw's; nchw's keys are as before."""
+    from neuron.kernels.conv_algos import conv_geometry_key, key_text
+    args = ("fwd", (8, 3, 32, 32), (16, 3, 3, 3), 1, 1, 1, 1, np.float32)
+    nchw, nhwc = conv_geometry_key(*args), conv_geometry_key(*args, layout="nhwc")
+    assert conv_geometry_key(*args, layout="nchw") == nchw and len(nchw) == 10
+    assert nhwc != nchw and nhwc[:10] == nchw
+    assert key_text(nhwc) == key_text(nchw) + " nhwc"

@@ -321,6 +321,11 @@ def test_other_descriptor_keys():
     assert dnn.pooling_key(0, (3, 3), (1, 1), (2, 2)) != dnn.pooling_key(1, (3, 3), (1, 1), (2, 2))
     assert dnn.lrn_key(5, 1e-4, 0.75, 1) == dnn.lrn_key(5, 1e-4, 0.75, 1.0)
     assert dnn.filter_key((8, 3, 3, 3), np.float32) == ("filter", (8, 3, 3, 3), "<f4")
+    # --layout nhwc's K, R, S, C filters are a descriptor of their own
+    assert dnn.filter_key((8, 3, 3, 3), np.float32, dnn.CUDNN_TENSOR_NCHW) == \
+        dnn.filter_key((8, 3, 3, 3), np.float32)
+    assert dnn.filter_key((8, 3, 3, 3), np.float32, dnn.CUDNN_TENSOR_NHWC) != \
+        dnn.filter_key((8, 3, 3, 3), np.float32)
 
 
 def test_descriptor_cache_is_an_lru():
@@ -357,6 +362,10 @@ def test_real_library_descriptors_and_errors():
     w = dnn.filter_descriptor((16, 3, 3, 3), np.float32)
     conv = dnn.convolution_descriptor((1, 1), (2, 2), (1, 1), 1, np.float32)
     assert dnn.conv_output_dims(conv, x, w) == (8, 16, 16, 16)
+    w_nhwc = dnn.filter_descriptor((16, 3, 3, 3), np.float32, dnn.CUDNN_TENSOR_NHWC)
+    assert w_nhwc is not w and w_nhwc.fmt == dnn.CUDNN_TENSOR_NHWC
+    x_nhwc = dnn.tensor_descriptor((8, 3, 32, 32), np.float32, (12288, 4, 384, 12))
+    assert dnn.conv_output_dims(conv, x_nhwc, w_nhwc) == (8, 16, 16, 16)
     dnn.pooling_descriptor(dnn.CUDNN_POOLING_MAX, (3, 3), (1, 1), (2, 2))
     dnn.activation_descriptor(dnn.CUDNN_ACTIVATION_RELU)
     bn = dnn.TensorDescriptor((1, 1, 1, 1), (1, 1, 1, 1), np.float32)

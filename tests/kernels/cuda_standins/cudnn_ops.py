@@ -10,6 +10,7 @@ import ctypes
 import numpy as np
 
 from neuron.kernels import cudnn, numpy_pool, numpy_ref
+from neuron.kernels.channels_last import channels_last_strides
 
 class Desc:
     def __init__(self, kind, **kw):
@@ -45,8 +46,9 @@ def _f(a):
 
 
 def _tmp(a):
-    """Where a kernel computes an output ``a``: float32 for a low type, else ``a`` itself."""
-    return np.empty(a.shape, np.float32) if _is_low(a) else a
+    """Where a kernel computes an output ``a``: float32 for a low type (laid out as ``a``, so
+    that reductions over it run in ``a``'s memory order), else ``a`` itself."""
+    return np.empty_like(a, dtype=np.float32) if _is_low(a) else a
 
 
 def _store(out, r):
@@ -90,8 +92,13 @@ class CudnnStandIn:
         return Desc("tensor", shape=tuple(shape), dtype=np.dtype(dtype),
                     strides=None if strides_bytes is None else tuple(strides_bytes))
 
-    def filter_descriptor(self, shape, dtype):
-        return Desc("filter", shape=tuple(shape), dtype=np.dtype(dtype), strides=None)
+    def filter_descriptor(self, shape, dtype, fmt=cudnn.CUDNN_TENSOR_NCHW):
+        """NCHW: a C-ordered (K, C, R, S) filter; NHWC: stored K, R, S, C (--layout nhwc)."""
+        assert fmt in (cudnn.CUDNN_TENSOR_NCHW, cudnn.CUDNN_TENSOR_NHWC), f"filter format {fmt}"
+        strides = None if fmt == cudnn.CUDNN_TENSOR_NCHW else \
+            channels_last_strides(shape, np.dtype(dtype).itemsize)
+        return Desc("filter", shape=tuple(shape), dtype=np.dtype(dtype), strides=strides,
+                    fmt=fmt)
 
     def bias_descriptor(self, channels, dtype):
         return Desc("tensor", shape=(1, int(channels), 1, 1), dtype=np.dtype(dtype), strides=None)
@@ -257,7 +264,7 @@ class CudnnStandIn:
             axes = (0, 2, 3) if x.ndim == 4 else (0,)
             sm = x.mean(axis=axes)
             si = 1.0 / np.sqrt(x.var(axis=axes) + eps)
-        r = np.empty(dx.shape, x.dtype)
+        r = np.empty_like(dx, dtype=x.dtype)    # dx's layout: its reductions' memory order
         numpy_ref.batchnorm_backward(x, dy, _channels(bd, scale), sm, si, r,
                                      _channels(bd, dscale), _channels(bd, dbias), eps)
         _blend(dx, r, 1.0, beta_data)

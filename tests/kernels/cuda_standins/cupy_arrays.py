@@ -121,15 +121,20 @@ class ElementwiseKernel:
         elementwise = [a for k, ((raw, _, _), a) in enumerate(zip(params, args))
                        if not raw and (k >= len(self.ins) or isinstance(a, np.ndarray))]
         shape = elementwise[-1].shape
-        arrays = []
+        arrays, strided_outs = [], []
         for k, ((raw, ty, nm), a) in enumerate(zip(params, args)):
             dt = np.dtype(typevars[ty] if ty in typevars else ty)
             if raw or k >= len(self.ins):
-                assert isinstance(a, np.ndarray) and a.flags.c_contiguous, \
+                assert isinstance(a, np.ndarray) and (a.flags.c_contiguous or not raw), \
                     f"{self.name}: {nm} must be a C-contiguous array"
                 assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
                 if not raw:
                     assert a.shape == shape, f"{self.name}: {nm} has shape {a.shape}, not {shape}"
+                if not a.flags.c_contiguous:
+                    # CuPy indexes a strided output by its logical (C-order) index i: the
+                    # kernel runs on a C-ordered copy (it may read the output) written back
+                    strided_outs.append((a, np.ascontiguousarray(a)))
+                    a = strided_outs[-1][1]
                 arrays.append(a)
             else:
                 if isinstance(a, np.ndarray):
@@ -137,6 +142,8 @@ class ElementwiseKernel:
                 arrays.append(np.ascontiguousarray(np.broadcast_to(np.asarray(a, dt), shape)))
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         self._lib(typevars).run(ptrs, int(np.prod(shape)))
+        for a, c in strided_outs:
+            a[...] = c
 
 
 
