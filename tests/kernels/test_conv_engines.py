@@ -132,6 +132,17 @@ def test_a_plan_measured_faster_runs_and_gives_numpy_refs_numbers(gpu_kernels):
     _close(got, _train(CpuDevice(64 << 20)))
 
 
+def test_plans_run_on_channels_last_operands(gpu_kernels):
+    """--layout nhwc: the plans are built in the storage order and read the operands there."""
+    got = _train(_OnStandIns(64 << 20), layout="nhwc")
+    assert {kind for what, kind in _calls() if what == "plan"} == {"fwd", "bwd_data",
+                                                                   "bwd_filter"}
+    want = _train(CpuDevice(64 << 20))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for k in want[1]:
+        np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-3, atol=1e-5, err_msg=k)
+
+
 def test_a_plan_measured_slower_than_the_legacy_algorithm_does_not_run(gpu_kernels,
                                                                         monkeypatch):
     from neuron.kernels import conv_algos
