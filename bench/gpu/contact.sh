@@ -117,17 +117,19 @@ stage_cmd() {
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
         mixed_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
-                        --name mixed_tests --paths tests/gpu/test_cuda_mixed.py ;;
+                        --name mixed_tests --paths tests/gpu/test_cuda_mixed.py \
+                        tests/gpu/test_cuda_layout.py ;;
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
         throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes off,graph \
                         "${common[@]}" ;;
         # mixed precision (issue 38): bf16 and fp16 replayed as a graph (fp16's is captured
-        # again when its loss scale changes); PyTorch under autocast in NCHW and channels_last
+        # again when its loss scale changes), neuron channels-last (--layout nhwc: the layout
+        # cuDNN's tensor-core kernels want); PyTorch under autocast in NCHW and channels_last
         throughput_mixed) local MIXED_MODES=graph
                     [ "$DEV" = cpu ] && MIXED_MODES=off     # the CPU captures no graph
                     ensure_built && "$PY" -m bench.gpu.throughput --stage throughput_mixed \
                         --precision mixed --configs resnet50:128 --modes "$MIXED_MODES" \
-                        "${common[@]}" ;;
+                        --layout nhwc "${common[@]}" ;;
         deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 ;;
         deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
