@@ -18,6 +18,7 @@ import numpy as np
 
 from .devices import Device, VirtualDevice, make_device
 from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
+from .fuse import fuse_bn_relu
 from .graph import Graph
 from .layers.base import Context
 from .layers.loss import LossSum, loss_value
@@ -102,6 +103,10 @@ class Executor:
     free bytes allow without any step before the reader evicting), or "auto": as far as that
     and the plan's clock (``cost``, else the device's analytic model) say the copy needs
     (memory/prefetch_horizon.py).
+    fuse: every BatchNorm whose only reader is a ReLU runs fused with it as one BNReLU layer
+    (neuron/fuse.py): fewer passes over the feature maps, and neither the BN output nor its
+    gradient is a tensor. Same parameter names (checkpoints load either way); ``fused`` lists
+    the pairs.
     _alias_gradients: False gives every Add input a gradient tensor of its own (a copy), as
     the baseline policy always does (memory/aliasing.py); for tests that compare the two.
     """
@@ -116,7 +121,7 @@ class Executor:
                  loss: str = "softmax", grad_buckets: int | None = None,
                  grad_lag: int | None = None, replay: str | None = None,
                  precision: str | Precision | None = None, prefetch_ahead: int | str = 1,
-                 _plan_from=None, _alias_gradients: bool = True):
+                 fuse: bool = False, _plan_from=None, _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
@@ -125,6 +130,12 @@ class Executor:
         # None: "auto"; set before planning, which simulates with it
         self.prefetch_ahead = prefetch_ahead_arg(prefetch_ahead, "Executor")
         self._horizons: dict = {}           # id(frees) -> (frees, its PrefetchHorizon)
+        if not isinstance(fuse, bool):
+            raise TypeError(f"Executor: fuse must be True or False, got {fuse!r}")
+        if fuse:
+            graph = fuse_bn_relu(graph)
+        self.fuse = fuse
+        self.fused = list(getattr(graph, "fused", [])) if fuse else []
         self.graph = graph
         if loss not in LOSSES:
             raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
@@ -343,7 +354,8 @@ class Executor:
                          compact=self.compact, chunks=self.chunks,
                          block=self.block,
                          strategy=self.strategy, loss=self.loss, precision=self.precision,
-                         prefetch_ahead=self.prefetch_ahead or "auto", _plan_from=self)
+                         prefetch_ahead=self.prefetch_ahead or "auto", fuse=self.fuse,
+                         _plan_from=self)
             v.record_trace = trace
             if events:
                 v.pool.log = []

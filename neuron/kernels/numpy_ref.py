@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "conv2d_out_hw", "conv2d_workspace_bytes", "conv2d_forward", "conv2d_backward",
     "batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward",
+    "bnrelu_forward_train", "bnrelu_forward_infer", "bnrelu_backward", "bnrelu_relu_grad",
     "relu_forward", "relu_backward", "leaky_relu_forward", "leaky_relu_backward",
     "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
     "pool_out_hw", "maxpool_forward", "maxpool_backward",
@@ -193,6 +194,47 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
     np.add(d, ady, out=d)
     if accumulate:
         np.add(dx, d, out=dx)
+
+
+# --------------------------------------------------------------------------
+# BatchNorm + ReLU as one layer (layers/norm.py BNReLU): the unfused pair's arithmetic
+# --------------------------------------------------------------------------
+
+def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
+                         save_mean, save_invstd, momentum, eps, update_running):
+    """y = max(BN(x), 0): the BatchNorm kernel's own arithmetic, then the ReLU in place, so y
+    has the unfused pair's bits and the BN output never exists apart from y."""
+    batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var, save_mean,
+                            save_invstd, momentum, eps, update_running)
+    np.maximum(y, 0, out=y)
+
+
+def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps)
+    np.maximum(y, 0, out=y)
+
+
+def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
+    """dz = dy * (z > 0) with z = BN(x) recomputed from x and the saved statistics by the very
+    operations of batchnorm_forward_train (x - mean, times invstd*gamma, plus beta), so the
+    mask is the one the forward's ReLU saw; the mask times dy as relu_backward multiplies it."""
+    _channel_op(np.subtract, x, save_mean, dz)
+    scale = save_invstd if gamma is None else save_invstd * gamma
+    _channel_op(np.multiply, dz, scale, dz)
+    if beta is not None:
+        _channel_op(np.add, dz, beta, dz)
+    np.greater(dz, 0, out=dz)
+    np.multiply(dz, dy, out=dz)
+
+
+def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
+                    accumulate=False):
+    """Backward of max(BN(x), 0) from x and dy (the output is not read): the ReLU's gradient
+    recomputed from x (bnrelu_relu_grad, one temporary), then batchnorm_backward on it."""
+    dz = np.empty_like(dy)
+    bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz)
+    batchnorm_backward(x, dz, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=eps,
+                       accumulate=accumulate)
 
 
 # --------------------------------------------------------------------------
