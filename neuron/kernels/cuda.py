@@ -51,7 +51,7 @@ import types
 
 import numpy as np
 
-from . import cublas, cuda_low, cuda_switches
+from . import cublas, cuda_low, cuda_raw, cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -68,7 +68,7 @@ from .pinned_host import pinned_empty
 
 __all__ = list(numpy_ref.__all__) + [
     "choose_conv_algo", "pick_algo", "workspace_bucket", "conv_algo_trace",
-    "clear_conv_algo_cache", "dropout_mask_reference", "ConvAlgoError",
+    "clear_conv_algo_cache", "dropout_mask_reference", "ConvAlgoError", "bnrelu_partials",
 ]
 
 # ------------------------------------------------------------------------------------------
@@ -352,6 +352,112 @@ def _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, a
                            _ptr(save_mean) if have_saved else 0,
                            _ptr(save_invstd) if have_saved else 0,
                            **({"beta_data": 1.0} if accumulate and dx is not None else {}))
+
+
+# ------------------------------------------------------------------------------------------
+# BatchNorm + ReLU fused (layers/norm.py BNReLU): cuda_raw._k_bnrelu's kernels. Forward reads x
+# twice (statistics, then y = max(z, 0)) and writes y; backward reads x and dy twice (the sums,
+# then dx) and writes dx; z and dz are never stored. 2-byte data runs on float32 temporaries.
+# ------------------------------------------------------------------------------------------
+
+def bnrelu_partials(m: int, channels: int) -> int:
+    """Threads per channel of the fused kernels' reductions over m values: a power of two from
+    32 to 1024, each thread summing at least 16 values, at most 2^18 partial sums in all."""
+    p = 32
+    while p < 1024 and 2 * p * 16 <= m and 2 * p * channels <= 1 << 18:
+        p *= 2
+    return p
+
+
+def _bnrelu_geometry(x):
+    n, c = x.shape[0], x.shape[1]
+    hw = x.size // max(n * c, 1)
+    return c, hw, n * hw, bnrelu_partials(n * hw, c)
+
+
+def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
+                         save_mean, save_invstd, momentum, eps, update_running):
+    def run(x_, y_):
+        _bnrelu_train(x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd,
+                      momentum, eps, update_running)
+    if is_low(x) or is_low(y):
+        return _via_f32(run, [x], [y])
+    run(x, y)
+
+
+def _bnrelu_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd,
+                  momentum, eps, update_running):
+    cp, k = _cp(), cuda_raw._k_bnrelu()
+    pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
+                     running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
+    x, y = _contig(x), _contig(y)
+    c, hw, m, p = _bnrelu_geometry(x)
+    s1, s2 = cp.empty((c * p,), pdt), cp.empty((c * p,), pdt)
+    k.stats(x, c, hw, m, p, s1, s2)
+    sm = _contig(save_mean) if save_mean is not None else cp.empty((c,), pdt)
+    si = _contig(save_invstd) if save_invstd is not None else cp.empty((c,), pdt)
+    rm = _contig(running_mean) if running_mean is not None else cp.zeros((c,), pdt)
+    rv = _contig(running_var) if running_var is not None else cp.ones((c,), pdt)
+    k.finish(s1, s2, x, hw, m, p, pdt.type(momentum), pdt.type(eps), int(update_running),
+             sm, si, rm, rv)
+    k.apply(x, sm, si, _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0), c, hw, y)
+
+
+def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    def run(x_, y_):
+        c, hw, _, _ = _bnrelu_geometry(x_)
+        pdt = _bn_params(x_, weight=gamma, bias=beta, running_mean=running_mean,
+                         running_var=running_var)
+        invstd = (1.0 / _cp().sqrt(running_var + pdt.type(eps))).astype(pdt)
+        cuda_raw._k_bnrelu().apply(_contig(x_), _contig(running_mean), invstd,
+                                   _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0),
+                                   c, hw, _contig(y_))
+    if is_low(x) or is_low(y):
+        return _via_f32(run, [x], [y])
+    run(x, y)
+
+
+def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
+                    accumulate=False):
+    """``eps`` is unused (the saved inverse std holds it); the signature is numpy_ref's."""
+    def run(x_, dy_, dx_):
+        _bnrelu_backward(x_, dy_, gamma, beta, save_mean, save_invstd, dx_, dgamma, dbeta,
+                         accumulate)
+    if is_low(x) or is_low(dy) or is_low(dx):
+        return _via_f32(run, [x, dy], [dx], accumulate)
+    run(x, dy, dx)
+
+
+def _bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, accumulate):
+    cp, k = _cp(), cuda_raw._k_bnrelu()
+    pdt = _bn_params(x, weight=gamma, bias=beta, save_mean=save_mean, save_invstd=save_invstd,
+                     dweight=dgamma, dbias=dbeta)
+    x, dy = _contig(x), _contig(dy)
+    c, hw, m, p = _bnrelu_geometry(x)
+    g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
+    sm, si = _contig(save_mean), _contig(save_invstd)
+    sdz, sdzx = cp.empty((c * p,), pdt), cp.empty((c * p,), pdt)
+    k.sums(x, dy, sm, si, g, b, c, hw, m, p, sdz, sdzx)
+    dg = _contig(dgamma) if dgamma is not None else cp.empty((c,), pdt)
+    dbt = _contig(dbeta) if dbeta is not None else cp.empty((c,), pdt)
+    k.sums_finish(sdz, sdzx, p, dg, dbt)
+    if dx is not None:
+        (k.dx_acc if accumulate else k.dx)(x, dy, sm, si, g, b, dg, dbt, c, hw,
+                                           pdt.type(1.0 / m), _contig(dx))
+
+
+def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
+    """dz = dy * (z > 0), z recomputed as the fused forward computes it (synchronized
+    BatchNorm's BNReLU: its backward then runs on dz)."""
+    def run(x_, dy_, dz_):
+        c, hw, _, _ = _bnrelu_geometry(x_)
+        pdt = _bn_params(x_, weight=gamma, bias=beta)
+        cuda_raw._k_bnrelu().mask(_contig(x_), _contig(dy_), _contig(save_mean),
+                                  _contig(save_invstd), _param_or(gamma, c, pdt, 1.0),
+                                  _param_or(beta, c, pdt, 0.0), c, hw, _contig(dz_))
+    if is_low(x) or is_low(dy) or is_low(dz):
+        return _via_f32(run, [x, dy], [dz])
+    run(x, dy, dz)
 
 
 # ------------------------------------------------------------------------------------------

@@ -269,3 +269,121 @@ def _k_sgd(check_finite: bool = False, lr_on_device: bool = False):
         preamble=_FMA_PREAMBLE,
         options=opts)
     return with_v, plain
+
+
+# ---- BatchNorm + ReLU fused (layers/norm.py BNReLU; neuron.kernels.cuda.bnrelu_*) -----------
+#
+# NCHW viewed as (N, C, HW); M = N*HW values per channel. A per-channel reduction is two
+# elementwise kernels: P threads per channel each sum a strided share of the channel (thread p
+# reads the channel's values p, p+P, p+2P, ... in (n, hw) order, so a warp reads consecutive
+# addresses), then one thread per channel adds its P partial sums in double, in a fixed order
+# (deterministic, no atomics). T is the data's type, U the parameters' and the accumulation's
+# (float for float data, double for double). --fmad=false and one shared function for
+# z = (x - mean) * (invstd * gamma) + beta make backward's recomputed z the forward's to the bit,
+# so the ReLU mask backward uses is the one forward applied.
+
+_BNRELU_PREAMBLE = r"""
+template <typename V> __device__ inline V nr_bn_z(V x, V m, V s, V b) { return (x - m) * s + b; }
+"""
+
+_BNRELU_STRIDE = r"""
+        const long long c = i / P, p = i % P;
+        long long n = p / HW, s = p % HW;
+        const long long dn = P / HW, ds = P % HW;"""
+
+_BNRELU_NEXT = r"""
+            n += dn; s += ds;
+            if (s >= HW) { s -= HW; ++n; }"""
+
+
+@functools.cache
+def _k_bnrelu():
+    """The fused BatchNorm + ReLU kernels, as a namespace: ``stats`` (per-thread shifted sums
+    and sums of squares), ``finish`` (mean, 1/sqrt(var + eps), the running statistics),
+    ``apply`` (y = max(z, 0)), ``sums`` (per-thread sum(dz) and sum(dz * xhat), dz = dy*(z>0)),
+    ``sums_finish`` (dbeta, dgamma), ``dx`` / ``dx_acc`` (dx = or += gamma*invstd*(dz -
+    dbeta/M - xhat*dgamma/M)) and ``mask`` (dz alone, for synchronized BatchNorm)."""
+    cp = _cp()
+    opts = ("--fmad=false",)
+    geo = "int64 C, int64 HW, int64 M, int64 P"
+    stats = cp.ElementwiseKernel("raw T x, " + geo, "U s1, U s2", _BNRELU_STRIDE + r"""
+        const U k = (U)x[c * HW];       // the shift: the channel's first value
+        U a = 0, b = 0;
+        for (long long j = p; j < M; j += P) {
+            const U v = (U)x[(n * C + c) * HW + s] - k;
+            a += v;
+            b += v * v;""" + _BNRELU_NEXT + r"""
+        }
+        s1 = a;
+        s2 = b;""", "neuron_bnrelu_stats", options=opts)
+    finish = cp.ElementwiseKernel(
+        "raw U s1, raw U s2, raw T x, int64 HW, int64 M, int64 P, U momentum, U eps, "
+        "int32 update", "U save_mean, U save_invstd, U running_mean, U running_var", r"""
+        double a = 0, b = 0;
+        for (long long p = 0; p < P; ++p) {
+            a += (double)s1[i * P + p];
+            b += (double)s2[i * P + p];
+        }
+        const double d = a / (double)M;
+        double var = b / (double)M - d * d;     // biased, about the shift
+        if (var < 0) var = 0;
+        const double mean = (double)(U)x[i * HW] + d;
+        save_mean = (U)mean;
+        save_invstd = (U)(1.0 / sqrt(var + (double)eps));
+        if (update) {
+            const double mom = (double)momentum;
+            const double unbiased = var * (double)M / (double)(M > 1 ? M - 1 : 1);
+            running_mean = (U)((1.0 - mom) * (double)running_mean + mom * mean);
+            running_var = (U)((1.0 - mom) * (double)running_var + mom * unbiased);
+        }""", "neuron_bnrelu_finish", options=opts)
+    apply = cp.ElementwiseKernel(
+        "T x, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW", "T y", r"""
+        const long long c = (i / HW) % C;
+        const U z = nr_bn_z((U)x, mean[c], invstd[c] * gamma[c], beta[c]);
+        y = (T)(z > U(0) ? z : (z != z ? z : U(0)));      // max(z, 0), NaN kept""",
+        "neuron_bnrelu_apply", preamble=_BNRELU_PREAMBLE, options=opts)
+    sums = cp.ElementwiseKernel(
+        "raw T x, raw T dy, raw U mean, raw U invstd, raw U gamma, raw U beta, " + geo,
+        "U sdz, U sdzx", _BNRELU_STRIDE + r"""
+        const U m = mean[c], is = invstd[c], sc = invstd[c] * gamma[c], b = beta[c];
+        U a = 0, e = 0;
+        for (long long j = p; j < M; j += P) {
+            const long long o = (n * C + c) * HW + s;
+            const U xv = (U)x[o];
+            const U dz = (nr_bn_z(xv, m, sc, b) > U(0) ? U(1) : U(0)) * (U)dy[o];
+            a += dz;
+            e += dz * ((xv - m) * is);""" + _BNRELU_NEXT + r"""
+        }
+        sdz = a;
+        sdzx = e;""", "neuron_bnrelu_sums", preamble=_BNRELU_PREAMBLE, options=opts)
+    sums_finish = cp.ElementwiseKernel("raw U sdz, raw U sdzx, int64 P", "U dgamma, U dbeta", r"""
+        double a = 0, b = 0;
+        for (long long p = 0; p < P; ++p) {
+            a += (double)sdz[i * P + p];
+            b += (double)sdzx[i * P + p];
+        }
+        dbeta = (U)a;
+        dgamma = (U)b;""", "neuron_bnrelu_sums_finish", options=opts)
+    dx_in = ("T x, T dy, raw U mean, raw U invstd, raw U gamma, raw U beta, raw U dgamma, "
+             "raw U dbeta, int64 C, int64 HW, U inv_m")
+    dx_body = r"""
+        const long long c = (i / HW) % C;
+        const U m = mean[c], is = invstd[c], g = gamma[c];
+        const U xv = (U)x;
+        const U dz = (nr_bn_z(xv, m, is * g, beta[c]) > U(0) ? U(1) : U(0)) * (U)dy;
+        const U v = g * is * (dz - dbeta[c] * inv_m - (xv - m) * is * (dgamma[c] * inv_m));"""
+    dx = cp.ElementwiseKernel(dx_in, "T dx", dx_body + "\n        dx = (T)v;",
+                              "neuron_bnrelu_dx", preamble=_BNRELU_PREAMBLE, options=opts)
+    dx_acc = cp.ElementwiseKernel(dx_in, "T dx", dx_body + "\n        dx = (T)((U)dx + v);",
+                                  "neuron_bnrelu_dx_acc", preamble=_BNRELU_PREAMBLE,
+                                  options=opts)
+    mask = cp.ElementwiseKernel(
+        "T x, T dy, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW",
+        "T dz", r"""
+        const long long c = (i / HW) % C;
+        const U z = nr_bn_z((U)x, mean[c], invstd[c] * gamma[c], beta[c]);
+        dz = (T)((z > U(0) ? U(1) : U(0)) * (U)dy);""", "neuron_bnrelu_mask",
+        preamble=_BNRELU_PREAMBLE, options=opts)
+    import types
+    return types.SimpleNamespace(stats=stats, finish=finish, apply=apply, sums=sums,
+                                 sums_finish=sums_finish, dx=dx, dx_acc=dx_acc, mask=mask)

@@ -77,7 +77,10 @@ def test_every_factory_is_recorded(kernels):
     for expected in ("neuron_sgd_momentum_checked", "neuron_sgd_momentum_checked_lrbuf",
                      "neuron_sgd_lrbuf", "neuron_flag_nonfinite", "neuron_dropout_mask_keybuf",
                      "neuron_bf16_encode", "neuron_bf16_decode", "neuron_to_low_bf16",
-                     "neuron_to_f32_fp16", "neuron_xent_grad_bf16", "neuron_unscale_f32"):
+                     "neuron_to_f32_fp16", "neuron_xent_grad_bf16", "neuron_unscale_f32",
+                     "neuron_bnrelu_stats", "neuron_bnrelu_finish", "neuron_bnrelu_apply",
+                     "neuron_bnrelu_sums", "neuron_bnrelu_sums_finish", "neuron_bnrelu_dx",
+                     "neuron_bnrelu_dx_acc", "neuron_bnrelu_mask"):
         assert expected in names
     assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
 

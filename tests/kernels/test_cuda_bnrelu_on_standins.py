@@ -1,0 +1,107 @@
+"""The fused BatchNorm + ReLU kernels of the GPU module (cuda.bnrelu_*, cuda_raw._k_bnrelu) on
+the CPU: their CUDA source compiled by g++ through the CuPy stand-in (cuda_standins/), checked
+against the unfused NumPy pair, and a fused network trained through them like numpy_ref.
+
+The GPU kernels sum in another order than NumPy (per-thread strided partial sums, then the
+partials in double), so they agree to float32 rounding, not to the bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neuron.devices import CpuDevice
+from neuron.kernels import numpy_ref as ref
+
+from test_cuda_on_standins import CudaKernelsOnCpu, _same, train
+
+
+def _dev(a):
+    from cuda_standins import DevArray
+    return np.ascontiguousarray(a).view(DevArray)
+
+
+def _case(shape, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    gamma = (1 + 0.3 * rng.standard_normal(c)).astype(dtype)
+    beta = (0.2 * rng.standard_normal(c)).astype(dtype)
+    return x, dy, gamma, beta
+
+
+def _unfused(x, dy, gamma, beta, momentum=0.1, eps=1e-5):
+    c = x.shape[1]
+    z, y, dz, dx = (np.empty_like(x) for _ in range(4))
+    rm, rv, sm, si = np.zeros(c, x.dtype), np.ones(c, x.dtype), np.empty(c, x.dtype), \
+        np.empty(c, x.dtype)
+    ref.batchnorm_forward_train(x, gamma, beta, z, rm, rv, sm, si, momentum, eps, True)
+    ref.relu_forward(z, y)
+    ref.relu_backward(y, dy, dz)
+    dg, db = np.empty(c, x.dtype), np.empty(c, x.dtype)
+    ref.batchnorm_backward(x, dz, gamma, sm, si, dx, dg, db, eps)
+    return dict(y=y, rm=rm, rv=rv, sm=sm, si=si, dx=dx, dg=dg, db=db)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 5, 1, 1), (6, 4), (3, 2, 33, 17)])
+def test_fused_kernels_match_the_unfused_pair(gpu_kernels, shape):
+    cuda = gpu_kernels
+    x, dy, gamma, beta = _case(shape)
+    want = _unfused(x, dy, gamma, beta)
+    c = shape[1]
+    y, dx = _dev(np.full(shape, np.nan, np.float32)), _dev(np.full(shape, np.nan, np.float32))
+    rm, rv = _dev(np.zeros(c, np.float32)), _dev(np.ones(c, np.float32))
+    sm, si = _dev(np.empty(c, np.float32)), _dev(np.empty(c, np.float32))
+    dg, db = _dev(np.empty(c, np.float32)), _dev(np.empty(c, np.float32))
+    cuda.bnrelu_forward_train(_dev(x), _dev(gamma), _dev(beta), y, rm, rv, sm, si, 0.1, 1e-5,
+                              True)
+    cuda.bnrelu_backward(_dev(x), _dev(dy), _dev(gamma), _dev(beta), sm, si, dx, dg, db, 1e-5)
+    for name, got in dict(y=y, rm=rm, rv=rv, sm=sm, si=si, dx=dx, dg=dg, db=db).items():
+        np.testing.assert_allclose(got, want[name], rtol=2e-5, atol=2e-5, err_msg=name)
+    # accumulate adds; no running update leaves the running statistics alone
+    before = np.array(dx)
+    cuda.bnrelu_backward(_dev(x), _dev(dy), _dev(gamma), _dev(beta), sm, si, dx, dg, db, 1e-5,
+                         accumulate=True)
+    np.testing.assert_allclose(dx, 2 * before, rtol=1e-6, atol=1e-7)
+    rm0 = np.array(rm)
+    cuda.bnrelu_forward_train(_dev(x), _dev(gamma), _dev(beta), y, rm, rv, sm, si, 0.1, 1e-5,
+                              False)
+    assert np.array_equal(rm, rm0)
+
+
+def test_the_mask_is_recomputed_from_x_exactly(gpu_kernels):
+    """Backward's dz (the mask kernel) is zero exactly where the forward's y is zero."""
+    cuda = gpu_kernels
+    x, dy, gamma, beta = _case((4, 3, 6, 6), seed=2)
+    c = 3
+    y = _dev(np.empty_like(x))
+    sm, si = _dev(np.empty(c, np.float32)), _dev(np.empty(c, np.float32))
+    cuda.bnrelu_forward_train(_dev(x), _dev(gamma), _dev(beta), y, None, None, sm, si, 0.1,
+                              1e-5, False)
+    dz = _dev(np.empty_like(x))
+    cuda.bnrelu_relu_grad(_dev(x), _dev(np.ones_like(dy)), _dev(gamma), _dev(beta), sm, si, dz)
+    assert np.array_equal(np.asarray(dz) != 0, np.asarray(y) > 0)
+    assert 0 < (np.asarray(y) > 0).mean() < 1
+
+
+def test_partials_are_bounded():
+    from neuron.kernels.cuda import bnrelu_partials
+    assert bnrelu_partials(10, 4) == 32
+    assert bnrelu_partials(64 * 112 * 112, 64) == 1024
+    assert bnrelu_partials(64 * 49, 2048) == 128 and 2048 * 128 <= 1 << 18
+    assert bnrelu_partials(1 << 30, 4096) == 64         # the partial sums stay bounded
+
+
+@pytest.mark.parametrize("graph", ["resnet_cifar8", "densenet_cifar10"])
+def test_a_fused_network_trains_on_the_gpu_module_like_numpy_ref(gpu_kernels, graph):
+    arena = 64 << 20
+    gpu = train(graph, CudaKernelsOnCpu(arena), fuse=True)
+    assert gpu[2].fused
+    _same(gpu, train(graph, CpuDevice(arena), fuse=True))
+    _same(gpu, train(graph, CpuDevice(arena)))          # and like the unfused network
+
+
+def test_fused_with_chunks_and_recomputation_on_the_gpu_module(gpu_kernels):
+    for kw in ({"policy": "superneurons"}, {"policy": "superneurons", "chunks": 2}):
+        _same(train("resnet_cifar8", CudaKernelsOnCpu(64 << 20), fuse=True, **kw),
+              train("resnet_cifar8", CpuDevice(64 << 20), **kw))
