@@ -169,12 +169,17 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
     B = -A*invstd*sum(dy*xhat)/m and C = -A*sum(dy)/m (the usual
     gamma*invstd*(dy - mean(dy) - xhat*mean(dy*xhat)), in three passes over the data)."""
     _bn_axes(x)
-    m = x.size // x.shape[1]
-    sum_dy = _channel_sum(dy)
     # d = x - mean lives in dx unless dx aliases dy (in-place backward) or is added to
     inplace = dx is not None and (accumulate or np.may_share_memory(dx, dy))
     d = dx if (dx is not None and not inplace) else np.empty_like(x)
     _channel_op(np.subtract, x, save_mean, d)
+    _bn_backward_from_d(d, dy, gamma, save_invstd, dx, dgamma, dbeta, accumulate, inplace)
+
+
+def _bn_backward_from_d(d, dy, gamma, save_invstd, dx, dgamma, dbeta, accumulate, inplace):
+    """batchnorm_backward once d = x - mean is known (in dx itself unless ``inplace``)."""
+    m = d.size // d.shape[1]
+    sum_dy = _channel_sum(dy)
     sum_dy_xhat = _channel_dot(dy, d) * save_invstd
     if dgamma is not None:
         dgamma[...] = sum_dy_xhat
@@ -229,12 +234,23 @@ def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
 
 def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
                     accumulate=False):
-    """Backward of max(BN(x), 0) from x and dy (the output is not read): the ReLU's gradient
-    recomputed from x (bnrelu_relu_grad, one temporary), then batchnorm_backward on it."""
+    """Backward of max(BN(x), 0) from x and dy (the output is not read): batchnorm_backward
+    of dz = dy * (z > 0), z recomputed from x, with d = x - mean computed once for both.
+
+    z = fl(fl(d * scale) + beta) > 0 is tested as fl(d * scale) > -beta: a sum of two floats
+    rounds to zero only when it is exactly zero (gradual underflow), so the two tests agree
+    and the add pass is saved (with flush-to-zero arithmetic, which NumPy does not enable, a
+    subnormal z could tell them apart). The other operations are the unfused pair's."""
+    inplace = dx is None or accumulate or np.may_share_memory(dx, dy)
+    d = np.empty_like(x) if inplace else dx
+    _channel_op(np.subtract, x, save_mean, d)
     dz = np.empty_like(dy)
-    bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz)
-    batchnorm_backward(x, dz, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps=eps,
-                       accumulate=accumulate)
+    scale = save_invstd if gamma is None else save_invstd * gamma
+    _channel_op(np.multiply, d, scale, dz)
+    _channel_op(np.greater, dz, -beta if beta is not None else np.zeros_like(scale), dz)
+    np.multiply(dz, dy, out=dz)
+    _bn_backward_from_d(d, dz, gamma, save_invstd, dx, dgamma, dbeta, accumulate,
+                        inplace and dx is not None)
 
 
 # --------------------------------------------------------------------------

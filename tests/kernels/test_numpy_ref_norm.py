@@ -175,3 +175,22 @@ def test_bnrelu_kernels_are_the_unfused_pair_bit_for_bit(dtype, shape, accumulat
     K.batchnorm_forward_infer(x, gamma, beta, zi, rm, rv, 1e-5)
     K.bnrelu_forward_infer(x, gamma, beta, yi, rm, rv, 1e-5)
     assert np.maximum(zi, 0).tobytes() == yi.tobytes()
+
+
+def test_bnrelu_backward_into_its_own_dy_and_at_the_relu_edge():
+    """dx may be dy's memory (in-place backward); values whose BN output is exactly 0 (x at
+    the mean, beta 0) are masked as the unfused ReLU masks them."""
+    gen = np.random.default_rng(8)
+    x = gen.standard_normal((3, 2, 4, 4)).astype(np.float32)
+    x[:, :, 0, 0] = x.mean(axis=(0, 2, 3))[None, :]         # near the mean: z near 0
+    gamma, beta = np.array([1.5, -0.7], np.float32), np.array([0.0, 0.1], np.float32)
+    dy = gen.standard_normal(x.shape).astype(np.float32)
+    z, y, dz, want = (np.empty_like(x) for _ in range(4))
+    sm, si = np.empty(2, np.float32), np.empty(2, np.float32)
+    K.batchnorm_forward_train(x, gamma, beta, z, None, None, sm, si, 0.1, 1e-5, False)
+    K.relu_forward(z, y)
+    K.relu_backward(y, dy, dz)
+    K.batchnorm_backward(x, dz, gamma, sm, si, want, None, None, 1e-5)
+    shared = dy.copy()
+    K.bnrelu_backward(x, shared, gamma, beta, sm, si, shared, None, None, 1e-5)
+    assert shared.tobytes() == want.tobytes()
