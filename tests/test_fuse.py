@@ -48,13 +48,16 @@ def _budget(g):
 
 
 @pytest.mark.parametrize("name", list(GRAPHS))
-@pytest.mark.parametrize("how", ["liveness", "recompute_under_budget", "chunks2", "bf16"])
+@pytest.mark.parametrize("how", ["liveness", "recompute_under_budget", "chunks2", "bf16",
+                                 "offload_params"])
 def test_fused_trains_to_the_unfused_bits(name, how):
     g = GRAPHS[name]()
     kw = {"liveness": {},
           "recompute_under_budget": {"policy": "superneurons", "budget": _budget(g)},
           "chunks2": {"chunks": 2, "policy": "superneurons"},
-          "bf16": {"precision": "bf16"}}[how]
+          "bf16": {"precision": "bf16"},
+          "offload_params": {"policy": "offload", "offload_params": True, "tensor_cache": False}
+          }[how]
     plain, fused = _bit_identical(g, **kw)
     if how == "recompute_under_budget":       # under the budget both recompute
         assert plain.recompute_report.extra_forward_steps > 0
@@ -128,6 +131,10 @@ def test_checkpoints_go_both_ways(tmp_path):
         dst.load_state_dict(arrays)                 # strict: the same names
         assert src.evaluate(x, y) == dst.evaluate(x, y)
         assert np.array_equal(src.last_logits, dst.last_logits)
+        # PyTorch weight import's way: parameters only, by name, strict=False
+        fresh = nn.Executor(g, BATCH, fuse=not src_fuse)
+        fresh.load_state_dict(src.parameters(), strict=False)
+        assert fresh.evaluate(x, y) == src.evaluate(x, y)
         # and training on from it stays bit-identical
         assert src.train_step(x, y) == dst.train_step(x, y)
         assert states_equal(src.state_dict(), dst.state_dict())
