@@ -12,7 +12,7 @@ import pytest
 from neuron.devices import CpuDevice
 from neuron.kernels import numpy_ref as ref
 
-from test_cuda_on_standins import CudaKernelsOnCpu, _same, train
+from test_cuda_on_standins import CudaKernelsOnCpu, _same, rerun_graphs, train  # noqa: F401 (a fixture)
 
 
 def _dev(a):
@@ -155,3 +155,27 @@ def test_the_low_type_path_is_the_float32_kernels_rounded_once(gpu_kernels, low)
     assert y.tobytes() == y32.astype(low).tobytes()
     assert dx.tobytes() == dx32.astype(low).tobytes()
     assert dg.tobytes() == dg32.tobytes() and db.tobytes() == db32.tobytes()
+
+
+@pytest.mark.parametrize("kw", [{}, {"policy": "superneurons", "fraction": 0.5}])
+def test_the_fused_network_replays_on_cuda_device_bit_identically(gpu_kernels, rerun_graphs, kw):
+    """CudaDevice's recorded iteration of a fused network (the fused kernels and their partial
+    sums on the tape, and inside a captured graph) gives the bits of running every iteration."""
+    from neuron.devices.cuda import CudaDevice
+    from test_cuda_on_standins import _arena_for
+    _, arena, kw, _ = _arena_for("resnet_cifar8", kw)
+    runs = {}
+    for mode in ("off", "tape", "graph"):
+        dev = CudaDevice(arena, headroom_bytes=0)
+        try:
+            runs[mode] = train("resnet_cifar8", dev, steps=6, replay=mode, fuse=True, **kw)
+        finally:
+            dev.close()
+    l_off, s_off, _ = runs["off"]
+    for mode in ("tape", "graph"):
+        losses, state, ex = runs[mode]
+        assert losses == l_off, mode
+        assert all(s_off[k].tobytes() == state[k].tobytes() for k in s_off), mode
+        r = ex.replay
+        assert r["eager_because"] is None and r["ran"] == mode, r
+        assert r["replayed_iterations"] >= 2, r
