@@ -357,7 +357,8 @@ def _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, a
 # ------------------------------------------------------------------------------------------
 # BatchNorm + ReLU fused (layers/norm.py BNReLU): cuda_raw._k_bnrelu's kernels. Forward reads x
 # twice (statistics, then y = max(z, 0)) and writes y; backward reads x and dy twice (the sums,
-# then dx) and writes dx; z and dz are never stored. 2-byte data runs on float32 temporaries.
+# then dx) and writes dx; z and dz are never stored. 2-byte data is read and written as its
+# bits by the low type's own kernels (float32 arithmetic, rounded once where stored).
 # ------------------------------------------------------------------------------------------
 
 def bnrelu_partials(m: int, channels: int) -> int:
@@ -375,89 +376,89 @@ def _bnrelu_geometry(x):
     return c, hw, n * hw, bnrelu_partials(n * hw, c)
 
 
+def _bnrelu_data(*arrays):
+    """(the kernels for these data arrays, their kernel arguments): float32/float64 arrays as
+    they are, 2-byte ones (all of one type) as their bits; None when the types are mixed."""
+    present = [a for a in arrays if a is not None]
+    lows = {cuda_low.low_name(a.dtype) for a in present}
+    if lows == {None}:
+        return cuda_raw._k_bnrelu(), [_contig(a) if a is not None else None for a in arrays]
+    if len(lows) != 1:
+        return None, None
+    return cuda_raw._k_bnrelu(lows.pop()), [
+        cuda_low.bits(_contig(a)) if a is not None else None for a in arrays]
+
+
 def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
                          save_mean, save_invstd, momentum, eps, update_running):
-    def run(x_, y_):
-        _bnrelu_train(x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd,
-                      momentum, eps, update_running)
-    if is_low(x) or is_low(y):
-        return _via_f32(run, [x], [y])
-    run(x, y)
-
-
-def _bnrelu_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd,
-                  momentum, eps, update_running):
-    cp, k = _cp(), cuda_raw._k_bnrelu()
+    k, (xd, yd) = _bnrelu_data(x, y)
+    if k is None:                   # mixed data types: float32 temporaries
+        return _via_f32(lambda x_, y_: bnrelu_forward_train(
+            x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd, momentum,
+            eps, update_running), [x], [y])
+    cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
-    x, y = _contig(x), _contig(y)
     c, hw, m, p = _bnrelu_geometry(x)
     s1, s2 = cp.empty((c * p,), pdt), cp.empty((c * p,), pdt)
-    k.stats(x, c, hw, m, p, s1, s2)
+    k.stats(xd, c, hw, m, p, s1, s2)
     sm = _contig(save_mean) if save_mean is not None else cp.empty((c,), pdt)
     si = _contig(save_invstd) if save_invstd is not None else cp.empty((c,), pdt)
     rm = _contig(running_mean) if running_mean is not None else cp.zeros((c,), pdt)
     rv = _contig(running_var) if running_var is not None else cp.ones((c,), pdt)
-    k.finish(s1, s2, x, hw, m, p, pdt.type(momentum), pdt.type(eps), int(update_running),
+    k.finish(s1, s2, xd, hw, m, p, pdt.type(momentum), pdt.type(eps), int(update_running),
              sm, si, rm, rv)
-    k.apply(x, sm, si, _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0), c, hw, y)
+    k.apply(xd, sm, si, _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0), c, hw, yd)
 
 
 def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
-    def run(x_, y_):
-        c, hw, _, _ = _bnrelu_geometry(x_)
-        pdt = _bn_params(x_, weight=gamma, bias=beta, running_mean=running_mean,
-                         running_var=running_var)
-        invstd = (1.0 / _cp().sqrt(running_var + pdt.type(eps))).astype(pdt)
-        cuda_raw._k_bnrelu().apply(_contig(x_), _contig(running_mean), invstd,
-                                   _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0),
-                                   c, hw, _contig(y_))
-    if is_low(x) or is_low(y):
-        return _via_f32(run, [x], [y])
-    run(x, y)
+    k, (xd, yd) = _bnrelu_data(x, y)
+    if k is None:
+        return _via_f32(lambda x_, y_: bnrelu_forward_infer(
+            x_, gamma, beta, y_, running_mean, running_var, eps), [x], [y])
+    c, hw, _, _ = _bnrelu_geometry(x)
+    pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
+                     running_var=running_var)
+    invstd = (1.0 / _cp().sqrt(running_var + pdt.type(eps))).astype(pdt)
+    k.apply(xd, _contig(running_mean), invstd, _param_or(gamma, c, pdt, 1.0),
+            _param_or(beta, c, pdt, 0.0), c, hw, yd)
 
 
 def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
                     accumulate=False):
     """``eps`` is unused (the saved inverse std holds it); the signature is numpy_ref's."""
-    def run(x_, dy_, dx_):
-        _bnrelu_backward(x_, dy_, gamma, beta, save_mean, save_invstd, dx_, dgamma, dbeta,
-                         accumulate)
-    if is_low(x) or is_low(dy) or is_low(dx):
-        return _via_f32(run, [x, dy], [dx], accumulate)
-    run(x, dy, dx)
-
-
-def _bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, accumulate):
-    cp, k = _cp(), cuda_raw._k_bnrelu()
+    k, (xd, dyd, dxd) = _bnrelu_data(x, dy, dx)
+    if k is None:
+        return _via_f32(lambda x_, dy_, dx_: bnrelu_backward(
+            x_, dy_, gamma, beta, save_mean, save_invstd, dx_, dgamma, dbeta, eps, accumulate),
+            [x, dy], [dx], accumulate)
+    cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, save_mean=save_mean, save_invstd=save_invstd,
                      dweight=dgamma, dbias=dbeta)
-    x, dy = _contig(x), _contig(dy)
     c, hw, m, p = _bnrelu_geometry(x)
     g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
     sm, si = _contig(save_mean), _contig(save_invstd)
     sdz, sdzx = cp.empty((c * p,), pdt), cp.empty((c * p,), pdt)
-    k.sums(x, dy, sm, si, g, b, c, hw, m, p, sdz, sdzx)
+    k.sums(xd, dyd, sm, si, g, b, c, hw, m, p, sdz, sdzx)
     dg = _contig(dgamma) if dgamma is not None else cp.empty((c,), pdt)
     dbt = _contig(dbeta) if dbeta is not None else cp.empty((c,), pdt)
     k.sums_finish(sdz, sdzx, p, dg, dbt)
     if dx is not None:
-        (k.dx_acc if accumulate else k.dx)(x, dy, sm, si, g, b, dg, dbt, c, hw,
-                                           pdt.type(1.0 / m), _contig(dx))
+        (k.dx_acc if accumulate else k.dx)(xd, dyd, sm, si, g, b, dg, dbt, c, hw,
+                                           pdt.type(1.0 / m), dxd)
 
 
 def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
     """dz = dy * (z > 0), z recomputed as the fused forward computes it (synchronized
     BatchNorm's BNReLU: its backward then runs on dz)."""
-    def run(x_, dy_, dz_):
-        c, hw, _, _ = _bnrelu_geometry(x_)
-        pdt = _bn_params(x_, weight=gamma, bias=beta)
-        cuda_raw._k_bnrelu().mask(_contig(x_), _contig(dy_), _contig(save_mean),
-                                  _contig(save_invstd), _param_or(gamma, c, pdt, 1.0),
-                                  _param_or(beta, c, pdt, 0.0), c, hw, _contig(dz_))
-    if is_low(x) or is_low(dy) or is_low(dz):
-        return _via_f32(run, [x, dy], [dz])
-    run(x, dy, dz)
+    k, (xd, dyd, dzd) = _bnrelu_data(x, dy, dz)
+    if k is None:
+        return _via_f32(lambda x_, dy_, dz_: bnrelu_relu_grad(
+            x_, dy_, gamma, beta, save_mean, save_invstd, dz_), [x, dy], [dz])
+    c, hw, _, _ = _bnrelu_geometry(x)
+    pdt = _bn_params(x, weight=gamma, bias=beta)
+    k.mask(xd, dyd, _contig(save_mean), _contig(save_invstd), _param_or(gamma, c, pdt, 1.0),
+           _param_or(beta, c, pdt, 0.0), c, hw, dzd)
 
 
 # ------------------------------------------------------------------------------------------

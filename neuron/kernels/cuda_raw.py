@@ -16,6 +16,7 @@ Compiled on first use (functools.cache); neuron.kernels.cuda calls them.
 from __future__ import annotations
 
 import functools
+import types
 
 
 def _cp():
@@ -297,27 +298,45 @@ _BNRELU_NEXT = r"""
 
 
 @functools.cache
-def _k_bnrelu():
+def _k_bnrelu(low: str | None = None):
     """The fused BatchNorm + ReLU kernels, as a namespace: ``stats`` (per-thread shifted sums
     and sums of squares), ``finish`` (mean, 1/sqrt(var + eps), the running statistics),
     ``apply`` (y = max(z, 0)), ``sums`` (per-thread sum(dz) and sum(dz * xhat), dz = dy*(z>0)),
     ``sums_finish`` (dbeta, dgamma), ``dx`` / ``dx_acc`` (dx = or += gamma*invstd*(dz -
-    dbeta/M - xhat*dgamma/M)) and ``mask`` (dz alone, for synchronized BatchNorm)."""
+    dbeta/M - xhat*dgamma/M)) and ``mask`` (dz alone, for synchronized BatchNorm).
+
+    ``low`` ("bf16", "fp16"): the data (x, y, dy, dx) as the 16 raw bits of that type
+    (cuda_low's conversions, float32 arithmetic, each stored value rounded once); U, the
+    parameters' and the sums' type, is float32 then."""
     cp = _cp()
     opts = ("--fmad=false",)
+    if low is None:
+        D, sfx = "T", ""
+        pre = "#define NR_LD(v) ((U)(v))\n#define NR_ST(v) ((T)(v))\n"
+    else:
+        from .cuda_low import LOW_PREAMBLE
+        D, sfx = "uint16", f"_{low}"
+        pre = LOW_PREAMBLE + (f"#define NR_LD(v) ((U)nr_{low}_ld(v))\n"
+                              f"#define NR_ST(v) nr_{low}_st((float)(v))\n")
+    pre_z = pre + _BNRELU_PREAMBLE
+
+    def kernel(ins, outs, body, name, preamble=pre_z):
+        return cp.ElementwiseKernel(ins.replace("@", D), outs.replace("@", D), body,
+                                    f"neuron_bnrelu_{name}{sfx}", preamble=preamble,
+                                    options=opts)
     geo = "int64 C, int64 HW, int64 M, int64 P"
-    stats = cp.ElementwiseKernel("raw T x, " + geo, "U s1, U s2", _BNRELU_STRIDE + r"""
-        const U k = (U)x[c * HW];       // the shift: the channel's first value
+    stats = kernel("raw @ x, " + geo, "U s1, U s2", _BNRELU_STRIDE + r"""
+        const U k = NR_LD(x[c * HW]);   // the shift: the channel's first value
         U a = 0, b = 0;
         for (long long j = p; j < M; j += P) {
-            const U v = (U)x[(n * C + c) * HW + s] - k;
+            const U v = NR_LD(x[(n * C + c) * HW + s]) - k;
             a += v;
             b += v * v;""" + _BNRELU_NEXT + r"""
         }
         s1 = a;
-        s2 = b;""", "neuron_bnrelu_stats", options=opts)
-    finish = cp.ElementwiseKernel(
-        "raw U s1, raw U s2, raw T x, int64 HW, int64 M, int64 P, U momentum, U eps, "
+        s2 = b;""", "stats")
+    finish = kernel(
+        "raw U s1, raw U s2, raw @ x, int64 HW, int64 M, int64 P, U momentum, U eps, "
         "int32 update", "U save_mean, U save_invstd, U running_mean, U running_var", r"""
         double a = 0, b = 0;
         for (long long p = 0; p < P; ++p) {
@@ -327,7 +346,7 @@ def _k_bnrelu():
         const double d = a / (double)M;
         double var = b / (double)M - d * d;     // biased, about the shift
         if (var < 0) var = 0;
-        const double mean = (double)(U)x[i * HW] + d;
+        const double mean = (double)NR_LD(x[i * HW]) + d;
         save_mean = (U)mean;
         save_invstd = (U)(1.0 / sqrt(var + (double)eps));
         if (update) {
@@ -335,55 +354,49 @@ def _k_bnrelu():
             const double unbiased = var * (double)M / (double)(M > 1 ? M - 1 : 1);
             running_mean = (U)((1.0 - mom) * (double)running_mean + mom * mean);
             running_var = (U)((1.0 - mom) * (double)running_var + mom * unbiased);
-        }""", "neuron_bnrelu_finish", options=opts)
-    apply = cp.ElementwiseKernel(
-        "T x, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW", "T y", r"""
+        }""", "finish")
+    apply = kernel(
+        "@ x, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW", "@ y", r"""
         const long long c = (i / HW) % C;
-        const U z = nr_bn_z((U)x, mean[c], invstd[c] * gamma[c], beta[c]);
-        y = (T)(z > U(0) ? z : (z != z ? z : U(0)));      // max(z, 0), NaN kept""",
-        "neuron_bnrelu_apply", preamble=_BNRELU_PREAMBLE, options=opts)
-    sums = cp.ElementwiseKernel(
-        "raw T x, raw T dy, raw U mean, raw U invstd, raw U gamma, raw U beta, " + geo,
+        const U z = nr_bn_z(NR_LD(x), mean[c], invstd[c] * gamma[c], beta[c]);
+        y = NR_ST(z > U(0) ? z : (z != z ? z : U(0)));    // max(z, 0), NaN kept""", "apply")
+    sums = kernel(
+        "raw @ x, raw @ dy, raw U mean, raw U invstd, raw U gamma, raw U beta, " + geo,
         "U sdz, U sdzx", _BNRELU_STRIDE + r"""
         const U m = mean[c], is = invstd[c], sc = invstd[c] * gamma[c], b = beta[c];
         U a = 0, e = 0;
         for (long long j = p; j < M; j += P) {
             const long long o = (n * C + c) * HW + s;
-            const U xv = (U)x[o];
-            const U dz = (nr_bn_z(xv, m, sc, b) > U(0) ? U(1) : U(0)) * (U)dy[o];
+            const U xv = NR_LD(x[o]);
+            const U dz = (nr_bn_z(xv, m, sc, b) > U(0) ? U(1) : U(0)) * NR_LD(dy[o]);
             a += dz;
             e += dz * ((xv - m) * is);""" + _BNRELU_NEXT + r"""
         }
         sdz = a;
-        sdzx = e;""", "neuron_bnrelu_sums", preamble=_BNRELU_PREAMBLE, options=opts)
-    sums_finish = cp.ElementwiseKernel("raw U sdz, raw U sdzx, int64 P", "U dgamma, U dbeta", r"""
+        sdzx = e;""", "sums")
+    sums_finish = kernel("raw U sdz, raw U sdzx, int64 P", "U dgamma, U dbeta", r"""
         double a = 0, b = 0;
         for (long long p = 0; p < P; ++p) {
             a += (double)sdz[i * P + p];
             b += (double)sdzx[i * P + p];
         }
         dbeta = (U)a;
-        dgamma = (U)b;""", "neuron_bnrelu_sums_finish", options=opts)
-    dx_in = ("T x, T dy, raw U mean, raw U invstd, raw U gamma, raw U beta, raw U dgamma, "
+        dgamma = (U)b;""", "sums_finish", preamble="")
+    dx_in = ("@ x, @ dy, raw U mean, raw U invstd, raw U gamma, raw U beta, raw U dgamma, "
              "raw U dbeta, int64 C, int64 HW, U inv_m")
     dx_body = r"""
         const long long c = (i / HW) % C;
         const U m = mean[c], is = invstd[c], g = gamma[c];
-        const U xv = (U)x;
-        const U dz = (nr_bn_z(xv, m, is * g, beta[c]) > U(0) ? U(1) : U(0)) * (U)dy;
+        const U xv = NR_LD(x);
+        const U dz = (nr_bn_z(xv, m, is * g, beta[c]) > U(0) ? U(1) : U(0)) * NR_LD(dy);
         const U v = g * is * (dz - dbeta[c] * inv_m - (xv - m) * is * (dgamma[c] * inv_m));"""
-    dx = cp.ElementwiseKernel(dx_in, "T dx", dx_body + "\n        dx = (T)v;",
-                              "neuron_bnrelu_dx", preamble=_BNRELU_PREAMBLE, options=opts)
-    dx_acc = cp.ElementwiseKernel(dx_in, "T dx", dx_body + "\n        dx = (T)((U)dx + v);",
-                                  "neuron_bnrelu_dx_acc", preamble=_BNRELU_PREAMBLE,
-                                  options=opts)
-    mask = cp.ElementwiseKernel(
-        "T x, T dy, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW",
-        "T dz", r"""
+    dx = kernel(dx_in, "@ dx", dx_body + "\n        dx = NR_ST(v);", "dx")
+    dx_acc = kernel(dx_in, "@ dx", dx_body + "\n        dx = NR_ST(NR_LD(dx) + v);", "dx_acc")
+    mask = kernel(
+        "@ x, @ dy, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW",
+        "@ dz", r"""
         const long long c = (i / HW) % C;
-        const U z = nr_bn_z((U)x, mean[c], invstd[c] * gamma[c], beta[c]);
-        dz = (T)((z > U(0) ? U(1) : U(0)) * (U)dy);""", "neuron_bnrelu_mask",
-        preamble=_BNRELU_PREAMBLE, options=opts)
-    import types
+        const U z = nr_bn_z(NR_LD(x), mean[c], invstd[c] * gamma[c], beta[c]);
+        dz = NR_ST((z > U(0) ? U(1) : U(0)) * NR_LD(dy));""", "mask")
     return types.SimpleNamespace(stats=stats, finish=finish, apply=apply, sums=sums,
                                  sums_finish=sums_finish, dx=dx, dx_acc=dx_acc, mask=mask)

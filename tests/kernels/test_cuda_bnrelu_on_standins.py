@@ -118,8 +118,8 @@ MIXED_TOL = {"bf16": 1e-2, "fp16": 2e-3}
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_a_fused_mixed_step_on_the_cuda_path_matches_the_cpu_reference(gpu_kernels, precision):
-    """2-byte feature maps: the fused kernels run on float32 temporaries, the result rounded
-    once; the step agrees with the CPU reference (fused) to a few ulps of the 2-byte type."""
+    """2-byte feature maps: the low type's fused kernels (its bits read and written, float32
+    arithmetic); the step agrees with the CPU reference (fused) to a few ulps of that type."""
     from test_cuda_mixed_on_standins import _data, _on_cuda, _run, worst_update_error
     data = _data()
     gpu = _on_cuda(precision, data, fuse=True)
@@ -132,8 +132,8 @@ def test_a_fused_mixed_step_on_the_cuda_path_matches_the_cpu_reference(gpu_kerne
 
 @pytest.mark.parametrize("low", ["bfloat16", "float16"])
 def test_the_low_type_path_is_the_float32_kernels_rounded_once(gpu_kernels, low):
-    """bnrelu_* on 2-byte x, dy, y, dx: exactly the float32 kernels on the float32 values of
-    the inputs, each output rounded once to the low type."""
+    """bnrelu_* on 2-byte x, dy, y, dx (the low type's own kernels, on the bits): exactly the
+    float32 kernels on the float32 values of the inputs, each output rounded once."""
     import ml_dtypes  # noqa: F401 (numpy's bfloat16)
     cuda = gpu_kernels
     low = np.dtype(low) if low == "float16" else np.dtype(ml_dtypes.bfloat16)
