@@ -361,19 +361,24 @@ def _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, a
 # bits by the low type's own kernels (float32 arithmetic, rounded once where stored).
 # ------------------------------------------------------------------------------------------
 
-def bnrelu_partials(m: int, channels: int) -> int:
-    """Threads per channel of the fused kernels' reductions over m values: a power of two from
-    32 to 1024, each thread summing at least 16 values, at most 2^18 partial sums in all."""
-    p = 32
-    while p < 1024 and 2 * p * 16 <= m and 2 * p * channels <= 1 << 18:
-        p *= 2
-    return p
+bnrelu_partials = cuda_raw.bnrelu_partials
 
 
 def _bnrelu_geometry(x):
     n, c = x.shape[0], x.shape[1]
     hw = x.size // max(n * c, 1)
     return c, hw, n * hw, bnrelu_partials(n * hw, c)
+
+
+def _bnrelu_sums(c, p, pdt, workspace):
+    """The two partial-sum arrays: carved from the step's workspace (the layer plans it:
+    cuda_raw.bnrelu_workspace_bytes) when it is there and large enough, else new arrays."""
+    n = c * p
+    if workspace is not None and workspace.nbytes >= 2 * n * pdt.itemsize:
+        flat = workspace[:2 * n * pdt.itemsize].view(pdt)
+        return flat[:n], flat[n:]
+    cp = _cp()
+    return cp.empty((n,), pdt), cp.empty((n,), pdt)
 
 
 def _bnrelu_data(*arrays):
@@ -390,17 +395,17 @@ def _bnrelu_data(*arrays):
 
 
 def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
-                         save_mean, save_invstd, momentum, eps, update_running):
+                         save_mean, save_invstd, momentum, eps, update_running, workspace=None):
     k, (xd, yd) = _bnrelu_data(x, y)
     if k is None:                   # mixed data types: float32 temporaries
         return _via_f32(lambda x_, y_: bnrelu_forward_train(
             x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd, momentum,
-            eps, update_running), [x], [y])
+            eps, update_running, workspace), [x], [y])
     cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
     c, hw, m, p = _bnrelu_geometry(x)
-    s1, s2 = cp.empty((c * p,), pdt), cp.empty((c * p,), pdt)
+    s1, s2 = _bnrelu_sums(c, p, pdt, workspace)
     k.stats(xd, c, hw, m, p, s1, s2)
     sm = _contig(save_mean) if save_mean is not None else cp.empty((c,), pdt)
     si = _contig(save_invstd) if save_invstd is not None else cp.empty((c,), pdt)
@@ -425,20 +430,20 @@ def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
 
 
 def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
-                    accumulate=False):
+                    accumulate=False, workspace=None):
     """``eps`` is unused (the saved inverse std holds it); the signature is numpy_ref's."""
     k, (xd, dyd, dxd) = _bnrelu_data(x, dy, dx)
     if k is None:
         return _via_f32(lambda x_, dy_, dx_: bnrelu_backward(
-            x_, dy_, gamma, beta, save_mean, save_invstd, dx_, dgamma, dbeta, eps, accumulate),
-            [x, dy], [dx], accumulate)
+            x_, dy_, gamma, beta, save_mean, save_invstd, dx_, dgamma, dbeta, eps, accumulate,
+            workspace), [x, dy], [dx], accumulate)
     cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, save_mean=save_mean, save_invstd=save_invstd,
                      dweight=dgamma, dbias=dbeta)
     c, hw, m, p = _bnrelu_geometry(x)
     g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
     sm, si = _contig(save_mean), _contig(save_invstd)
-    sdz, sdzx = cp.empty((c * p,), pdt), cp.empty((c * p,), pdt)
+    sdz, sdzx = _bnrelu_sums(c, p, pdt, workspace)
     k.sums(xd, dyd, sm, si, g, b, c, hw, m, p, sdz, sdzx)
     dg = _contig(dgamma) if dgamma is not None else cp.empty((c,), pdt)
     dbt = _contig(dbeta) if dbeta is not None else cp.empty((c,), pdt)

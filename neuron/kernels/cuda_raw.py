@@ -297,6 +297,21 @@ _BNRELU_NEXT = r"""
             if (s >= HW) { s -= HW; ++n; }"""
 
 
+def bnrelu_partials(m: int, channels: int) -> int:
+    """Threads per channel of the fused kernels' reductions over m values: a power of two from
+    32 to 1024, each thread summing at least 16 values, at most 2^18 partial sums in all."""
+    p = 32
+    while p < 1024 and 2 * p * 16 <= m and 2 * p * channels <= 1 << 18:
+        p *= 2
+    return p
+
+
+def bnrelu_workspace_bytes(m: int, channels: int, itemsize: int) -> int:
+    """Bytes of the two partial-sum arrays of a fused kernel call (float32 sums for 2- and
+    4-byte data, float64 for float64 data): the BNReLU layer's planned workspace."""
+    return 2 * channels * bnrelu_partials(m, channels) * max(int(itemsize), 4)
+
+
 @functools.cache
 def _k_bnrelu(low: str | None = None):
     """The fused BatchNorm + ReLU kernels, as a namespace: ``stats`` (per-thread shifted sums

@@ -206,9 +206,10 @@ def _bn_backward_from_d(d, dy, gamma, save_invstd, dx, dgamma, dbeta, accumulate
 # --------------------------------------------------------------------------
 
 def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
-                         save_mean, save_invstd, momentum, eps, update_running):
+                         save_mean, save_invstd, momentum, eps, update_running, workspace=None):
     """y = max(BN(x), 0): the BatchNorm kernel's own arithmetic, then the ReLU in place, so y
-    has the unfused pair's bits and the BN output never exists apart from y."""
+    has the unfused pair's bits and the BN output never exists apart from y. ``workspace``
+    (the GPU kernels' partial sums) is not used here."""
     batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var, save_mean,
                             save_invstd, momentum, eps, update_running)
     np.maximum(y, 0, out=y)
@@ -233,7 +234,7 @@ def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
 
 
 def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
-                    accumulate=False):
+                    accumulate=False, workspace=None):
     """Backward of max(BN(x), 0) from x and dy (the output is not read): batchnorm_backward
     of dz = dy * (z > 0), z recomputed from x, with d = x - mean computed once for both.
 

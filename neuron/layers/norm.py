@@ -6,6 +6,7 @@ import math
 from ..errors import GraphError, ShapeError
 from ..init import ones, zeros
 from ..kernels import bn_chunks
+from ..kernels.cuda_raw import bnrelu_workspace_bytes
 from ..recording import kernel_module
 from ..sizes import number_arg, size_arg
 from .base import AuxSpec, Layer, ParamSpec
@@ -114,6 +115,15 @@ class BNReLU(BatchNorm):
         fused.inputs, fused.outputs = [], []
         return fused
 
+    def workspace_bytes(self, phase, batch, itemsize):
+        """The GPU kernels' per-thread partial sums (kernels/cuda_raw.py); the NumPy kernels
+        and the chunked passes run without it."""
+        per_sample = math.prod(self.inputs[0].shape) // self.channels
+        return bnrelu_workspace_bytes(batch * per_sample, self.channels, itemsize)
+
+    def workspace_shrinks(self):
+        return True             # without one, the GPU kernels allocate their partial sums
+
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         p = params
         if ctx.chunk is not None:
@@ -135,7 +145,8 @@ class BNReLU(BatchNorm):
         if ctx.training:
             k.bnrelu_forward_train(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
                                    p["running_var"], aux["save_mean"], aux["save_invstd"],
-                                   self.momentum, self.eps, not ctx.recompute)
+                                   self.momentum, self.eps, not ctx.recompute,
+                                   **({"workspace": ws} if ws is not None else {}))
         else:
             k.bnrelu_forward_infer(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
                                    p["running_var"], self.eps)
@@ -158,7 +169,8 @@ class BNReLU(BatchNorm):
             k.bnrelu_relu_grad(x, dy, p["weight"], p["bias"], *stats, dz)
             return super().backward(k, ins, [None], [dz], dins, params, dparams, aux, ws, ctx)
         k.bnrelu_backward(x, dy, p["weight"], p["bias"], *stats, dins[0], dparams["weight"],
-                          dparams["bias"], eps=self.eps, **ctx.grad_kw(0))
+                          dparams["bias"], eps=self.eps, **ctx.grad_kw(0),
+                          **({"workspace": ws} if ws is not None else {}))
 
 
 class LRN(Layer):

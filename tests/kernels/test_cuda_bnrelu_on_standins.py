@@ -179,3 +179,26 @@ def test_the_fused_network_replays_on_cuda_device_bit_identically(gpu_kernels, r
         r = ex.replay
         assert r["eager_because"] is None and r["ran"] == mode, r
         assert r["replayed_iterations"] >= 2, r
+
+
+def test_the_partial_sums_live_in_the_planned_workspace(gpu_kernels, monkeypatch):
+    """Given the workspace the layer plans (cuda_raw.bnrelu_workspace_bytes), the kernels put
+    their partial sums there (no allocation) and compute the same bits as without it."""
+    from neuron.kernels import cuda_raw
+    cuda = gpu_kernels
+    shape = (4, 3, 5, 7)
+    x, dy, gamma, beta = _case(shape, seed=6)
+    ws_bytes = cuda_raw.bnrelu_workspace_bytes(4 * 35, 3, 4)
+    results = []
+    for ws in (None, _dev(np.zeros(ws_bytes, np.uint8))):
+        y, dx = _dev(np.empty(shape, np.float32)), _dev(np.empty(shape, np.float32))
+        sm, si, dg, db = (_dev(np.empty(3, np.float32)) for _ in range(4))
+        cuda.bnrelu_forward_train(_dev(x), _dev(gamma), _dev(beta), y, None, None, sm, si, 0.1,
+                                  1e-5, False, workspace=ws)
+        cuda.bnrelu_backward(_dev(x), _dev(dy), _dev(gamma), _dev(beta), sm, si, dx, dg, db,
+                             workspace=ws)
+        results.append([np.asarray(a).tobytes() for a in (y, dx, dg, db)])
+        if ws is not None:
+            assert np.any(np.asarray(ws) != 0)          # the sums were written there
+    assert results[0] == results[1]
+    assert ws_bytes == 2 * 3 * cuda_raw.bnrelu_partials(140, 3) * 4
