@@ -36,6 +36,9 @@ def _bit_identical(g, **kw):
     assert fused.fused and not plain.fused
     assert l_fused == l_plain
     assert states_equal(fused.state_dict(), plain.state_dict())
+    x, y = batch_for(g, BATCH, g.outputs[0].shape[0], seed=99)     # inference mode too
+    assert fused.evaluate(x.astype(np.float32), y) == plain.evaluate(x.astype(np.float32), y)
+    assert fused.last_logits.tobytes() == plain.last_logits.tobytes()
     return plain, fused
 
 

@@ -487,7 +487,8 @@ def _search_cmd(args, kind: str) -> int:
     print(f"{kind} {args.model} under {fmt_bytes(budget)} "
           f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
           f"{', offload-params' if r['offload_params'] else ''}"
-          f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}): "
+          f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}"
+          f"{', BatchNorm+ReLU fused' if r.get('fuse') else ''}): "
           f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
