@@ -202,3 +202,16 @@ def test_the_partial_sums_live_in_the_planned_workspace(gpu_kernels, monkeypatch
             assert np.any(np.asarray(ws) != 0)          # the sums were written there
     assert results[0] == results[1]
     assert ws_bytes == 2 * 3 * cuda_raw.bnrelu_partials(140, 3) * 4
+
+
+def test_inference_uses_the_running_statistics(gpu_kernels):
+    cuda = gpu_kernels
+    x, _, gamma, beta = _case((3, 4, 5, 5), seed=7)
+    rm = np.array([0.1, -0.2, 0.3, 0.0], np.float32)
+    rv = np.array([1.5, 0.5, 2.0, 1.0], np.float32)
+    want = np.empty_like(x)
+    ref.bnrelu_forward_infer(x, gamma, beta, want, rm, rv, 1e-5)
+    got = _dev(np.empty_like(x))
+    cuda.bnrelu_forward_infer(_dev(x), _dev(gamma), _dev(beta), got, _dev(rm), _dev(rv), 1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(np.asarray(got) > 0, want > 0)
