@@ -12,7 +12,8 @@ import pytest
 from neuron.devices import CpuDevice
 from neuron.kernels import numpy_ref as ref
 
-from test_cuda_on_standins import CudaKernelsOnCpu, _same, rerun_graphs, train  # noqa: F401 (a fixture)
+from test_cuda_on_standins import CudaKernelsOnCpu, _same, train
+from test_cuda_on_standins import rerun_graphs  # noqa: F401 (a fixture, requested by name)
 
 
 def _dev(a):
