@@ -371,14 +371,18 @@ def _bnrelu_geometry(x):
 
 
 def _bnrelu_sums(c, p, pdt, workspace):
-    """The two partial-sum arrays: carved from the step's workspace (the layer plans it:
-    cuda_raw.bnrelu_workspace_bytes) when it is there and large enough, else new arrays."""
-    n = c * p
-    if workspace is not None and workspace.nbytes >= 2 * n * pdt.itemsize:
-        flat = workspace[:2 * n * pdt.itemsize].view(pdt)
-        return flat[:n], flat[n:]
+    """(two C*P partial-sum arrays, two C*P/32 float64 fold arrays): carved from the step's
+    workspace (the layer plans it: cuda_raw.bnrelu_workspace_bytes) when it is there and large
+    enough, else new arrays."""
+    n, q = c * p, c * (p // 32)
+    need = 2 * n * pdt.itemsize + 2 * q * 8
+    if workspace is not None and workspace.nbytes >= need:
+        f = workspace[:2 * q * 8].view(np.float64)          # 8-byte aligned at the start
+        s = workspace[2 * q * 8:need].view(pdt)
+        return s[:n], s[n:], f[:q], f[q:]
     cp = _cp()
-    return cp.empty((n,), pdt), cp.empty((n,), pdt)
+    return (cp.empty((n,), pdt), cp.empty((n,), pdt), cp.empty((q,), np.float64),
+            cp.empty((q,), np.float64))
 
 
 def _bnrelu_data(*arrays):
@@ -405,14 +409,15 @@ def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
     c, hw, m, p = _bnrelu_geometry(x)
-    s1, s2 = _bnrelu_sums(c, p, pdt, workspace)
+    s1, s2, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
     k.stats(xd, c, hw, m, p, s1, s2)
+    k.fold(s1, s2, f1, f2)
     sm = _contig(save_mean) if save_mean is not None else cp.empty((c,), pdt)
     si = _contig(save_invstd) if save_invstd is not None else cp.empty((c,), pdt)
     rm = _contig(running_mean) if running_mean is not None else cp.zeros((c,), pdt)
     rv = _contig(running_var) if running_var is not None else cp.ones((c,), pdt)
-    k.finish(s1, s2, xd, hw, m, p, pdt.type(momentum), pdt.type(eps), int(update_running),
-             sm, si, rm, rv)
+    k.finish(f1, f2, xd, hw, m, p // 32, pdt.type(momentum), pdt.type(eps),
+             int(update_running), sm, si, rm, rv)
     k.apply(xd, sm, si, _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0), c, hw, yd)
 
 
@@ -443,11 +448,12 @@ def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbet
     c, hw, m, p = _bnrelu_geometry(x)
     g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
     sm, si = _contig(save_mean), _contig(save_invstd)
-    sdz, sdzx = _bnrelu_sums(c, p, pdt, workspace)
+    sdz, sdzx, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
     k.sums(xd, dyd, sm, si, g, b, c, hw, m, p, sdz, sdzx)
+    k.fold(sdz, sdzx, f1, f2)
     dg = _contig(dgamma) if dgamma is not None else cp.empty((c,), pdt)
     dbt = _contig(dbeta) if dbeta is not None else cp.empty((c,), pdt)
-    k.sums_finish(sdz, sdzx, p, dg, dbt)
+    k.sums_finish(f1, f2, p // 32, dg, dbt)
     if dx is not None:
         (k.dx_acc if accumulate else k.dx)(xd, dyd, sm, si, g, b, dg, dbt, c, hw,
                                            pdt.type(1.0 / m), dxd)

@@ -87,10 +87,14 @@ def test_the_mask_is_recomputed_from_x_exactly(gpu_kernels):
 
 def test_partials_are_bounded():
     from neuron.kernels.cuda import bnrelu_partials
-    assert bnrelu_partials(10, 4) == 32
-    assert bnrelu_partials(64 * 112 * 112, 64) == 1024
-    assert bnrelu_partials(64 * 49, 2048) == 128 and 2048 * 128 <= 1 << 18
-    assert bnrelu_partials(1 << 30, 4096) == 64         # the partial sums stay bounded
+    from neuron.kernels.cuda_raw import BNRELU_MAX_PARTIALS, bnrelu_workspace_bytes
+    assert bnrelu_partials(10, 4) == 32                     # the least: one warp per channel
+    assert bnrelu_partials(64 * 112 * 112, 64) == 4096      # ResNet-50's stem at batch 64
+    assert bnrelu_partials(64 * 49, 2048) == 128            # 24 values per thread
+    for m, c in ((1 << 30, 4096), (1 << 20, 64), (100, 3)):
+        p = bnrelu_partials(m, c)
+        assert p % 32 == 0 and c * p <= max(BNRELU_MAX_PARTIALS, 32 * c)
+        assert bnrelu_workspace_bytes(m, c, 2) < 10 << 20
 
 
 @pytest.mark.parametrize("graph", ["resnet_cifar8", "densenet_cifar10"])
@@ -202,7 +206,8 @@ def test_the_partial_sums_live_in_the_planned_workspace(gpu_kernels, monkeypatch
         if ws is not None:
             assert np.any(np.asarray(ws) != 0)          # the sums were written there
     assert results[0] == results[1]
-    assert ws_bytes == 2 * 3 * cuda_raw.bnrelu_partials(140, 3) * 4
+    p = cuda_raw.bnrelu_partials(140, 3)
+    assert ws_bytes == 2 * 3 * p * 4 + 2 * 3 * (p // 32) * 8
 
 
 def test_inference_uses_the_running_statistics(gpu_kernels):
