@@ -18,7 +18,9 @@ is reported, the figure least moved by the machine's load drifting between round
 
 ``--replay``: the neuron modes to time. They are passed to the Executor as ``replay=`` only
 when its signature has that parameter; otherwise only eager execution ("off") is measured and
-the result says so. Writes bench/results/cpu_speed.json and cpu_speed.md.
+the result says so. ``--fuse both``: each mode also timed with BatchNorm+ReLU fused
+(``MODE+fuse``), in the same rounds. Writes bench/results/cpu_speed.json and cpu_speed.md
+(``--name``: another file name).
 """
 from __future__ import annotations
 
@@ -52,6 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--fuse", choices=["off", "on", "both"], default="off",
+                   help="neuron's BatchNorm+ReLU fusion (Executor(fuse=True)): off, on, or both "
+                   "(each replay mode timed unfused and fused, as MODE and MODE+fuse, in the "
+                   "same rounds) (default off)")
     p.add_argument("--name", default="cpu_speed", help="results file name (without suffix)")
     p.add_argument("--note", default=None, help="a remark kept in the JSON and the table")
     args = p.parse_args(argv)
@@ -100,7 +106,10 @@ def neuron_stepper(args, shape, classes, mode, replay_supported):
     from neuron.models import build_model
     from neuron.optim import SGD
     graph = build_model("resnet_cifar", depth=args.depth, in_shape=shape, num_classes=classes)
+    mode, _, fused = mode.partition("+")        # "tape+fuse": replay tape, fused
     kw = {"replay": mode} if replay_supported else {}
+    if fused:
+        kw["fuse"] = True
     ex = Executor(graph, args.batch, device="cpu", policy="liveness", seed=0,
                   optimizer=SGD(lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay), **kw)
@@ -159,6 +168,8 @@ def main(argv=None) -> int:
     from neuron.executor import Executor
     wanted = [m.strip() for m in args.replay.split(",") if m.strip()] or ["off"]
     modes, replay_supported, note = replay_modes(Executor, wanted)
+    if args.fuse != "off":
+        modes = ([] if args.fuse == "on" else modes) + [f"{m}+fuse" for m in modes]
     batches, shape, classes = digits_batches(args.batch)
     sides = {}
     counts = {}
@@ -209,6 +220,7 @@ def main(argv=None) -> int:
                      "order": "alternating per round"},
         "replay": {"supported": replay_supported, "requested": wanted, "measured": modes,
                    "note": note},
+        "fuse": args.fuse,
         "note": args.note,
         "neuron": neuron, "pytorch": res["pytorch"],
         "neuron_mode": best, "neuron_img_per_s": neuron[best]["img_per_s"],

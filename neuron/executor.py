@@ -18,6 +18,7 @@ import numpy as np
 
 from .devices import Device, VirtualDevice, make_device
 from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
+from .fuse import fuse_bn_relu
 from .graph import Graph
 from .layers.base import Context
 from .layers.loss import LossSum, loss_value
@@ -111,6 +112,10 @@ class Executor:
     iteration before (memory/evict_ahead.py: right after each evicted tensor's last use, so the
     copy runs under compute); the same evictions, moves and bits as without. Off under a host
     budget (early copies hold host buffers longer than the plan's).
+    fuse: every BatchNorm whose only reader is a ReLU runs fused with it as one BNReLU layer
+    (neuron/fuse.py): fewer passes over the feature maps, and neither the BN output nor its
+    gradient is a tensor. Same parameter names (checkpoints load either way); ``fused`` lists
+    the pairs.
     _alias_gradients: False gives every Add input a gradient tensor of its own (a copy), as
     the baseline policy always does (memory/aliasing.py); for tests that compare the two.
     """
@@ -125,8 +130,8 @@ class Executor:
                  loss: str = "softmax", grad_buckets: int | None = None,
                  grad_lag: int | None = None, replay: str | None = None,
                  precision: str | Precision | None = None, prefetch_ahead: int | str = 1,
-                 evict_ahead: bool = True, layout: str | None = None, _plan_from=None,
-                 _alias_gradients: bool = True):
+                 evict_ahead: bool = True, layout: str | None = None, fuse: bool = False,
+                 _plan_from=None, _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
         budget = byte_size_arg(budget, "budget", "Executor")          # 64MiB or bytes
@@ -137,6 +142,12 @@ class Executor:
         self._horizons: dict = {}           # id(frees) -> (frees, its PrefetchHorizon)
         self.evict_ahead = bool(evict_ahead)
         self._evict_schedule = None         # the last iteration's evictions (evict_ahead.py)
+        if not isinstance(fuse, bool):
+            raise TypeError(f"Executor: fuse must be True or False, got {fuse!r}")
+        if fuse:
+            graph = fuse_bn_relu(graph)
+        self.fuse = fuse
+        self.fused = list(getattr(graph, "fused", [])) if fuse else []
         self.graph = graph
         if loss not in LOSSES:
             raise ValueError(f"Executor: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
@@ -365,7 +376,7 @@ class Executor:
                          block=self.block,
                          strategy=self.strategy, loss=self.loss, precision=self.precision,
                          prefetch_ahead=self.prefetch_ahead or "auto",
-                         evict_ahead=self.evict_ahead, _plan_from=self)
+                         evict_ahead=self.evict_ahead, fuse=self.fuse, _plan_from=self)
             v._adopt_evictions(self)
             v.record_trace = trace
             if events:

@@ -205,14 +205,15 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
               precision=None, search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
               cost=None, timed: bool | None = None, planner=None, comm=None,
               grad_buckets: int | None = None, grad_lag: int | None = None,
-              prefetch_ahead=1, layout=None) -> Plan:
+              prefetch_ahead=1, layout=None, fuse: bool = False) -> Plan:
     """``cost`` (a memory.costmodel.CostModel): what a planner plans with, and what times the
     iteration when ``timed`` (default: whenever a cost model is given; `plan --time`);
     ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock;
     ``grad_buckets`` (bytes): the runtime's overlap, as `train --data-parallel` runs it (each
     bucket's updates deferred ``grad_lag`` backward steps, its gradients live until then:
     distributed/overlap.py). ``prefetch_ahead``: steps ahead the pool prefetches, or "auto"
-    (memory/prefetch_horizon.py).
+    (memory/prefetch_horizon.py). ``fuse``: BatchNorm + ReLU pairs as one layer
+    (neuron/fuse.py); the report then names them and the bytes the fusion saves.
     ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
     ``chunks``: every layer split along the batch into that many chunks
     (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
@@ -230,7 +231,8 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
     kw = dict(policy=policy, offload_params=offload_params,
               recompute_strategy=recompute_strategy, host_budget=host_budget,
               tensor_cache=tensor_cache, compact=compact, dtype=dtype, precision=precision,
-              prefetch_ahead=prefetch_ahead, layout=layout)
+              prefetch_ahead=prefetch_ahead, layout=layout,
+              **({"fuse": True} if fuse else {}))
     more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
     ex = None
     for_budget = bool(planner) and budget is not None      # a planner plans for the budget
@@ -295,6 +297,9 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         "num_steps": len(ex.steps), "num_layers": len(ex.train_graph.route),
         "error": str(run["error"]) if not fits else None,
     }
+    if fuse:
+        out.update(_fusion_report(graph, batch, ex, unbounded, chunks=ex.chunks,
+                                  **{k: v for k, v in kw.items() if k != "fuse"}, **more))
     if ex.decisions is not None:
         from .memory.planners.report import decisions_report
         out.update(decisions_report(ex, planner))
@@ -305,6 +310,29 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         out["steps"] = [r.as_dict() for r in run["trace"]]
     out["plan_seconds"] = round(time.perf_counter() - t0, 3)
     return Plan(out, ex, budget)
+
+
+def _fusion_report(graph, batch, fused_ex, fused_unbounded, **kw) -> dict:
+    """What ``--fuse`` changes: the fused (BN, ReLU) pairs, the bytes of the tensors that no
+    longer exist (each BN output and its gradient) and the unbounded peak against the unfused
+    plan's (planned the same way)."""
+    plain = Executor(graph, batch, device="virtual", **kw)
+    peak = plain.simulate(None, trace=False)["peak_bytes"]
+    sched = plain.schedule
+    gone = 0
+    for bn_name, _ in fused_ex.fused:
+        t = plain.train_graph.layers[bn_name].outputs[0]
+        gone += sum(x.nbytes for x in sched.values(t))
+        gone += sum(g.nbytes for g in _grads_of(sched, t))
+    return {"fuse": True, "fused_layers": [list(p) for p in fused_ex.fused],
+            "fused_tensor_bytes": gone, "unfused_unbounded_peak_bytes": peak,
+            "fuse_saved_peak_bytes": peak - fused_unbounded["peak_bytes"]}
+
+
+def _grads_of(sched, t):
+    """The gradient tensors of symbolic tensor t: one, or one per chunk."""
+    keys = [id(t)] if sched.chunks == 1 else [(id(t), c) for c in range(sched.chunks)]
+    return [sched.grad[k] for k in keys if k in sched.grad]
 
 
 def fits(graph: Graph, batch: int, budget: int, chunks=1, **kw) -> bool:
@@ -450,4 +478,4 @@ def _kw_report(kw) -> dict:
             "precision": str(kw.get("precision") or "fp32"),
             "layout": str(kw.get("layout") or "nchw"),
             "offload_params": kw.get("offload_params", False),
-            "chunking": kw.get("chunks", 1)}
+            "chunking": kw.get("chunks", 1), **({"fuse": True} if kw.get("fuse") else {})}

@@ -79,6 +79,10 @@ def parse_args(argv=None):
                    help="neuron replay modes to run, comma-separated (off, tape, graph)")
     p.add_argument("--configs", default=None,
                    help="MODEL:BATCH,... (default resnet50:64,resnet50:128,vgg16:64)")
+    p.add_argument("--fuse", choices=["off", "on", "both"], default="off",
+                   help="neuron's BatchNorm+ReLU fusion (Executor(fuse=True)): off, on, or both "
+                   "(every mode also run fused, recorded as MODE+fuse beside MODE in the same "
+                   "row) (default off)")
     p.add_argument("--child", action="store_true", help=argparse_hidden())
     args = p.parse_args(argv)
     # warm-up: algorithm choice, the two recorded iterations and a first replay (a graph's
@@ -118,10 +122,25 @@ def _data(name, batch, smoke):
     return graph, x, y
 
 
+def fused_modes(modes: list[str], fuse: str) -> list[str]:
+    """--fuse: the neuron runs of a row, "MODE" unfused and "MODE+fuse" fused."""
+    if fuse == "off":
+        return list(modes)
+    return ([] if fuse == "on" else list(modes)) + [f"{m}+fuse" for m in modes]
+
+
 def run_neuron(name, batch, args, memory, tf32, mode="off", precision=None) -> dict:
+    import inspect
+
     import neuron as nn
     from bench.gpu.kit import executor_has_replay, executor_kwargs, replay_of
     from neuron.executor import Executor
+    mode, _, fused = mode.partition("+")            # "tape+fuse": replay tape, fused
+    fuse = {}
+    if fused:
+        if "fuse" not in inspect.signature(Executor).parameters:
+            return {"error": "fuse not run: the Executor has no fuse argument"}
+        fuse = {"fuse": True}
     if mode != "off" and not executor_has_replay():
         return {"error": f"replay {mode} not run: the Executor has no replay argument"}
     graph, x, y = _data(name, batch, args.smoke)
@@ -134,7 +153,8 @@ def run_neuron(name, batch, args, memory, tf32, mode="off", precision=None) -> d
     if args.layout != "nchw":
         mixed["layout"] = args.layout
     ex = Executor(graph, batch, device=args.device, policy="liveness", budget=memory,
-                  optimizer=nn.SGD(lr=1e-6, momentum=0.9), **executor_kwargs(mode), **mixed)
+                  optimizer=nn.SGD(lr=1e-6, momentum=0.9), **executor_kwargs(mode), **mixed,
+                  **fuse)
     try:
         for _ in range(args.warmup):
             ex.train_step(x, y)
@@ -155,6 +175,9 @@ def run_neuron(name, batch, args, memory, tf32, mode="off", precision=None) -> d
         if args.device == "cuda":
             res["conv_choices"] = conv_choices()
         res["pool_peak_bytes"] = ex.pool.high_water
+        res["fuse"] = bool(fuse)
+        if fuse:
+            res["fused_layers"] = len(ex.fused)
     finally:
         if hasattr(ex.device, "close"):
             ex.device.close()
@@ -303,10 +326,11 @@ def child(args) -> int:
     mixed = args.precision in MIXED
     from neuron.units import parse_bytes
     memory = parse_bytes(args.memory) if args.memory else default_memory(args.device)
-    modes = [m for m in args.modes.split(",") if m]
+    modes = fused_modes([m for m in args.modes.split(",") if m], args.fuse)
     for name, batch in configs_of(args):
         row = {"model": name, "batch": batch, "precision": args.precision,
-               "layout": args.layout, "memory_bytes": memory, "neuron": {}}
+                "layout": args.layout, "memory_bytes": memory, "fuse": args.fuse,
+                "neuron": {}}
         for mode in modes:
             try:
                 row["neuron"][mode] = run_neuron(name, batch, args, memory, tf32, mode,
@@ -349,7 +373,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "bench.gpu.throughput", "--child", "--precision", prec,
                "--out", args.out, "--device", args.device, "--runs", str(args.runs),
                "--iters", str(args.iters), "--warmup", str(args.warmup), "--modes", args.modes,
-               "--layout", args.layout]
+                "--layout", args.layout, "--fuse", args.fuse]
         if args.memory:
             cmd += ["--memory", args.memory]
         if args.configs:

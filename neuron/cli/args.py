@@ -146,3 +146,17 @@ def path_arg(name: str):
         return text
     convert.__name__ = name.lstrip("-").replace("-", "_")
     return convert
+
+
+def fuse_option(p) -> None:
+    """--fuse (train, plan, memory, deepest, widest, profile): neuron/fuse.py."""
+    p.add_argument("--fuse", action="store_true",
+                   help="run every BatchNorm whose only reader is a ReLU as one fused BNReLU "
+                   "layer: fewer passes over the feature maps, no BN output or its gradient in "
+                   "memory, same parameter names and checkpoints (default: off, the layers as "
+                   "the model defines them)")
+
+
+def fuse_kw(args) -> dict:
+    """The Executor/plan keyword for --fuse: nothing when it is off, so calls are unchanged."""
+    return {"fuse": True} if getattr(args, "fuse", False) else {}

@@ -6,8 +6,8 @@ import json
 import sys
 import time
 
-from .args import (byte_size, count, layout_option, numeric, path_arg, positive_int,
-                   positive_number, precision_option)
+from .args import (byte_size, count, fuse_kw, fuse_option, layout_option, numeric, path_arg,
+                   positive_int, positive_number, precision_option)
 from .planning import cmd_profile
 from ..memory.policy import POLICIES
 from ..units import fmt_bytes, parse_bytes
@@ -82,6 +82,7 @@ def _policy_args(p, default: str, budget_required: bool = False):
                    help="split every layer's step along the batch into N chunks, or 'auto': "
                    "the smallest count that fits the budget (default 1)")
     _prefetch_ahead_arg(p)
+    fuse_option(p)
     p.add_argument("--host-budget", default=None, type=byte_size("--host-budget"),
                    help="host memory for offloaded tensors (default: unlimited for plan, "
                    "128GiB for deepest/widest)")
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split every layer's step along the batch into N chunks, or 'auto' "
                    "(needs --budget): the smallest count that fits (default 1)")
     _prefetch_ahead_arg(t)
+    fuse_option(t)
     t.add_argument("--checkpoint", default=None, metavar="FILE.npz",
                    type=path_arg("--checkpoint"),
                    help="write parameters + optimizer state here, atomically, every "
@@ -320,7 +322,7 @@ def _policy_kw(args, host_default=None) -> dict:
                 tensor_cache=not args.no_tensor_cache,
                 compact=False if args.no_compact else None, chunks=args.chunks,
                 host_budget=parse_bytes(hb) if hb else None,
-                prefetch_ahead=args.prefetch_ahead)
+                prefetch_ahead=args.prefetch_ahead, **fuse_kw(args))
 
 
 def cmd_plan(args) -> int:
@@ -386,6 +388,15 @@ def cmd_plan(args) -> int:
         else:
             need = f"; the minimum budget is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
             print(f"  budget {fmt_bytes(budget)}: does NOT fit: {r['error']}{need}")
+    if r.get("fuse"):
+        names = [bn for bn, _ in r["fused_layers"]]
+        shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
+        print(f"  fused (--fuse)          {len(names)} BatchNorm+ReLU pairs as BNReLU layers"
+              f"{': ' + shown if names else ''}")
+        print(f"                          {fmt_bytes(r['fused_tensor_bytes'])} of tensors no "
+              f"longer exist (the BN outputs and their gradients); unbounded peak "
+              f"{fmt_bytes(r['unfused_unbounded_peak_bytes'])} unfused, saved "
+              f"{fmt_bytes(r['fuse_saved_peak_bytes'])}")
     if "data_parallel" in r:
         d = r["data_parallel"]
         print(f"  all-reduce (ring, {d['world_size']} ranks, {d['link_gbps']:g} Gbit/s)  "
@@ -480,7 +491,8 @@ def _search_cmd(args, kind: str) -> int:
           f"({'planner ' + r['planner'] if r.get('planner') else r['policy']}"
           f"{', offload-params' if r['offload_params'] else ''}"
           f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}"
-          f"{', layout ' + r['layout'] if r.get('layout', 'nchw') != 'nchw' else ''}): "
+          f"{', layout ' + r['layout'] if r.get('layout', 'nchw') != 'nchw' else ''}"
+          f"{', BatchNorm+ReLU fused' if r.get('fuse') else ''}): "
           f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
@@ -569,17 +581,18 @@ def cmd_train(args) -> int:
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
                       chunks=chunks, replay=args.replay, precision=args.precision,
-                      prefetch_ahead=args.prefetch_ahead, layout=args.layout)
+                      prefetch_ahead=args.prefetch_ahead, layout=args.layout,
+                      **fuse_kw(args))
     except MemoryBudgetError as e:
         from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
                     trace=False, planner=planner_spec(args), chunks=chunks,
-                    precision=args.precision)["min_budget_bytes"]
+                    precision=args.precision, **fuse_kw(args))["min_budget_bytes"]
         hint = ""
         if args.policy != "superneurons" and not args.planner:   # the one that can evict
             least = plan(graph, args.batch, policy="superneurons", trace=False,
                          offload_params=args.offload_params, chunks=chunks,
-                         precision=args.precision)["min_budget_bytes"]
+                         precision=args.precision, **fuse_kw(args))["min_budget_bytes"]
             if least < need:
                 hint = (f"; policy superneurons (the default under --budget) completes one in "
                         f"{fmt_bytes(least)}")
@@ -608,6 +621,8 @@ def cmd_train(args) -> int:
                policy=ex.policy.name, planner=args.planner, dataset=args.dataset,
                chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay,
                precision=ex.precision.name, layout=ex.layout)
+    if ex.fuse:
+        res.update(fuse=True, fused_layers=len(ex.fused))
     if ex.loss_scaler is not None:      # fp16
         res.update(loss_scale=ex.loss_scaler.scale, overflow_skipped_steps=ex.loss_scaler.skipped)
     res.update(ex.pool.counters())
@@ -619,6 +634,7 @@ def cmd_train(args) -> int:
             f"{fmt_bytes(res['prefetch_bytes'])} back" +
             (f" (planner {args.planner})" if args.planner else "") +
             (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else "") +
+            (f", {len(ex.fused)} BatchNorm+ReLU pairs fused" if ex.fuse else "") +
             (f", precision {ex.precision}" if ex.precision.name != "fp32" else "") +
             (f", layout {ex.layout}" if ex.layout != "nchw" else "") +
             (f" (loss scale {ex.loss_scaler.scale:g}, {ex.loss_scaler.skipped} steps skipped for "

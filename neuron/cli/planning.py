@@ -129,9 +129,10 @@ def add_profile_command(sub, positive) -> None:
                     help="input height and width (default: the model's)")
     pr.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="device whose kernels are timed")
-    from .args import layout_option, precision_option
+    from .args import fuse_option, layout_option, precision_option
     precision_option(pr)
     layout_option(pr)
+    fuse_option(pr)
     pr.add_argument("--repeat", type=positive("--repeat"), default=3,
                     help="timed iterations")
     pr.add_argument("-o", "--output", required=True, metavar="FILE.json",
@@ -156,6 +157,9 @@ def cmd_profile(args) -> int:
         g = build_model(args.model, depth=args.depth)
         in_shape = (g.inputs[0].shape[0], args.image_size, args.image_size)
     graph = build_model(args.model, depth=args.depth, in_shape=in_shape)
+    if args.fuse:                   # BNReLU layers timed under their own keys
+        from ..fuse import fuse_bn_relu
+        graph = fuse_bn_relu(graph)
     prof = profile_model(graph, args.batch, device=args.device, repeat=args.repeat,
                          model=args.model, precision=args.precision, layout=args.layout)
     with open(args.output, "w") as f:

@@ -16,6 +16,8 @@ cuDNN's whole-batch BatchNorm does (the CPU reference gives it float32 copies al
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import cuda_low
 from .numpy_ref import update_running_stats
 
@@ -90,6 +92,25 @@ def apply(x, gamma, beta, y, save_mean, save_invstd) -> None:
         return
     y[...] = x - save_mean.reshape(bshape)
     apply_scale(y, gamma, beta, save_invstd, bshape)
+
+
+def apply_relu(x, gamma, beta, y, save_mean, save_invstd) -> None:
+    """y = max(apply(x), 0) (the fused BNReLU's apply pass): apply's arithmetic, then the
+    ReLU before the one rounding into a 2-byte y."""
+    _, bshape = _axes(x)
+    t = _f32(x) - save_mean.reshape(bshape)
+    apply_scale(t, gamma, beta, save_invstd, bshape)
+    np.maximum(t, 0, out=t)     # NumPy's or, through __array_ufunc__, CuPy's
+    _store(y, t)
+
+
+def relu_grad(x, dy, gamma, beta, save_mean, save_invstd):
+    """dy * (z > 0) in float32, z = apply(x) recomputed by apply's operations (the mask the
+    forward's ReLU saw): the gradient the fused BNReLU's two backward passes read."""
+    _, bshape = _axes(x)
+    z = _f32(x) - save_mean.reshape(bshape)
+    apply_scale(z, gamma, beta, save_invstd, bshape)
+    return (z > 0) * _f32(dy)
 
 
 def apply_scale(y, gamma, beta, save_invstd, bshape) -> None:

@@ -51,7 +51,7 @@ import types
 
 import numpy as np
 
-from . import cublas, cuda_low, cuda_switches
+from . import cublas, cuda_low, cuda_raw, cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -69,7 +69,7 @@ from .pinned_host import pinned_empty
 
 __all__ = list(numpy_ref.__all__) + [
     "choose_conv_algo", "pick_algo", "workspace_bucket", "conv_algo_trace",
-    "clear_conv_algo_cache", "dropout_mask_reference", "ConvAlgoError",
+    "clear_conv_algo_cache", "dropout_mask_reference", "ConvAlgoError", "bnrelu_partials",
 ]
 
 # ------------------------------------------------------------------------------------------
@@ -385,6 +385,124 @@ def _bn_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, eps, a
                            _ptr(save_mean) if have_saved else 0,
                            _ptr(save_invstd) if have_saved else 0,
                            **({"beta_data": 1.0} if accumulate and dx is not None else {}))
+
+
+# ------------------------------------------------------------------------------------------
+# BatchNorm + ReLU fused (layers/norm.py BNReLU): cuda_raw._k_bnrelu's kernels. Forward reads x
+# twice (statistics, then y = max(z, 0)) and writes y; backward reads x and dy twice (the sums,
+# then dx) and writes dx; z and dz are never stored. 2-byte data is read and written as its
+# bits by the low type's own kernels (float32 arithmetic, rounded once where stored).
+# ------------------------------------------------------------------------------------------
+
+bnrelu_partials = cuda_raw.bnrelu_partials
+
+
+def _bnrelu_geometry(x):
+    n, c = x.shape[0], x.shape[1]
+    hw = x.size // max(n * c, 1)
+    return c, hw, n * hw, bnrelu_partials(n * hw, c)
+
+
+def _bnrelu_sums(c, p, pdt, workspace):
+    """(two C*P partial-sum arrays, two C*P/32 float64 fold arrays): carved from the step's
+    workspace (the layer plans it: cuda_raw.bnrelu_workspace_bytes) when it is there and large
+    enough, else new arrays."""
+    n, q = c * p, c * (p // 32)
+    need = 2 * n * pdt.itemsize + 2 * q * 8
+    if workspace is not None and workspace.nbytes >= need:
+        f = workspace[:2 * q * 8].view(np.float64)          # 8-byte aligned at the start
+        s = workspace[2 * q * 8:need].view(pdt)
+        return s[:n], s[n:], f[:q], f[q:]
+    cp = _cp()
+    return (cp.empty((n,), pdt), cp.empty((n,), pdt), cp.empty((q,), np.float64),
+            cp.empty((q,), np.float64))
+
+
+def _bnrelu_data(*arrays):
+    """(the kernels for these data arrays, their kernel arguments): float32/float64 arrays as
+    they are, 2-byte ones (all of one type) as their bits; None when the types are mixed."""
+    present = [a for a in arrays if a is not None]
+    lows = {cuda_low.low_name(a.dtype) for a in present}
+    if lows == {None}:
+        return cuda_raw._k_bnrelu(), [_contig(a) if a is not None else None for a in arrays]
+    if len(lows) != 1:
+        return None, None
+    return cuda_raw._k_bnrelu(lows.pop()), [
+        cuda_low.bits(_contig(a)) if a is not None else None for a in arrays]
+
+
+def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
+                         save_mean, save_invstd, momentum, eps, update_running, workspace=None):
+    k, (xd, yd) = _bnrelu_data(x, y)
+    if k is None:                   # mixed data types: float32 temporaries
+        return _via_f32(lambda x_, y_: bnrelu_forward_train(
+            x_, gamma, beta, y_, running_mean, running_var, save_mean, save_invstd, momentum,
+            eps, update_running, workspace), [x], [y])
+    cp = _cp()
+    pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
+                     running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
+    c, hw, m, p = _bnrelu_geometry(x)
+    s1, s2, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
+    k.stats(xd, c, hw, m, p, s1, s2)
+    k.fold(s1, s2, f1, f2)
+    sm = _contig(save_mean) if save_mean is not None else cp.empty((c,), pdt)
+    si = _contig(save_invstd) if save_invstd is not None else cp.empty((c,), pdt)
+    rm = _contig(running_mean) if running_mean is not None else cp.zeros((c,), pdt)
+    rv = _contig(running_var) if running_var is not None else cp.ones((c,), pdt)
+    k.finish(f1, f2, xd, hw, m, p // 32, pdt.type(momentum), pdt.type(eps),
+             int(update_running), sm, si, rm, rv)
+    k.apply(xd, sm, si, _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0), c, hw, yd)
+
+
+def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    k, (xd, yd) = _bnrelu_data(x, y)
+    if k is None:
+        return _via_f32(lambda x_, y_: bnrelu_forward_infer(
+            x_, gamma, beta, y_, running_mean, running_var, eps), [x], [y])
+    c, hw, _, _ = _bnrelu_geometry(x)
+    pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
+                     running_var=running_var)
+    invstd = (1.0 / _cp().sqrt(running_var + pdt.type(eps))).astype(pdt)
+    k.apply(xd, _contig(running_mean), invstd, _param_or(gamma, c, pdt, 1.0),
+            _param_or(beta, c, pdt, 0.0), c, hw, yd)
+
+
+def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
+                    accumulate=False, workspace=None):
+    """``eps`` is unused (the saved inverse std holds it); the signature is numpy_ref's."""
+    k, (xd, dyd, dxd) = _bnrelu_data(x, dy, dx)
+    if k is None:
+        return _via_f32(lambda x_, dy_, dx_: bnrelu_backward(
+            x_, dy_, gamma, beta, save_mean, save_invstd, dx_, dgamma, dbeta, eps, accumulate,
+            workspace), [x, dy], [dx], accumulate)
+    cp = _cp()
+    pdt = _bn_params(x, weight=gamma, bias=beta, save_mean=save_mean, save_invstd=save_invstd,
+                     dweight=dgamma, dbias=dbeta)
+    c, hw, m, p = _bnrelu_geometry(x)
+    g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
+    sm, si = _contig(save_mean), _contig(save_invstd)
+    sdz, sdzx, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
+    k.sums(xd, dyd, sm, si, g, b, c, hw, m, p, sdz, sdzx)
+    k.fold(sdz, sdzx, f1, f2)
+    dg = _contig(dgamma) if dgamma is not None else cp.empty((c,), pdt)
+    dbt = _contig(dbeta) if dbeta is not None else cp.empty((c,), pdt)
+    k.sums_finish(f1, f2, p // 32, dg, dbt)
+    if dx is not None:
+        (k.dx_acc if accumulate else k.dx)(xd, dyd, sm, si, g, b, dg, dbt, c, hw,
+                                           pdt.type(1.0 / m), dxd)
+
+
+def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
+    """dz = dy * (z > 0), z recomputed as the fused forward computes it (synchronized
+    BatchNorm's BNReLU: its backward then runs on dz)."""
+    k, (xd, dyd, dzd) = _bnrelu_data(x, dy, dz)
+    if k is None:
+        return _via_f32(lambda x_, dy_, dz_: bnrelu_relu_grad(
+            x_, dy_, gamma, beta, save_mean, save_invstd, dz_), [x, dy], [dz])
+    c, hw, _, _ = _bnrelu_geometry(x)
+    pdt = _bn_params(x, weight=gamma, bias=beta)
+    k.mask(xd, dyd, _contig(save_mean), _contig(save_invstd), _param_or(gamma, c, pdt, 1.0),
+           _param_or(beta, c, pdt, 0.0), c, hw, dzd)
 
 
 # ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ Compiled on first use (functools.cache); neuron.kernels.cuda calls them.
 from __future__ import annotations
 
 import functools
+import types
 
 
 def _cp():
@@ -269,3 +270,175 @@ def _k_sgd(check_finite: bool = False, lr_on_device: bool = False):
         preamble=_FMA_PREAMBLE,
         options=opts)
     return with_v, plain
+
+
+# ---- BatchNorm + ReLU fused (layers/norm.py BNReLU; neuron.kernels.cuda.bnrelu_*) -----------
+#
+# NCHW viewed as (N, C, HW); M = N*HW values per channel. A per-channel reduction is three
+# elementwise kernels: P threads per channel each sum a strided share of the channel (thread p
+# reads the channel's values p, p+P, p+2P, ... in (n, hw) order, so a warp reads consecutive
+# addresses; four loads in flight per thread), then one thread per 32 partial sums adds them
+# in double (``fold``), then one thread per channel adds its P/32 folded sums: a fixed order
+# (deterministic, no atomics) and no long serial loop. T is the data's type, U the parameters'
+# and the partial sums' (float for float and 2-byte data, double for double). --fmad=false and
+# one shared function for z = (x - mean) * (invstd * gamma) + beta make backward's recomputed z
+# the forward's to the bit, so the ReLU mask backward uses is the one forward applied.
+
+_BNRELU_PREAMBLE = r"""
+template <typename V> __device__ inline V nr_bn_z(V x, V m, V s, V b) { return (x - m) * s + b; }
+"""
+
+_BNRELU_STRIDE = r"""
+        const long long c = i / P, p = i % P;
+        long long n = p / HW, s = p % HW;
+        const long long dn = P / HW, ds = P % HW;"""
+
+_BNRELU_NEXT = r"""
+            n += dn; s += ds;
+            if (s >= HW) { s -= HW; ++n; }"""
+
+
+def _bnrelu_loop(load: str, add: str) -> str:
+    """The strided loop of a reduction kernel: ``load`` declares the values of element offset
+    ``o``K (K = 0..3) and ``add`` folds value set K in; four loads issued before their adds."""
+    def at(k):
+        return f"""
+            const long long o{k} = (n * C + c) * HW + s;""" + _BNRELU_NEXT
+    four = "".join(at(k) for k in range(4)) + "".join(load.replace("K", str(k)) for k in range(4))
+    four += "".join(add.replace("K", str(k)) for k in range(4))
+    one = at(0) + load.replace("K", "0") + add.replace("K", "0")
+    return f"""
+        long long j = p;
+        for (; j + 3 * P < M; j += 4 * P) {{{four}
+        }}
+        for (; j < M; j += P) {{{one}
+        }}"""
+
+
+#: the most partial sums of one fused kernel call (its workspace stays under 10 MiB)
+BNRELU_MAX_PARTIALS = 1 << 20
+
+
+def bnrelu_partials(m: int, channels: int) -> int:
+    """Threads per channel of the fused kernels' reductions over m values: a power of two from
+    32 to 4096, each thread summing at least 16 values, at most BNRELU_MAX_PARTIALS in all."""
+    p = 32
+    while p < 4096 and 2 * p * 16 <= m and 2 * p * channels <= BNRELU_MAX_PARTIALS:
+        p *= 2
+    return p
+
+
+def bnrelu_workspace_bytes(m: int, channels: int, itemsize: int) -> int:
+    """Bytes of a fused kernel call's partial sums: two arrays of C*P (float32 for 2- and
+    4-byte data, float64 for float64 data) and two of C*P/32 folded sums (float64): the BNReLU
+    layer's planned workspace."""
+    p = bnrelu_partials(m, channels)
+    return 2 * channels * p * max(int(itemsize), 4) + 2 * channels * (p // 32) * 8
+
+
+@functools.cache
+def _k_bnrelu(low: str | None = None):
+    """The fused BatchNorm + ReLU kernels, as a namespace: ``stats`` (per-thread shifted sums
+    and sums of squares), ``finish`` (mean, 1/sqrt(var + eps), the running statistics),
+    ``fold`` (32 partial sums into one, in double), ``apply`` (y = max(z, 0)), ``sums`` (per-thread sum(dz) and sum(dz * xhat), dz = dy*(z>0)),
+    ``sums_finish`` (dbeta, dgamma), ``dx`` / ``dx_acc`` (dx = or += gamma*invstd*(dz -
+    dbeta/M - xhat*dgamma/M)) and ``mask`` (dz alone, for synchronized BatchNorm).
+
+    ``low`` ("bf16", "fp16"): the data (x, y, dy, dx) as the 16 raw bits of that type
+    (cuda_low's conversions, float32 arithmetic, each stored value rounded once); U, the
+    parameters' and the sums' type, is float32 then."""
+    cp = _cp()
+    opts = ("--fmad=false",)
+    if low is None:
+        D, sfx = "T", ""
+        pre = "#define NR_LD(v) ((U)(v))\n#define NR_ST(v) ((T)(v))\n"
+    else:
+        from .cuda_low import LOW_PREAMBLE
+        D, sfx = "uint16", f"_{low}"
+        pre = LOW_PREAMBLE + (f"#define NR_LD(v) ((U)nr_{low}_ld(v))\n"
+                              f"#define NR_ST(v) nr_{low}_st((float)(v))\n")
+    pre_z = pre + _BNRELU_PREAMBLE
+
+    def kernel(ins, outs, body, name, preamble=pre_z):
+        return cp.ElementwiseKernel(ins.replace("@", D), outs.replace("@", D), body,
+                                    f"neuron_bnrelu_{name}{sfx}", preamble=preamble,
+                                    options=opts)
+    geo = "int64 C, int64 HW, int64 M, int64 P"
+    stats = kernel("raw @ x, " + geo, "U s1, U s2", _BNRELU_STRIDE + r"""
+        const U k = NR_LD(x[c * HW]);   // the shift: the channel's first value
+        U a = 0, b = 0;""" + _bnrelu_loop(r"""
+            const U vK = NR_LD(x[oK]) - k;""", r"""
+            a += vK;
+            b += vK * vK;""") + r"""
+        s1 = a;
+        s2 = b;""", "stats")
+    fold = kernel("raw U s1, raw U s2", "float64 f1, float64 f2", r"""
+        double a = 0, b = 0;
+        for (int q = 0; q < 32; ++q) {
+            a += (double)s1[i * 32 + q];
+            b += (double)s2[i * 32 + q];
+        }
+        f1 = a;
+        f2 = b;""", "fold", preamble="")
+    finish = kernel(
+        "raw float64 f1, raw float64 f2, raw @ x, int64 HW, int64 M, int64 Q, U momentum, "
+        "U eps, int32 update", "U save_mean, U save_invstd, U running_mean, U running_var", r"""
+        double a = 0, b = 0;
+        for (long long q = 0; q < Q; ++q) {
+            a += f1[i * Q + q];
+            b += f2[i * Q + q];
+        }
+        const double d = a / (double)M;
+        double var = b / (double)M - d * d;     // biased, about the shift
+        if (var < 0) var = 0;
+        const double mean = (double)NR_LD(x[i * HW]) + d;
+        save_mean = (U)mean;
+        save_invstd = (U)(1.0 / sqrt(var + (double)eps));
+        if (update) {
+            const double mom = (double)momentum;
+            const double unbiased = var * (double)M / (double)(M > 1 ? M - 1 : 1);
+            running_mean = (U)((1.0 - mom) * (double)running_mean + mom * mean);
+            running_var = (U)((1.0 - mom) * (double)running_var + mom * unbiased);
+        }""", "finish")
+    apply = kernel(
+        "@ x, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW", "@ y", r"""
+        const long long c = (i / HW) % C;
+        const U z = nr_bn_z(NR_LD(x), mean[c], invstd[c] * gamma[c], beta[c]);
+        y = NR_ST(z > U(0) ? z : (z != z ? z : U(0)));    // max(z, 0), NaN kept""", "apply")
+    sums = kernel(
+        "raw @ x, raw @ dy, raw U mean, raw U invstd, raw U gamma, raw U beta, " + geo,
+        "U sdz, U sdzx", _BNRELU_STRIDE + r"""
+        const U m = mean[c], is = invstd[c], sc = invstd[c] * gamma[c], b = beta[c];
+        U a = 0, e = 0;""" + _bnrelu_loop(r"""
+            const U xK = NR_LD(x[oK]), gK = NR_LD(dy[oK]);""", r"""
+            const U dzK = (nr_bn_z(xK, m, sc, b) > U(0) ? U(1) : U(0)) * gK;
+            a += dzK;
+            e += dzK * ((xK - m) * is);""") + r"""
+        sdz = a;
+        sdzx = e;""", "sums")
+    sums_finish = kernel("raw float64 f1, raw float64 f2, int64 Q", "U dgamma, U dbeta", r"""
+        double a = 0, b = 0;
+        for (long long q = 0; q < Q; ++q) {
+            a += f1[i * Q + q];
+            b += f2[i * Q + q];
+        }
+        dbeta = (U)a;
+        dgamma = (U)b;""", "sums_finish", preamble="")
+    dx_in = ("@ x, @ dy, raw U mean, raw U invstd, raw U gamma, raw U beta, raw U dgamma, "
+             "raw U dbeta, int64 C, int64 HW, U inv_m")
+    dx_body = r"""
+        const long long c = (i / HW) % C;
+        const U m = mean[c], is = invstd[c], g = gamma[c];
+        const U xv = NR_LD(x);
+        const U dz = (nr_bn_z(xv, m, is * g, beta[c]) > U(0) ? U(1) : U(0)) * NR_LD(dy);
+        const U v = g * is * (dz - dbeta[c] * inv_m - (xv - m) * is * (dgamma[c] * inv_m));"""
+    dx = kernel(dx_in, "@ dx", dx_body + "\n        dx = NR_ST(v);", "dx")
+    dx_acc = kernel(dx_in, "@ dx", dx_body + "\n        dx = NR_ST(NR_LD(dx) + v);", "dx_acc")
+    mask = kernel(
+        "@ x, @ dy, raw U mean, raw U invstd, raw U gamma, raw U beta, int64 C, int64 HW",
+        "@ dz", r"""
+        const long long c = (i / HW) % C;
+        const U z = nr_bn_z(NR_LD(x), mean[c], invstd[c] * gamma[c], beta[c]);
+        dz = NR_ST((z > U(0) ? U(1) : U(0)) * NR_LD(dy));""", "mask")
+    return types.SimpleNamespace(stats=stats, fold=fold, finish=finish, apply=apply, sums=sums,
+                                 sums_finish=sums_finish, dx=dx, dx_acc=dx_acc, mask=mask)

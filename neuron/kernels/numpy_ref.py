@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "conv2d_out_hw", "conv2d_workspace_bytes", "conv2d_forward", "conv2d_backward",
     "batchnorm_forward_train", "batchnorm_forward_infer", "batchnorm_backward",
+    "bnrelu_forward_train", "bnrelu_forward_infer", "bnrelu_backward", "bnrelu_relu_grad",
     "relu_forward", "relu_backward", "leaky_relu_forward", "leaky_relu_backward",
     "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
     "pool_out_hw", "maxpool_forward", "maxpool_backward",
@@ -168,12 +169,17 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
     B = -A*invstd*sum(dy*xhat)/m and C = -A*sum(dy)/m (the usual
     gamma*invstd*(dy - mean(dy) - xhat*mean(dy*xhat)), in three passes over the data)."""
     _bn_axes(x)
-    m = x.size // x.shape[1]
-    sum_dy = _channel_sum(dy)
     # d = x - mean lives in dx unless dx aliases dy (in-place backward) or is added to
     inplace = dx is not None and (accumulate or np.may_share_memory(dx, dy))
     d = dx if (dx is not None and not inplace) else np.empty_like(x)
     _channel_op(np.subtract, x, save_mean, d)
+    _bn_backward_from_d(d, dy, gamma, save_invstd, dx, dgamma, dbeta, accumulate, inplace)
+
+
+def _bn_backward_from_d(d, dy, gamma, save_invstd, dx, dgamma, dbeta, accumulate, inplace):
+    """batchnorm_backward once d = x - mean is known (in dx itself unless ``inplace``)."""
+    m = d.size // d.shape[1]
+    sum_dy = _channel_sum(dy)
     sum_dy_xhat = _channel_dot(dy, d) * save_invstd
     if dgamma is not None:
         dgamma[...] = sum_dy_xhat
@@ -193,6 +199,59 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
     np.add(d, ady, out=d)
     if accumulate:
         np.add(dx, d, out=dx)
+
+
+# --------------------------------------------------------------------------
+# BatchNorm + ReLU as one layer (layers/norm.py BNReLU): the unfused pair's arithmetic
+# --------------------------------------------------------------------------
+
+def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
+                         save_mean, save_invstd, momentum, eps, update_running, workspace=None):
+    """y = max(BN(x), 0): the BatchNorm kernel's own arithmetic, then the ReLU in place, so y
+    has the unfused pair's bits and the BN output never exists apart from y. ``workspace``
+    (the GPU kernels' partial sums) is not used here."""
+    batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var, save_mean,
+                            save_invstd, momentum, eps, update_running)
+    np.maximum(y, 0, out=y)
+
+
+def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
+    batchnorm_forward_infer(x, gamma, beta, y, running_mean, running_var, eps)
+    np.maximum(y, 0, out=y)
+
+
+def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
+    """dz = dy * (z > 0) with z = BN(x) recomputed from x and the saved statistics by the very
+    operations of batchnorm_forward_train (x - mean, times invstd*gamma, plus beta), so the
+    mask is the one the forward's ReLU saw; the mask times dy as relu_backward multiplies it."""
+    _channel_op(np.subtract, x, save_mean, dz)
+    scale = save_invstd if gamma is None else save_invstd * gamma
+    _channel_op(np.multiply, dz, scale, dz)
+    if beta is not None:
+        _channel_op(np.add, dz, beta, dz)
+    np.greater(dz, 0, out=dz)
+    np.multiply(dz, dy, out=dz)
+
+
+def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, eps=1e-5,
+                    accumulate=False, workspace=None):
+    """Backward of max(BN(x), 0) from x and dy (the output is not read): batchnorm_backward
+    of dz = dy * (z > 0), z recomputed from x, with d = x - mean computed once for both.
+
+    z = fl(fl(d * scale) + beta) > 0 is tested as fl(d * scale) > -beta: a sum of two floats
+    rounds to zero only when it is exactly zero (gradual underflow), so the two tests agree
+    and the add pass is saved (with flush-to-zero arithmetic, which NumPy does not enable, a
+    subnormal z could tell them apart). The other operations are the unfused pair's."""
+    inplace = dx is None or accumulate or np.may_share_memory(dx, dy)
+    d = np.empty_like(x) if inplace else dx
+    _channel_op(np.subtract, x, save_mean, d)
+    dz = np.empty_like(dy)
+    scale = save_invstd if gamma is None else save_invstd * gamma
+    _channel_op(np.multiply, d, scale, dz)
+    _channel_op(np.greater, dz, -beta if beta is not None else np.zeros_like(scale), dz)
+    np.multiply(dz, dy, out=dz)
+    _bn_backward_from_d(d, dz, gamma, save_invstd, dx, dgamma, dbeta, accumulate,
+                        inplace and dx is not None)
 
 
 # --------------------------------------------------------------------------

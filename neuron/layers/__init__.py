@@ -7,9 +7,9 @@ from .dropout import Dropout
 from .join import Add, Concat
 from .linear import Linear
 from .loss import MSELoss, SoftmaxCrossEntropy
-from .norm import LRN, BatchNorm
+from .norm import LRN, BatchNorm, BNReLU
 from .pool import AvgPool2d, GlobalAvgPool, MaxPool2d
 
-__all__ = ["Add", "AvgPool2d", "BatchNorm", "Concat", "Context", "Conv2d", "Dropout",
+__all__ = ["Add", "AvgPool2d", "BatchNorm", "BNReLU", "Concat", "Context", "Conv2d", "Dropout",
            "GlobalAvgPool", "Input", "LRN", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
            "ParamSpec", "ReLU", "Sigmoid", "SoftmaxCrossEntropy", "MSELoss", "Tanh", "input_tensor"]

@@ -6,6 +6,7 @@ import math
 from ..errors import GraphError, ShapeError
 from ..init import ones, zeros
 from ..kernels import bn_chunks
+from ..kernels.cuda_raw import bnrelu_workspace_bytes
 from ..recording import kernel_module
 from ..sizes import number_arg, size_arg
 from .base import AuxSpec, Layer, ParamSpec
@@ -95,6 +96,81 @@ class BatchNorm(Layer):
         k.batchnorm_backward(ins[0], douts[0], params["weight"], aux["save_mean"],
                              aux["save_invstd"], dins[0], dparams["weight"], dparams["bias"],
                              eps=self.eps, **ctx.grad_kw(0))
+
+
+class BNReLU(BatchNorm):
+    """max(BatchNorm(x), 0) as one layer: what neuron.fuse makes of a BatchNorm whose only
+    reader is a ReLU (opt-in, ``Executor(fuse=True)``). It keeps the BatchNorm's name and
+    parameters, so checkpoints are those of the unfused pair. Backward reads x, dy and the saved
+    statistics only: the ReLU's mask is recomputed from x (the forward's own operations, so the
+    same bits), so neither the BN output nor its gradient is ever a tensor."""
+    type_name = "BNReLU"
+
+    @classmethod
+    def of(cls, bn: BatchNorm) -> "BNReLU":
+        """A BNReLU with ``bn``'s name, hyper-parameters and built parameter specs (no graph
+        edges: the fusion pass connects it)."""
+        fused = cls.__new__(cls)
+        fused.__dict__.update(bn.__dict__)
+        fused.inputs, fused.outputs = [], []
+        return fused
+
+    def workspace_bytes(self, phase, batch, itemsize):
+        """The GPU kernels' per-thread partial sums (kernels/cuda_raw.py); the NumPy kernels
+        and the chunked passes run without it."""
+        per_sample = math.prod(self.inputs[0].shape) // self.channels
+        return bnrelu_workspace_bytes(batch * per_sample, self.channels, itemsize)
+
+    def workspace_shrinks(self):
+        return True             # without one, the GPU kernels allocate their partial sums
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        p = params
+        if ctx.chunk is not None:
+            self._check_chunkable(k)
+            if ctx.chunk.stage == "stats":
+                return super().forward(k, ins, outs, params, aux, ws, ctx)
+            bn = kernel_module(k, bn_chunks)
+            if ctx.training:
+                bn.apply_relu(ins[0], p["weight"], p["bias"], outs[0], aux["save_mean"],
+                              aux["save_invstd"])
+            else:
+                bn.apply_relu(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
+                              1.0 / (p["running_var"] + self.eps) ** 0.5)
+            return
+        if getattr(k, "spans_ranks", False):     # sync-BN's kernels, then the ReLU in place
+            super().forward(k, ins, outs, params, aux, ws, ctx)
+            k.relu_forward(outs[0], outs[0])
+            return
+        if ctx.training:
+            k.bnrelu_forward_train(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
+                                   p["running_var"], aux["save_mean"], aux["save_invstd"],
+                                   self.momentum, self.eps, not ctx.recompute,
+                                   **({"workspace": ws} if ws is not None else {}))
+        else:
+            k.bnrelu_forward_infer(ins[0], p["weight"], p["bias"], outs[0], p["running_mean"],
+                                   p["running_var"], self.eps)
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        x, dy, p = ins[0], douts[0], params
+        stats = (aux["save_mean"], aux["save_invstd"])
+        ch = ctx.chunk
+        if ch is not None:
+            self._check_chunkable(k)
+            bn = kernel_module(k, bn_chunks)
+            if ch.stage == "sums" or dins[0] is not None:
+                dz = bn.relu_grad(x, dy, p["weight"], p["bias"], *stats)
+                super().backward(k, ins, outs, [dz], dins, params, dparams, aux, ws, ctx)
+            return
+        if getattr(k, "spans_ranks", False):
+            # sync-BN's backward sums over the ranks: it takes the ReLU's gradient, made here
+            # in a temporary outside the plan (the unfused pair plans it as a tensor)
+            dz = dy.copy()
+            k.bnrelu_relu_grad(x, dy, p["weight"], p["bias"], *stats, dz)
+            return super().backward(k, ins, [None], [dz], dins, params, dparams, aux, ws, ctx)
+        k.bnrelu_backward(x, dy, p["weight"], p["bias"], *stats, dins[0], dparams["weight"],
+                          dparams["bias"], eps=self.eps, **ctx.grad_kw(0),
+                          **({"workspace": ws} if ws is not None else {}))
 
 
 class LRN(Layer):

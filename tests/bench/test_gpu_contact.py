@@ -165,6 +165,17 @@ def test_throughput_stage_contract(tmp_path):
     assert row["neuron"]["off"]["replay"] == "off" and row["neuron_mode"] == "off"
 
 
+def test_throughput_fuse_both_runs_each_mode_fused_beside_unfused(tmp_path):
+    pytest.importorskip("torch")
+    _run_stage("throughput", tmp_path, "--precision", "fp32", "--runs", "2", "--iters", "1",
+               "--warmup", "1", "--modes", "off", "--fuse", "both")
+    (row,) = _stage_json(tmp_path, "throughput")["rows"]
+    assert row["fuse"] == "both" and set(row["neuron"]) == {"off", "off+fuse"}
+    assert row["neuron"]["off+fuse"]["fuse"] and row["neuron"]["off+fuse"]["fused_layers"] > 0
+    assert not row["neuron"]["off"]["fuse"]
+    assert set(row["neuron_over_pytorch_by_mode"]) == {"off", "off+fuse"}
+
+
 def test_throughput_refuses_a_protocol_below_the_issue(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.gpu.throughput", "--out",
                         str(tmp_path), "--runs", "3"], cwd=ROOT, capture_output=True, text=True)

@@ -206,3 +206,28 @@ def test_train_at_nhwc_reports_its_layout(capsys):
     assert rc == 0
     r = json.loads(out.strip().splitlines()[-1])
     assert r["layout"] == "nhwc" and ", layout nhwc" in out
+
+
+def test_fuse_option_plans_and_trains_fused(capsys):
+    """--fuse: plan names the fused pairs and the bytes saved; train runs them (default off)."""
+    import pytest
+    _json, _main = json, main
+    assert _main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget",
+                  "--fuse", "--json"]) == 0
+    out = capsys.readouterr().out
+    r = _json.loads(out.strip().splitlines()[-1])
+    assert "4 BatchNorm+ReLU pairs as BNReLU layers" in out
+    assert r["fuse"] and len(r["fused_layers"]) == 4 and r["fused_tensor_bytes"] > 0
+    assert r["peak_bytes"] <= r["unfused_unbounded_peak_bytes"]
+    assert _main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget",
+                  "--json"]) == 0
+    assert "fuse" not in _json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert _main(["train", "resnet_cifar", "--depth", "8", "--batch", "4", "--iters", "2",
+                  "--dataset", "synthetic", "--classes", "3", "--no-progress", "--fuse",
+                  "--json"]) == 0
+    res = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["fuse"] and res["fused_layers"] == 4
+    for cmd in ("train", "plan", "memory", "deepest", "widest", "profile"):
+        with pytest.raises(SystemExit):
+            _main([cmd, "--help"])
+        assert "--fuse" in capsys.readouterr().out, cmd

@@ -52,6 +52,8 @@ def kernels():
         cuda_raw._k_sgd(True, True)     # and a CUDA graph's learning rate on the device
         cuda_raw._k_sgd(False, True)
         cuda_raw._k_dropout(True)       # a CUDA graph's dropout key on the device
+        cuda_raw._k_bnrelu("bf16")      # the fused BatchNorm + ReLU on 2-byte data
+        cuda_raw._k_bnrelu("fp16")
     finally:
         for m, cp in zip(modules, saved):
             m._cp = cp
@@ -77,7 +79,11 @@ def test_every_factory_is_recorded(kernels):
     for expected in ("neuron_sgd_momentum_checked", "neuron_sgd_momentum_checked_lrbuf",
                      "neuron_sgd_lrbuf", "neuron_flag_nonfinite", "neuron_dropout_mask_keybuf",
                      "neuron_bf16_encode", "neuron_bf16_decode", "neuron_to_low_bf16",
-                     "neuron_to_f32_fp16", "neuron_xent_grad_bf16", "neuron_unscale_f32"):
+                     "neuron_to_f32_fp16", "neuron_xent_grad_bf16", "neuron_unscale_f32",
+                     "neuron_bnrelu_stats", "neuron_bnrelu_finish", "neuron_bnrelu_apply",
+                     "neuron_bnrelu_sums", "neuron_bnrelu_sums_finish", "neuron_bnrelu_dx",
+                     "neuron_bnrelu_dx_acc", "neuron_bnrelu_mask", "neuron_bnrelu_stats_bf16",
+                     "neuron_bnrelu_dx_acc_fp16", "neuron_bnrelu_apply_bf16"):
         assert expected in names
     assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
 

@@ -136,3 +136,61 @@ def test_lrn_vs_torch(size, alpha, beta, k):
     dx = np.empty(x.shape)
     K.lrn_backward(x, y, dy, dx, size, alpha, beta, k)
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ---- BatchNorm + ReLU fused (layers/norm.py BNReLU): the unfused pair's bits ----------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 5)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_bnrelu_kernels_are_the_unfused_pair_bit_for_bit(dtype, shape, accumulate):
+    gen = np.random.default_rng(5)
+    c = shape[1]
+    x = (gen.standard_normal(shape) + 0.3).astype(dtype)
+    dy = gen.standard_normal(shape).astype(dtype)
+    gamma, beta = (1 + 0.5 * gen.standard_normal(c)).astype(dtype), \
+        (0.3 * gen.standard_normal(c)).astype(dtype)
+    start = gen.standard_normal(shape).astype(dtype)
+
+    def stats():
+        return [np.zeros(c, dtype), np.ones(c, dtype), np.empty(c, dtype), np.empty(c, dtype)]
+    z, y, dz = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    rm, rv, sm, si = stats()
+    K.batchnorm_forward_train(x, gamma, beta, z, rm, rv, sm, si, 0.1, 1e-5, True)
+    K.relu_forward(z, y)
+    K.relu_backward(y, dy, dz)
+    dx, dg, db = start.copy(), np.empty(c, dtype), np.empty(c, dtype)
+    K.batchnorm_backward(x, dz, gamma, sm, si, dx, dg, db, 1e-5, accumulate=accumulate)
+
+    fy = np.empty_like(x)
+    frm, frv, fsm, fsi = stats()
+    K.bnrelu_forward_train(x, gamma, beta, fy, frm, frv, fsm, fsi, 0.1, 1e-5, True)
+    fdx, fdg, fdb = start.copy(), np.empty(c, dtype), np.empty(c, dtype)
+    K.bnrelu_backward(x, dy, gamma, beta, fsm, fsi, fdx, fdg, fdb, 1e-5, accumulate=accumulate)
+    for a, b in ((y, fy), (rm, frm), (rv, frv), (sm, fsm), (si, fsi), (dx, fdx), (dg, fdg),
+                 (db, fdb)):
+        assert a.tobytes() == b.tobytes()
+    assert 0 < (y > 0).mean() < 1               # both sides of the ReLU are exercised
+    zi, yi = np.empty_like(x), np.empty_like(x)
+    K.batchnorm_forward_infer(x, gamma, beta, zi, rm, rv, 1e-5)
+    K.bnrelu_forward_infer(x, gamma, beta, yi, rm, rv, 1e-5)
+    assert np.maximum(zi, 0).tobytes() == yi.tobytes()
+
+
+def test_bnrelu_backward_into_its_own_dy_and_at_the_relu_edge():
+    """dx may be dy's memory (in-place backward); values whose BN output is exactly 0 (x at
+    the mean, beta 0) are masked as the unfused ReLU masks them."""
+    gen = np.random.default_rng(8)
+    x = gen.standard_normal((3, 2, 4, 4)).astype(np.float32)
+    x[:, :, 0, 0] = x.mean(axis=(0, 2, 3))[None, :]         # near the mean: z near 0
+    gamma, beta = np.array([1.5, -0.7], np.float32), np.array([0.0, 0.1], np.float32)
+    dy = gen.standard_normal(x.shape).astype(np.float32)
+    z, y, dz, want = (np.empty_like(x) for _ in range(4))
+    sm, si = np.empty(2, np.float32), np.empty(2, np.float32)
+    K.batchnorm_forward_train(x, gamma, beta, z, None, None, sm, si, 0.1, 1e-5, False)
+    K.relu_forward(z, y)
+    K.relu_backward(y, dy, dz)
+    K.batchnorm_backward(x, dz, gamma, sm, si, want, None, None, 1e-5)
+    shared = dy.copy()
+    K.bnrelu_backward(x, shared, gamma, beta, sm, si, shared, None, None, 1e-5)
+    assert shared.tobytes() == want.tobytes()

@@ -20,6 +20,8 @@ CASES = {
     L.Dropout: ({}, {"p": [1.0, -0.1, float("nan"), "0.5", None], "name": NAME}),
     L.BatchNorm: ({}, {"momentum": [-0.1, 1.5, float("inf"), "0.1"],
                        "eps": [-1, 0, float("nan"), None], "name": NAME}),
+    L.BNReLU: ({}, {"momentum": [-0.1, 1.5, float("inf"), "0.1"],
+                    "eps": [-1, 0, float("nan"), None], "name": NAME}),
     L.LRN: ({}, {"size": [0, 17, 2.5], "alpha": [float("nan"), "1e-4"], "beta": [0, float("inf")],
                  "k": [0, -1, float("nan")], "name": NAME}),
     L.Input: ({"shape": (1, 8, 8)}, {"shape": [(0, 8, 8), (1, 8.5, 8), "1,8,8"],
