@@ -418,9 +418,20 @@ def _bnrelu_sums(c, p, pdt, workspace):
             cp.empty((q,), np.float64))
 
 
+def _bnrelu_rows(a):
+    """A channels-last map (--layout nhwc) as its storage, (N*H*W, C) rows: the kernels index
+    a 2-d batch of C channels, and each channel's values are the same set; anything else as
+    it is."""
+    if a is None or a.ndim != 4 or not is_channels_last(a):
+        return a
+    return a.transpose(TO_STORAGE).reshape(-1, a.shape[1])
+
+
 def _bnrelu_data(*arrays):
     """(the kernels for these data arrays, their kernel arguments): float32/float64 arrays as
-    they are, 2-byte ones (all of one type) as their bits; None when the types are mixed."""
+    they are (channels-last ones as rows of channels), 2-byte ones (all of one type) as their
+    bits; None when the types are mixed."""
+    arrays = [_bnrelu_rows(a) for a in arrays]
     present = [a for a in arrays if a is not None]
     lows = {cuda_low.low_name(a.dtype) for a in present}
     if lows == {None}:
@@ -441,7 +452,7 @@ def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
     cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
-    c, hw, m, p = _bnrelu_geometry(x)
+    c, hw, m, p = _bnrelu_geometry(_bnrelu_rows(x))
     s1, s2, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
     k.stats(xd, c, hw, m, p, s1, s2)
     k.fold(s1, s2, f1, f2)
@@ -459,7 +470,7 @@ def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
     if k is None:
         return _via_f32(lambda x_, y_: bnrelu_forward_infer(
             x_, gamma, beta, y_, running_mean, running_var, eps), [x], [y])
-    c, hw, _, _ = _bnrelu_geometry(x)
+    c, hw, _, _ = _bnrelu_geometry(_bnrelu_rows(x))
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var)
     invstd = (1.0 / _cp().sqrt(running_var + pdt.type(eps))).astype(pdt)
@@ -478,7 +489,7 @@ def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbet
     cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, save_mean=save_mean, save_invstd=save_invstd,
                      dweight=dgamma, dbias=dbeta)
-    c, hw, m, p = _bnrelu_geometry(x)
+    c, hw, m, p = _bnrelu_geometry(_bnrelu_rows(x))
     g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
     sm, si = _contig(save_mean), _contig(save_invstd)
     sdz, sdzx, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
@@ -499,7 +510,7 @@ def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
     if k is None:
         return _via_f32(lambda x_, dy_, dz_: bnrelu_relu_grad(
             x_, dy_, gamma, beta, save_mean, save_invstd, dz_), [x, dy], [dz])
-    c, hw, _, _ = _bnrelu_geometry(x)
+    c, hw, _, _ = _bnrelu_geometry(_bnrelu_rows(x))
     pdt = _bn_params(x, weight=gamma, bias=beta)
     k.mask(xd, dyd, _contig(save_mean), _contig(save_invstd), _param_or(gamma, c, pdt, 1.0),
            _param_or(beta, c, pdt, 0.0), c, hw, dzd)

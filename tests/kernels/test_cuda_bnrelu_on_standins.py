@@ -106,6 +106,14 @@ def test_a_fused_network_trains_on_the_gpu_module_like_numpy_ref(gpu_kernels, gr
     _same(gpu, train(graph, CpuDevice(arena)))          # and like the unfused network
 
 
+@pytest.mark.parametrize("graph", ["resnet_cifar8", "densenet_cifar10"])
+def test_a_fused_network_at_nhwc_trains_like_the_unfused_one(gpu_kernels, graph):
+    """--fuse with --layout nhwc: the kernels read channels-last maps as rows of channels."""
+    gpu = train(graph, CudaKernelsOnCpu(64 << 20), fuse=True, layout="nhwc")
+    assert gpu[2].fused and gpu[2].layout == "nhwc"
+    _same(gpu, train(graph, CpuDevice(64 << 20)))
+
+
 def test_fused_with_chunks_and_recomputation_on_the_gpu_module(gpu_kernels):
     for kw in ({"policy": "superneurons"}, {"policy": "superneurons", "chunks": 2}):
         _same(train("resnet_cifar8", CudaKernelsOnCpu(64 << 20), fuse=True, **kw),
