@@ -104,20 +104,26 @@ def test_an_empty_checkpoint_or_resume_path_is_a_usage_error(capsys):
 PRECISION_COMMANDS = ("train", "plan", "memory", "deepest", "widest", "profile")
 
 
-def test_every_planning_and_training_command_takes_a_checked_precision(capsys):
+@pytest.mark.parametrize("opt, default, words, bad, choices, good, want", [
+    ("--precision", "fp32", ("bf16", "docs/precision.md"), "half", "fp32, tf32, bf16, fp16",
+     "bf16", "bf16"),
+    ("--layout", "nchw", ("nhwc", "channels last"), "nwhc", "nchw, nhwc", "NHWC", "nhwc"),
+])
+def test_every_planning_and_training_command_takes_a_checked_choice(capsys, opt, default, words,
+                                                                     bad, choices, good, want):
     cmds = _commands()
     for cmd in PRECISION_COMMANDS:
-        a = next(a for a in cmds[cmd]._actions if "--precision" in a.option_strings)
-        assert a.type.__module__ == cli_args.__name__ and a.default == "fp32"
-        assert "bf16" in a.help and "docs/precision.md" in a.help
-        argv = [cmd, *REQUIRED.get(cmd, ["resnet_cifar"]), "--precision", "half"]
+        a = next(a for a in cmds[cmd]._actions if opt in a.option_strings)
+        assert a.type.__module__ == cli_args.__name__ and a.default == default
+        assert all(w in a.help for w in words), (cmd, a.help)
+        argv = [cmd, *REQUIRED.get(cmd, ["resnet_cifar"]), opt, bad]
         with pytest.raises(SystemExit) as e:
             build_parser().parse_args(argv)
         assert e.value.code == 2
-        assert "argument --precision: must be one of fp32, tf32, bf16, fp16, got 'half'" in \
+        assert f"argument {opt}: must be one of {choices}, got '{bad}'" in \
             capsys.readouterr().err
-    assert build_parser().parse_args(["plan", "resnet_cifar", "--precision", "bf16"]
-                                     ).precision == "bf16"
+    assert getattr(build_parser().parse_args(["plan", "resnet_cifar", opt, good]),
+                   opt[2:]) == want
 
 
 def test_plan_reports_bytes_by_type(capsys):
@@ -128,22 +134,6 @@ def test_plan_reports_bytes_by_type(capsys):
     assert "at the peak by type (bf16): bfloat16" in out and "all tensors by type" in out
     r = json.loads(out.strip().splitlines()[-1])
     assert r["precision"] == "bf16" and set(r["bytes_by_dtype"]) == {"bfloat16", "float32"}
-
-
-def test_every_planning_and_training_command_takes_a_checked_layout(capsys):
-    cmds = _commands()
-    for cmd in PRECISION_COMMANDS:
-        a = next(a for a in cmds[cmd]._actions if "--layout" in a.option_strings)
-        assert a.type.__module__ == cli_args.__name__ and a.default == "nchw"
-        assert "nhwc" in a.help and "channels last" in a.help
-        argv = [cmd, *REQUIRED.get(cmd, ["resnet_cifar"]), "--layout", "nwhc"]
-        with pytest.raises(SystemExit) as e:
-            build_parser().parse_args(argv)
-        assert e.value.code == 2
-        assert "argument --layout: must be one of nchw, nhwc, got 'nwhc'" in \
-            capsys.readouterr().err
-    assert build_parser().parse_args(["plan", "resnet_cifar", "--layout", "NHWC"]
-                                     ).layout == "nhwc"
 
 
 def test_plan_at_nhwc_reports_the_layout_and_the_same_bytes(capsys):

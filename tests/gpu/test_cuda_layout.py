@@ -7,40 +7,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_steps import BATCH, run_steps, worst_update_difference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_kernels")]
 
-BATCH = 8
 #: the largest relative norm of a parameter's update difference after one step, GPU vs CPU
 TOL = {"fp32": 1e-3, "tf32": 2e-2, "bf16": 0.05, "fp16": 0.02}
 
 
 def _run(device, layout, precision="fp32", replay="off", steps=1, model="resnet_cifar",
          depth=8):
-    import neuron as nn
-    from neuron.executor import Executor
-    from neuron.models import build_model
-    rng = np.random.default_rng(0)
-    data = [(rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32),
-             rng.integers(0, 10, BATCH)) for _ in range(steps)]
-    ex = Executor(build_model(model, depth=depth, in_shape=(3, 16, 16)), BATCH, device=device,
-                  seed=1, precision=precision, replay=replay, layout=layout,
-                  optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
-    before = ex.state_dict()
-    losses = [ex.train_step(x, y) for x, y in data]
-    return losses, before, ex.state_dict(), ex
+    return run_steps(device, precision, replay, steps, layout, model, depth)
 
 
-def _worst(a, b) -> float:
-    worst = 0.0
-    for k in b[2]:
-        if ":" in k:
-            continue
-        da = a[2][k].astype(np.float64) - a[1][k]
-        db = b[2][k].astype(np.float64) - b[1][k]
-        if np.any(db):
-            worst = max(worst, float(np.linalg.norm(da - db) / np.linalg.norm(db)))
-    return worst
+_worst = worst_update_difference
 
 
 @pytest.mark.parametrize("model,depth", [("resnet_cifar", 8), ("densenet_cifar", 10)])

@@ -174,24 +174,9 @@ def test_the_low_type_path_is_the_float32_kernels_rounded_once(gpu_kernels, low)
 def test_the_fused_network_replays_on_cuda_device_bit_identically(gpu_kernels, rerun_graphs, kw):
     """CudaDevice's recorded iteration of a fused network (the fused kernels and their partial
     sums on the tape, and inside a captured graph) gives the bits of running every iteration."""
-    from neuron.devices.cuda import CudaDevice
-    from test_cuda_on_standins import _arena_for
+    from test_cuda_on_standins import _arena_for, replays_bit_identically
     _, arena, kw, _ = _arena_for("resnet_cifar8", kw)
-    runs = {}
-    for mode in ("off", "tape", "graph"):
-        dev = CudaDevice(arena, headroom_bytes=0)
-        try:
-            runs[mode] = train("resnet_cifar8", dev, steps=6, replay=mode, fuse=True, **kw)
-        finally:
-            dev.close()
-    l_off, s_off, _ = runs["off"]
-    for mode in ("tape", "graph"):
-        losses, state, ex = runs[mode]
-        assert losses == l_off, mode
-        assert all(s_off[k].tobytes() == state[k].tobytes() for k in s_off), mode
-        r = ex.replay
-        assert r["eager_because"] is None and r["ran"] == mode, r
-        assert r["replayed_iterations"] >= 2, r
+    replays_bit_identically("resnet_cifar8", arena, fuse=True, **kw)
 
 
 def test_the_partial_sums_live_in_the_planned_workspace(gpu_kernels, monkeypatch):

@@ -247,24 +247,8 @@ def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs,
     pool's asynchronous copies and event waits, the step guard) replayed, as a tape and as a
     graph captured under CUDA's capture rules, gives the bits of the same device running every
     iteration; under a budget too, or it says why it cannot."""
-    from neuron.devices.cuda import CudaDevice
     _, arena, kw, _ = _arena_for(graph, kw)
-    runs = {}
-    for mode in ("off", "tape", "graph"):
-        dev = CudaDevice(arena, headroom_bytes=0)
-        try:
-            runs[mode] = train(graph, dev, steps=6, replay=mode, **kw)
-        finally:
-            dev.close()
-    l_off, s_off, _ = runs["off"]
-    for mode in ("tape", "graph"):
-        losses, state, ex = runs[mode]
-        assert losses == l_off, mode
-        assert all(s_off[k].tobytes() == state[k].tobytes() for k in s_off), mode
-        r = ex.replay
-        assert r["eager_because"] is None, r
-        assert r["replayed_iterations"] >= 2, r
-        assert r["ran"] == mode and r["tape_because"] is None, r
+    runs = replays_bit_identically(graph, arena, **kw)
     if "compress" in str(kw.get("planner")):        # the codec ran, and is on the tape
         names = {getattr(fn, "__name__", "") for fn, *_ in runs["graph"][2]._replay.tape.ops}
         assert {"encode", "decode"} <= names, names
@@ -293,3 +277,27 @@ def test_a_nonfinite_image_in_a_graph_step_is_named_and_undone(gpu_kernels, reru
         assert ex.replay["ran"] == "graph" and ex.iteration == 6
     finally:
         dev.close()
+
+
+def replays_bit_identically(graph, arena, **kw) -> dict:
+    """Six steps of ``graph`` on CudaDevice (the stand-ins) eagerly, as a tape and as a graph
+    (mode -> train's answer): the replays give eager's losses and every state bit, and each
+    replayed at least 2 iterations in the mode asked for."""
+    from neuron.devices.cuda import CudaDevice
+    runs = {}
+    for mode in ("off", "tape", "graph"):
+        dev = CudaDevice(arena, headroom_bytes=0)
+        try:
+            runs[mode] = train(graph, dev, steps=6, replay=mode, **kw)
+        finally:
+            dev.close()
+    l_off, s_off, _ = runs["off"]
+    for mode in ("tape", "graph"):
+        losses, state, ex = runs[mode]
+        assert losses == l_off, mode
+        assert all(s_off[k].tobytes() == state[k].tobytes() for k in s_off), mode
+        r = ex.replay
+        assert r["eager_because"] is None, r
+        assert r["replayed_iterations"] >= 2, r
+        assert r["ran"] == mode and r["tape_because"] is None, r
+    return runs
