@@ -6,6 +6,8 @@ below it read them without importing it.
 """
 from __future__ import annotations
 
+import os
+
 #: only deterministic cuDNN algorithms, chosen by heuristic rank instead of by a (noisy) timing,
 #: plus deterministic max-pool backward: bit-identical results from run to run
 deterministic = False
@@ -17,8 +19,9 @@ allow_tf32 = False
 #: "heuristic": cuDNN's ranking without running anything
 conv_algo_search = "find"
 #: with "find": time cuDNN's backend engine plans too (cudnn_engines.py), the kernels PyTorch's
-#: cudnn.benchmark picks from; the fastest of both sets runs
-conv_engines = True
+#: cudnn.benchmark picks from; the fastest of both sets runs. NEURON_CONV_ENGINES=0 in the
+#: environment starts with it off (a device session can rule the engines out without an edit)
+conv_engines = os.environ.get("NEURON_CONV_ENGINES", "1").strip() not in ("0", "off", "false")
 #: label stamped on conv_algo_trace records (the executor may set the current layer/step name)
 trace_label = None
 

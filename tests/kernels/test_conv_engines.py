@@ -186,6 +186,20 @@ def test_switching_engines_off_runs_the_legacy_algorithms_only(gpu_kernels, monk
     assert not [c for c in _calls() if c[0] in ("plan", "plans")]
 
 
+@pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("1", True), (None, True)])
+def test_the_environment_sets_the_engines_switch_at_import(value, on):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_CONV_ENGINES"}
+    if value is not None:
+        env["NEURON_CONV_ENGINES"] = value
+    r = subprocess.run([sys.executable, "-c", "import neuron.kernels.cuda as K; "
+                        "print(K.conv_engines)"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(on)
+
+
 def test_the_tape_replays_a_network_running_plans_bit_for_bit(gpu_kernels):
     eager = _train(_OnStandIns(64 << 20), steps=4, replay="off")
     taped = _train(_OnStandIns(64 << 20), steps=4, replay="tape")
