@@ -45,3 +45,11 @@ def storage_view(a):
     (elementwise work in place, such as summing a gradient over ranks, may run on it), else
     ``a`` itself."""
     return a.transpose(TO_STORAGE) if a.ndim == 4 and is_channels_last(a) else a
+
+
+def nhwc_filter(w, x) -> bool:
+    """Whether cuDNN is to read filter ``w`` convolved with ``x`` in its NHWC format: a
+    channels-last (K, R, S, C) filter, or a 1x1 one (the same bytes in both) of a channels-last
+    input."""
+    return is_channels_last(w) or (is_channels_last(x) and
+                                   w.transpose(TO_STORAGE).flags.c_contiguous)

@@ -45,7 +45,7 @@ import numpy as np
 from . import cuda_switches
 from . import cudnn as dnn
 from . import numpy_ref
-from .channels_last import TO_STORAGE, channels_last_strides, is_channels_last
+from .channels_last import channels_last_strides, nhwc_filter
 from .numpy_ref import _pair, conv2d_out_hw
 
 
@@ -259,8 +259,9 @@ LEGACY_RETIMED = 3
 
 def with_engines(h, kind, key, descs, ptrs, ws, perfs, mt) -> list:
     """FindEx's rows and the geometry's backend engine plans that fit the workspace ``ws`` =
-    (pointer, bytes), FindEx's fastest few and the plans timed by one clock (cudnn_engines.time_calls: CUDA events around
-    the same runs on the operands at ``ptrs``), so that the fastest is chosen like with like.
+    (pointer, bytes), FindEx's fastest few and the plans timed by one clock
+    (cudnn_engines.time_calls: CUDA events around the same runs on the operands at ``ptrs``),
+    so that the fastest is chosen like with like.
     Never fails the step: where cuDNN cannot build or run the plans the reason is kept in
     :data:`engine_skips` and FindEx's rows are returned as they were."""
     xd, wd, cd, yd = descs
@@ -358,9 +359,7 @@ def _record(kind, key, choice, limit):
 def filter_format(w, x) -> int:
     """cuDNN's filter format of weight array ``w`` convolved with ``x``: NHWC for channels-last
     (K, R, S, C) weights, and for a 1x1 filter (the same bytes in both) of a channels-last x."""
-    nhwc = is_channels_last(w) or (is_channels_last(x) and
-                                   w.transpose(TO_STORAGE).flags.c_contiguous)
-    return dnn.CUDNN_TENSOR_NHWC if nhwc else dnn.CUDNN_TENSOR_NCHW
+    return dnn.CUDNN_TENSOR_NHWC if nhwc_filter(w, x) else dnn.CUDNN_TENSOR_NCHW
 
 
 def _descriptors(x_shape, w_shape, stride, padding, dilation, dtype, layout="nchw"):

@@ -63,7 +63,8 @@ from .cuda_low import is_low
 from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device's kernels)
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
     lrn_backward, lrn_forward, maxpool_backward, maxpool_forward)
-from .channels_last import TO_LOGICAL, TO_STORAGE, is_channels_last, storage_permutation
+from .channels_last import (TO_LOGICAL, TO_STORAGE, is_channels_last, nhwc_filter,
+                            storage_permutation)
 from .input_staging import PinnedStager
 from .pinned_host import pinned_empty
 
@@ -148,13 +149,11 @@ def _channels_last_filter(w, x, what) -> bool:
     """Whether filter ``w`` is described in cuDNN's NHWC format: a channels-last one, or one
     whose bytes are the same in both (1x1) for a channels-last input ``x``. Strides of neither
     layout are one error."""
-    if is_channels_last(w):
-        return True
-    if not w.flags.c_contiguous:
+    if not w.flags.c_contiguous and not is_channels_last(w):
         raise ValueError(f"convolution {what} of shape {tuple(w.shape)} has strides "
                          f"{tuple(w.strides)}: cuDNN takes K, C, R, S (--layout nchw) or K, R, "
                          "S, C (--layout nhwc) filters")
-    return is_channels_last(x) and w.transpose(TO_STORAGE).flags.c_contiguous
+    return nhwc_filter(w, x)
 
 
 def conv2d_forward(x, w, b, y, stride, padding, dilation, groups, workspace):
@@ -398,6 +397,7 @@ bnrelu_partials = cuda_raw.bnrelu_partials
 
 
 def _bnrelu_geometry(x):
+    x = _bnrelu_rows(x)             # as the kernels see it
     n, c = x.shape[0], x.shape[1]
     hw = x.size // max(n * c, 1)
     return c, hw, n * hw, bnrelu_partials(n * hw, c)
@@ -452,7 +452,7 @@ def bnrelu_forward_train(x, gamma, beta, y, running_mean, running_var,
     cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var, save_mean=save_mean, save_invstd=save_invstd)
-    c, hw, m, p = _bnrelu_geometry(_bnrelu_rows(x))
+    c, hw, m, p = _bnrelu_geometry(x)
     s1, s2, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
     k.stats(xd, c, hw, m, p, s1, s2)
     k.fold(s1, s2, f1, f2)
@@ -470,7 +470,7 @@ def bnrelu_forward_infer(x, gamma, beta, y, running_mean, running_var, eps):
     if k is None:
         return _via_f32(lambda x_, y_: bnrelu_forward_infer(
             x_, gamma, beta, y_, running_mean, running_var, eps), [x], [y])
-    c, hw, _, _ = _bnrelu_geometry(_bnrelu_rows(x))
+    c, hw, _, _ = _bnrelu_geometry(x)
     pdt = _bn_params(x, weight=gamma, bias=beta, running_mean=running_mean,
                      running_var=running_var)
     invstd = (1.0 / _cp().sqrt(running_var + pdt.type(eps))).astype(pdt)
@@ -489,7 +489,7 @@ def bnrelu_backward(x, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbet
     cp = _cp()
     pdt = _bn_params(x, weight=gamma, bias=beta, save_mean=save_mean, save_invstd=save_invstd,
                      dweight=dgamma, dbias=dbeta)
-    c, hw, m, p = _bnrelu_geometry(_bnrelu_rows(x))
+    c, hw, m, p = _bnrelu_geometry(x)
     g, b = _param_or(gamma, c, pdt, 1.0), _param_or(beta, c, pdt, 0.0)
     sm, si = _contig(save_mean), _contig(save_invstd)
     sdz, sdzx, f1, f2 = _bnrelu_sums(c, p, pdt, workspace)
@@ -510,7 +510,7 @@ def bnrelu_relu_grad(x, dy, gamma, beta, save_mean, save_invstd, dz):
     if k is None:
         return _via_f32(lambda x_, dy_, dz_: bnrelu_relu_grad(
             x_, dy_, gamma, beta, save_mean, save_invstd, dz_), [x, dy], [dz])
-    c, hw, _, _ = _bnrelu_geometry(_bnrelu_rows(x))
+    c, hw, _, _ = _bnrelu_geometry(x)
     pdt = _bn_params(x, weight=gamma, bias=beta)
     k.mask(xd, dyd, _contig(save_mean), _contig(save_invstd), _param_or(gamma, c, pdt, 1.0),
            _param_or(beta, c, pdt, 0.0), c, hw, dzd)

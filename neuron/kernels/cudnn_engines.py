@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cudnn_api as api
+from .channels_last import channels_last_strides
 from .cudnn_api import call
 
 #: the variant's tensor ids: the forward naming of the three operands (x, w, y)
@@ -112,8 +113,7 @@ def packed_strides(shape, layout: str = "nchw") -> tuple:
     """Element strides of a packed 4-d (N, C, H, W) array stored in ``layout``: C order, or
     channels-last ("nhwc": stored N, H, W, C; for a filter K, R, S, C)."""
     if layout == "nhwc":
-        _, c, h, w = (int(s) for s in shape)
-        return (h * w * c, 1, w * c, c)
+        return channels_last_strides([int(s) for s in shape], 1)
     out, acc = [], 1
     for s in reversed(shape):
         out.insert(0, acc)

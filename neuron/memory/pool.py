@@ -662,31 +662,20 @@ class Pool:
             # now: an eviction stalls no kernel that does not touch the block
             pre = self.inflight.pop(t.id, None) if self.inflight else None
             if early is None:
-                after = fences.tensor_fence(t.id)
-                if pre is not None:
-                    after.append(pre)
-                reading = self.host_pool.pending_read(buf)
-                if reading is not None:         # buf's last prefetch may still read it
-                    after.append(reading)
-                ev = self.device.offload(view, buf[:t.nbytes], after=after)
+                ev = self._copy_out(t, view, buf, pre)
             epoch = fences.epoch if t.id in self.locked else fences.tensor_epoch(t.id)
             fences.filled.pop(t.id, None)
             self.outbound[t.id] = ev
         elif early is not None:
             if ev is not None and not defer:    # as below: later kernels may overwrite it
                 self.device.compute_wait(ev)
-        elif self.async_copies:
+        else:
             # copy stream, after the producer; unless deferred, compute waits for the copy on
             # the GPU before any later kernel (which may overwrite the block), so the host
-            # never blocks and the block can be reused at once
-            reading = self.host_pool.pending_read(buf)
-            if reading is not None:
-                self.device.wait(reading)
-            ev = self.device.offload(view, buf[:t.nbytes])
-            if not defer:
+            # never blocks and the block can be reused at once (the CPU copies now: no event)
+            ev = self._copy_out(t, view, buf)
+            if ev is not None and not defer:
                 self.device.compute_wait(ev)
-        else:
-            self.device.copy_to_host(view, buf, t.nbytes)
         if defer:
             self.draining.append((t, off, ev, False, until))
         else:
@@ -802,27 +791,33 @@ class Pool:
             return False
         buf = hp.get(t.nbytes, home=tid if t.persistent else None)
         view = self.device.view(self.offset[tid], t.shape, t.dtype)
-        ev = None
-        if self.fences is not None:     # after the last kernel that used it (and its prefetch)
-            after = self.fences.tensor_fence(tid)
-            pre = self.inflight.get(tid) if self.inflight else None
-            if pre is not None:
-                after.append(pre)
-            reading = hp.pending_read(buf)
-            if reading is not None:
-                after.append(reading)
-            ev = self.device.offload(view, buf[:t.nbytes], after=after)
-        elif self.async_copies:
-            reading = hp.pending_read(buf)
-            if reading is not None:
-                self.device.wait(reading)
-            ev = self.device.offload(view, buf[:t.nbytes])
-        else:
-            self.device.copy_to_host(view, buf, t.nbytes)
-        self.precopied[tid] = (buf, ev)
+        # after the last kernel that used it (and its prefetch, which stays in flight)
+        pre = self.inflight.get(tid) if self.inflight else None
+        self.precopied[tid] = (buf, self._copy_out(t, view, buf, pre))
         if self.log is not None:
             self.log.append(("precopy", tid, t.nbytes))
         return True
+
+    def _copy_out(self, t: TensorInfo, view, buf, pre=None):
+        """Issue the copy of resident ``t`` (its block seen as ``view``) into host buffer
+        ``buf``: with fences, after the last kernel that used t (``pre``: and the copy that
+        filled it) and after buf's last prefetch, which may still read it; on a device with
+        a copy stream, after buf's reader; else now, on the host. Its event (None: done)."""
+        if self.fences is not None:
+            after = self.fences.tensor_fence(t.id)
+            if pre is not None:
+                after.append(pre)
+            reading = self.host_pool.pending_read(buf)
+            if reading is not None:
+                after.append(reading)
+            return self.device.offload(view, buf[:t.nbytes], after=after)
+        if self.async_copies:
+            reading = self.host_pool.pending_read(buf)
+            if reading is not None:
+                self.device.wait(reading)
+            return self.device.offload(view, buf[:t.nbytes])
+        self.device.copy_to_host(view, buf, t.nbytes)
+        return None
 
     def drop_precopies(self) -> None:
         """The iteration ends: early copies whose eviction did not come are dropped (a
