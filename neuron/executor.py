@@ -817,6 +817,7 @@ class Executor:
         if self.offload_params:
             for t in list(pool.live.values()):
                 pool.offload(t)
+        pool.carry_copies()
 
     def _check_loss(self, ctx):
         loss = ctx.losses.get("loss")

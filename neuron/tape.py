@@ -23,7 +23,7 @@ from .recording import Varying
 #: device methods that issue work (copies, codecs, stream ordering): recorded like kernels
 DEVICE_OPS = ("copy_to_host", "copy_to_device", "move", "encode", "decode", "offload",
               "prefetch", "snapshot", "compute_wait", "record_compute", "order_after", "wait",
-              "synchronize")
+              "synchronize", "carry_copies")
 #: the device's copy/compute timeline (memory/overlap.py): its events are device work too, so
 #: a replayed iteration is measured like an eager one
 TIMELINE_OPS = ("step_start", "step_end", "iteration_end")

@@ -288,6 +288,8 @@ class CudaDevice(Device):
         self.layout, self.scratch_layout = whole.split(self.arena_bytes)
         self._views: dict = {}
         self._copy_events: dict = {}        # stream pointer -> [its event ring, next index]
+        self._ring_stream: dict = {}        # id(ring event) -> its stream
+        self._carry_events: dict = {}       # stream pointer -> its carry event (carry_copies)
         self._capture = None                # a CaptureScope while a graph is being captured
         self.wait_seconds = 0.0             # the host's waits for launched graphs, in all
 
@@ -596,9 +598,31 @@ class CudaDevice(Device):
         events, i = ring
         if len(events) < COPY_EVENTS:
             events.append(self._cp.cuda.Event(disable_timing=True))
+            self._ring_stream[id(events[-1])] = stream
         ev = events[i]
         ring[1] = (i + 1) % COPY_EVENTS
         return ev
+
+    def copy_stream_of(self, event):
+        """The pointer of the copy stream whose event ring ``event`` is from (None: another
+        event)."""
+        stream = self._ring_stream.get(id(event))
+        return None if stream is None else stream.ptr
+
+    def carry_copies(self, streams: tuple) -> dict:
+        """One event per copy stream in ``streams`` (pointers), recorded now after all its
+        copies so far: what the pool's fences hold across an iteration's end in place of ring
+        events (memory/fences.py). The same objects every iteration. Returns pointer -> event."""
+        by_ptr = {s.ptr: s for s in self.streams}
+        out = {}
+        for ptr in streams:
+            ev = self._carry_events.get(ptr)
+            if ev is None:
+                ev = self._carry_events[ptr] = self._cp.cuda.Event(disable_timing=True)
+            stream = by_ptr[ptr]
+            self._enter(stream)
+            out[ptr] = self._record(stream, ev)
+        return out
 
     def _timing_end(self, timing, kind, nbytes, done) -> None:
         if timing is not None:

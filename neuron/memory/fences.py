@@ -75,6 +75,19 @@ class BlockFences:
             self._forget(self.epoch - RING)
         self._now_i = 0
 
+    def held_events(self) -> list:
+        """The copy events these fences hold (Pool.carry_copies)."""
+        return list(self.filled.values()) + list(self.reading.values()) + \
+            [ev for _, _, evs in self._free.values() for ev in evs]
+
+    def swap_events(self, swap) -> None:
+        """Every held event ``ev`` becomes ``swap(ev)`` (Pool.carry_copies)."""
+        self.filled = {t: swap(ev) for t, ev in self.filled.items()}
+        self.reading = {o: swap(ev) for o, ev in self.reading.items()}
+        for rng in self._free.values():
+            if rng[2]:
+                rng[2] = tuple(swap(ev) for ev in rng[2])
+
     def compute_event(self, epoch: int):
         """An event that completes after the kernels of steps up to ``epoch`` (None: none)."""
         if epoch < 0:

@@ -114,6 +114,14 @@ class HostPool:
         """The event of a copy that may still read ``buf`` (just taken from get()), or None."""
         return self._pending.pop(_address(buf), None) if self._pending else None
 
+    def held_events(self) -> list:
+        """The events of copies that may still read cached buffers (Pool.carry_copies)."""
+        return list(self._pending.values())
+
+    def swap_events(self, swap) -> None:
+        """Every held event ``ev`` becomes ``swap(ev)`` (Pool.carry_copies)."""
+        self._pending = {a: swap(ev) for a, ev in self._pending.items()}
+
     def settle(self) -> None:
         """Order the cached buffers by address: an iteration then draws the same buffers as the
         one before it, whatever order they came back in (what makes a recorded iteration a fixed

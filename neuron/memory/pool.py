@@ -361,6 +361,30 @@ class Pool:
             if start is not None:
                 start()
 
+    def carry_copies(self) -> None:
+        """At an iteration's very end: the copy events still held (fences, host buffers being
+        read) come from the device's per-stream rings, whose slots depend on how many copies
+        the iteration issued; the first iteration (algorithm search, first placements) issues
+        other copies than the next, so its successor would wait on other events than the
+        third, and a tape (neuron/tape.py) be trusted an iteration later. Each becomes its
+        stream's carry event, recorded now after all of that stream's copies: the same object
+        every iteration, completing later than the one it replaces (a waiter waits longer,
+        never less)."""
+        stream_of = getattr(self.device, "copy_stream_of", None)
+        if self.fences is None or stream_of is None:
+            return
+        holders = (self.fences, self.host_pool)
+        held = [ev for h in holders for ev in h.held_events() if ev is not None]
+        streams = sorted({p for p in map(stream_of, held) if p is not None})
+        if not streams:
+            return
+        carried = self.device.carry_copies(tuple(streams))
+
+        def swap(ev):
+            return carried.get(stream_of(ev), ev)
+        for h in holders:
+            h.swap_events(swap)
+
     # ---- residency --------------------------------------------------------------------
     def view(self, t: TensorInfo):
         """The array kernels read and write for t: its logical shape, with channels-last

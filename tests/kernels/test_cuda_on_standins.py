@@ -279,6 +279,32 @@ def test_a_nonfinite_image_in_a_graph_step_is_named_and_undone(gpu_kernels, reru
         dev.close()
 
 
+@pytest.mark.parametrize("graph,kw", [
+    ("resnet_cifar8", {"policy": "superneurons", "fraction": "min"}),
+    ("densenet_cifar10", {"planner": "superneurons", "offload_params": True, "fraction": 0.5}),
+])
+def test_under_a_budget_the_fourth_iteration_replays(gpu_kernels, rerun_graphs, graph, kw):
+    """The first iteration chooses algorithms, so its record differs from the second; the
+    second and third record one program, and the fourth replays. The copy events held across
+    an iteration's end are their streams' carry events (Pool.carry_copies): held as ring
+    events, whose slots depend on the copies the iteration before issued, the second record
+    waited on other events than the third and replay began an iteration later (the deepest
+    ResNet's eager iteration takes about 20 s on the GPU)."""
+    from neuron.devices.cuda import CudaDevice
+    _, arena, kw, _ = _arena_for(graph, kw)
+    dev = CudaDevice(arena, headroom_bytes=0)
+    try:
+        _, _, ex = train(graph, dev, steps=4, replay="graph", **kw)
+        r = ex.replay
+        assert ex.pool.offload_bytes > 0, "no copies: the budget exerts no pressure"
+        assert r["recorded_iterations"] == 3 and r["replayed_iterations"] == 1, r
+        assert r["ran"] == "graph" and r["eager_because"] is None, r
+        names = {getattr(fn, "__name__", "") for fn, *_ in ex._replay.tape.ops}
+        assert "carry_copies" in names, "no copy event was held across the iteration's end"
+    finally:
+        dev.close()
+
+
 def replays_bit_identically(graph, arena, **kw) -> dict:
     """Six steps of ``graph`` on CudaDevice (the stand-ins) eagerly, as a tape and as a graph
     (mode -> train's answer): the replays give eager's losses and every state bit, and each
