@@ -33,13 +33,15 @@ class _Descriptor:
         return self.ptr.value
 
     def __del__(self):
-        ptr = getattr(self, "ptr", None)
-        if ptr is not None and ptr.value and _api._lib is not None:
-            try:
+        # at interpreter shutdown the module globals (_api included) may already be None:
+        # nothing sensible is left to do then
+        try:
+            ptr = getattr(self, "ptr", None)
+            if ptr is not None and ptr.value and _api._lib is not None:
                 _api._funcs[self._destroy](ptr)
-            except Exception:       # interpreter shutdown: nothing sensible left to do
-                pass
             self.ptr = None
+        except Exception:           # noqa: BLE001
+            pass
 
 
 class TensorDescriptor(_Descriptor):
