@@ -134,7 +134,7 @@ stage_cmd() {
                         --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 ;;
         deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest_offload --depth 10000 --offload-params --compress 4 \
-                        --replay graph --warmup 3 --torch "" ;;
+                        --replay graph --warmup 4 --torch "" ;;
         # PyTorch's largest ResNet-50 batches under 12 GiB, found on the H100 (2026-11-23):
         # given, not searched, to keep the stage within its minutes (the JSON says so)
         pressure)   ensure_built && "$PY" -m bench.gpu.pressure "${common[@]}" \

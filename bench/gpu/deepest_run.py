@@ -40,9 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--offload-params", action="store_true")
     p.add_argument("--compress", type=int, choices=[2, 4], default=None)
     p.add_argument("--replay", choices=["off", "tape", "graph"], default="graph")
-    p.add_argument("--warmup", type=int, default=3,
-                   help="untimed iterations: algorithm choice, the two recorded iterations, a "
-                   "graph's capture (default 3)")
+    p.add_argument("--warmup", type=int, default=4,
+                   help="untimed iterations: algorithm choice, the two records a replay is "
+                   "trusted after, a graph's capture (default 4)")
     p.add_argument("--iters", type=int, default=1)
     p.add_argument("--torch", default="eager:611,checkpoint:2153",
                    help="PyTorch MODE:DEPTH pairs to time under the same cap ('' for none)")

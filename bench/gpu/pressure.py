@@ -53,7 +53,9 @@ def parse_args(argv=None):
                    "its search)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed iterations per run, their median reported (default 5; smoke 1)")
-    p.add_argument("--warmup", type=int, default=None, help="default 2 (smoke 1)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed iterations: algorithm choice, the two records a replay is "
+                   "trusted after, its capture (default 4; smoke 1)")
     p.add_argument("--runs", default=DEFAULT_RUNS,
                    help="comma-separated NAMEs: policy=superneurons or planner=SPEC (SPEC as "
                         "neuron train --planner takes it; ':' separates a planner's options)")
@@ -61,7 +63,7 @@ def parse_args(argv=None):
                    help="passed to the Executor where it takes it (default: its own default)")
     args = p.parse_args(argv)
     args.iters = args.iters or (1 if args.smoke else 5)
-    args.warmup = args.warmup or (1 if args.smoke else 2)
+    args.warmup = args.warmup or (1 if args.smoke else 4)
     return args
 
 
