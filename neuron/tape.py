@@ -201,8 +201,14 @@ class Tape:
     # ---- checking ----------------------------------------------------------------------
     def signature(self) -> list:
         """What must be equal for two records to be the same program: each call's function,
-        and its arguments by address (arrays), position (earlier results) or value."""
-        return [(_fn_key(fn), arg_key(args), arg_key(kw)) for fn, args, kw, _ in self.ops]
+        and its arguments by address (arrays), position (earlier results) or value. Kept once
+        computed: a record is compared with the one before it and the one after it (on a
+        deep network a signature takes seconds)."""
+        sig = self.__dict__.get("_signature")
+        if sig is None or len(sig) != len(self.ops):
+            sig = self._signature = [(_fn_key(fn), arg_key(args), arg_key(kw))
+                                     for fn, args, kw, _ in self.ops]
+        return sig
 
     # ---- replaying ---------------------------------------------------------------------
     def replay(self, iteration: int, device) -> list:
