@@ -8,7 +8,8 @@ GPU path on the CPU: CudaDevice, kernels/cuda.py and NcclComm over the stand-ins
 tests/kernels/cuda_standins/, whose NCCL all-reduces through MPI) | late (offload on the
 stream model's device, whose copies complete late). A "+ov" suffix
 (plain+ov, syncbn+ov, offload+ov, die+ov, stall+ov): the all-reduce overlaps backward, in
-buckets of at least 600 bytes (several per iteration of these small networks). A "+rp" suffix
+buckets of at least 600 bytes (several per iteration of these small networks). A "+fu" suffix
+(syncbn+fu, syncbn+ov+fu): BatchNorm+ReLU fused (Executor(fuse=True)). A "+rp" suffix
 (e.g. plain+rp, syncbn+ov+rp): train 6 steps twice, eagerly (replay off) and with the device's
 default replay, saving both to OUT/replay{r}.npz instead. fp16 (and fp16+ov): 8 steps at fp16
 from a loss scale that overflows at first, saved to OUT/fp16_{r}.npz."""
@@ -41,6 +42,7 @@ def _gpu_path_on_standins():
 
 
 def main(out, mode, batch):
+    full = mode
     mode, overlap, rp = mode.split("+")[0], "+ov" in mode, mode.endswith("+rp")
     if rp:
         return replay_against_eager(out, mode, overlap, batch)
@@ -51,6 +53,8 @@ def main(out, mode, batch):
     else:
         device, comm = "cpu", MpiComm(timeout_s=60.0)
     kw = {"grad_buckets": 600, "device": device} if overlap else {"device": device}
+    if "+fu" in full:           # BatchNorm+ReLU fused (neuron/fuse.py) under synchronized BN
+        kw["fuse"] = True
     if mode in ("offload", "late"):     # the arena holds one layer's parameters at a time
         kw.update(policy="superneurons", offload_params=True, budget=40 * 1024)
     if mode == "late":          # copies complete late, as on a GPU (tests/memory/stream_model.py)
@@ -58,6 +62,8 @@ def main(out, mode, batch):
         from stream_model import StreamModelDevice
         kw["device"] = StreamModelDevice(40 * 1024, polls=3)
     ex = make_executor(batch, bn=mode == "syncbn", **kw)
+    if kw.get("fuse"):
+        assert ex.graph.fused == [("bn2", "r2")], ex.graph.fused
     dp = DataParallel(ex, comm, sync_bn=mode == "syncbn", check_every=1)
     if mode == "stall":     # short, but only once both ranks are set up (start-up is uneven)
         comm.timeout_s = 5.0
