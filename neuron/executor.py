@@ -1024,7 +1024,7 @@ class Executor:
                 undo.save(p.storage)
         fused = undo is not None and getattr(self.optimizer, "checks_finite", False)
         update_many = getattr(self.optimizer, "update_many", None)
-        if update_many is not None:     # the step's due updates together (one GPU launch)
+        if update_many is not None and updates:     # the step's due updates together
             items = [(view(p), view(g), [view(x) for x in states])
                      for _, p, g, states in updates]
             if fused:
