@@ -112,7 +112,7 @@ def test_each_steps_updates_go_to_the_optimizer_together_with_the_per_tensor_bit
     """update_many gets every due update of a backward step in one call (one GPU launch per
     layer: kernels/cuda.py sgd_update_many), and the parameters are the per-tensor path's."""
     g = small_resnet()
-    opt = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    opt = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}
     calls = []
     real = nn.SGD.update_many
 

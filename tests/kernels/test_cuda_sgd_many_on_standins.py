@@ -43,9 +43,9 @@ def _multi_tensor_steps(ex) -> int:
     return sum(1 for s in ex.steps if s.phase == "B" and len(s.updates) > 1)
 
 
-@pytest.mark.parametrize("opt", [dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
-                                 dict(momentum=0.9, weight_decay=5e-4),
-                                 dict(momentum=0.0, weight_decay=1e-4), dict(momentum=0.0)],
+@pytest.mark.parametrize("opt", [{"momentum": 0.9}, {"momentum": 0.9, "nesterov": True},
+                                 {"momentum": 0.9, "weight_decay": 5e-4},
+                                 {"momentum": 0.0, "weight_decay": 1e-4}, {"momentum": 0.0}],
                          ids=["momentum", "nesterov", "weight_decay", "plain_wd", "plain"])
 def test_per_layer_steps_give_the_per_tensor_bits(gpu_kernels, monkeypatch, opt):
     runs = {}
@@ -160,7 +160,8 @@ def test_the_environment_sets_the_per_layer_switch_at_import(value, on):
     env = {k: v for k, v in os.environ.items() if k != "NEURON_SGD_PER_LAYER"}
     if value is not None:
         env["NEURON_SGD_PER_LAYER"] = value
-    r = subprocess.run([sys.executable, "-c", "import neuron.kernels.cuda as K; "
-                        "print(K.sgd_per_layer)"], env=env, capture_output=True, text=True)
+    code = "import neuron.kernels.cuda as K; print(K.sgd_per_layer)"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(on)

@@ -6,6 +6,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+from typing import ClassVar
 
 import numpy as np
 
@@ -183,12 +184,12 @@ class RawModule:
 
 
 class _RawFunction:
-    launches: dict = {}             # kernel name -> launches, across the session
+    launches: ClassVar[dict] = {}           # kernel name -> launches, across the session
 
     def __init__(self, module, name):
         self.module, self.name = module, name
-        typedefs = dict((alias, ty.strip()) for ty, alias in
-                        re.findall(r"typedef\s+([\w ]+?)\s+(\w+)\s*;", module.code))
+        typedefs = {alias: ty.strip() for ty, alias in
+                    re.findall(r"typedef\s+([\w ]+?)\s+(\w+)\s*;", module.code)}
         m = re.search(r'extern "C" __global__ void ' + name + r"\s*\(([^)]*)\)", module.code)
         assert m, f"{name}: no such kernel in the module's source"
         self.params = []            # (C type, name); a pointer's type ends with *
@@ -216,7 +217,7 @@ class _RawFunction:
             cpp.write_text(src)
             flags = [] if self.module.fmad else ["-ffp-contract=off"]
             r = subprocess.run(["g++", "-O1", "-shared", "-fPIC", *flags, "-o", str(so),
-                                str(cpp)], capture_output=True, text=True)
+                                str(cpp)], capture_output=True, text=True, check=False)
             assert r.returncode == 0, f"{self.name} does not compile:\n{r.stderr[-3000:]}"
         lib = ctypes.CDLL(str(so))
         fn = getattr(lib, f"neuron_run_{self.name}")
