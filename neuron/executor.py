@@ -1023,6 +1023,18 @@ class Executor:
             for _, p, _, _ in updates:
                 undo.save(p.storage)
         fused = undo is not None and getattr(self.optimizer, "checks_finite", False)
+        update_many = getattr(self.optimizer, "update_many", None)
+        if update_many is not None and updates:     # the step's due updates together
+            items = [(view(p), view(g), [view(x) for x in states])
+                     for _, p, g, states in updates]
+            if fused:
+                update_many(k, items, flag=undo.flag)
+                return
+            update_many(k, items)
+            if undo is not None:
+                for pv, _, state_views in items:
+                    undo.check_finite([pv, *state_views])
+            return
         for pname, p, g, states in updates:
             state_views = [view(x) for x in states]
             pv, gv = view(p), view(g)

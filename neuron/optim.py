@@ -41,6 +41,20 @@ class SGD:
         k.sgd_update(param, grad, state[0] if state else None, lr, self.momentum,
                      self.weight_decay, self.nesterov, flag=flag)
 
+    def update_many(self, k, items, flag=None) -> None:
+        """``update`` of each (param, grad, state) in ``items`` (a layer's, or a bucket's, due
+        updates), as one kernel call where they share a dtype: on the GPU one launch for all
+        of them (kernels/cuda.py sgd_update_many); one tensor or mixed dtypes go one by one."""
+        if len(items) < 2 or len({p.dtype for p, _, _ in items}) > 1 or \
+                type(self).update is not SGD.update:        # a subclass's own update
+            for p, g, state in items:
+                self.update(k, p, g, state, flag=flag)
+            return
+        lr = per_iteration(k, self._lr, None)
+        k.sgd_update_many([p for p, _, _ in items], [g for _, g, _ in items],
+                          [s[0] if s else None for _, _, s in items], lr, self.momentum,
+                          self.weight_decay, self.nesterov, flag=flag)
+
     def _lr(self, iteration) -> float:
         return self.lr
 

@@ -97,6 +97,42 @@ def test_every_policy_trains_bit_identically_to_baseline(policy, offload_params)
     assert ex.planned["peak_bytes"] < ref.planned["peak_bytes"]
 
 
+class _PerTensorSGD:
+    """SGD without update_many: the executor's per-tensor path."""
+
+    def __init__(self, **kw):
+        self._sgd = nn.SGD(**kw)
+        self.state_names, self.checks_finite = self._sgd.state_names, True
+        self.update, self.config = self._sgd.update, self._sgd.config
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_each_steps_updates_go_to_the_optimizer_together_with_the_per_tensor_bits(
+        monkeypatch, guard):
+    """update_many gets every due update of a backward step in one call (one GPU launch per
+    layer: kernels/cuda.py sgd_update_many), and the parameters are the per-tensor path's."""
+    g = small_resnet()
+    opt = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}
+    calls = []
+    real = nn.SGD.update_many
+
+    def update_many(self, k, items, flag=None):
+        calls.append(len(items))
+        return real(self, k, items, flag=flag)
+    monkeypatch.setattr(nn.SGD, "update_many", update_many)
+    runs = []
+    for optimizer in (_PerTensorSGD(**opt), nn.SGD(**opt)):
+        ex = nn.Executor(g, 6, optimizer=optimizer, seed=1, replay="off")     # every call
+        ex.transactional = guard        # off: no undo record, the updates checked nowhere
+        losses = []
+        for i in range(3):
+            x, y = batch_for(g, 6, 10, seed=i)
+            losses.append(ex.train_step(x.astype(np.float32), y))
+        runs.append((losses, ex.state_dict()))
+    steps = [len(s.updates) for s in ex.steps if s.phase == "B" and s.updates]
+    assert calls == steps * 3 and max(steps) > 1
+    assert runs[0][0] == runs[1][0] and states_equal(runs[0][1], runs[1][1])
+
 def test_planned_peak_equals_measured_across_steps_and_graphs():
     for build, k in [(concat_fan_lrn, 3), (dropout_mix, 3), (residual_bn, 4)]:
         g = build()

@@ -10,9 +10,9 @@ the host cannot be captured: the executor then replays the tape instead, saying 
 (``GraphUnavailable``).
 
 What changes per iteration is read by the kernels from device buffers written before each
-launch: the learning rate (``sgd_update(neg_lr_buffer=)``) and each dropout layer's key
-(``dropout_forward(key_buffer=)``); any other Varying argument is fixed in a captured graph,
-which is captured again when it changes.
+launch: the learning rate (``sgd_update(neg_lr_buffer=)``, and ``sgd_update_many``'s) and
+each dropout layer's key (``dropout_forward(key_buffer=)``); any other Varying argument is
+fixed in a captured graph, which is captured again when it changes.
 """
 from __future__ import annotations
 
@@ -111,6 +111,9 @@ class GraphReplay:
             elif name == "sgd_update" and len(args) > 3 and isinstance(args[3], Varying):
                 args, kw = args[:3] + (0.0,) + args[4:], dict(kw, neg_lr_buffer=self._lr_buffer(
                     args[0].dtype, args[3]))    # the learning rate from a device buffer
+            elif name == "sgd_update_many" and len(args) > 3 and isinstance(args[3], Varying):
+                args, kw = args[:3] + (0.0,) + args[4:], dict(kw, neg_lr_buffer=self._lr_buffer(
+                    args[0][0].dtype, args[3]))     # its tensors share a dtype (optim.py)
             elif name == "dropout_forward" and len(args) > 4 and isinstance(args[4], Varying):
                 args, kw = args[:4] + (0,) + args[5:], dict(kw, key_buffer=self._key_buffer(
                     args[4]))                   # the mask's key from a device buffer

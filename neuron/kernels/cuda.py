@@ -51,7 +51,7 @@ import types
 
 import numpy as np
 
-from . import cublas, cuda_low, cuda_raw, cuda_switches
+from . import cublas, cuda_low, cuda_raw, cuda_switches, pointer_tables
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -77,7 +77,7 @@ __all__ = list(numpy_ref.__all__) + [
 # switches
 # ------------------------------------------------------------------------------------------
 
-# deterministic, allow_tf32, conv_algo_search, conv_engines, trace_label: kept in
+# deterministic, allow_tf32, conv_algo_search, conv_engines, sgd_per_layer, trace_label: kept in
 # cuda_switches.py (where conv_algos.py and cuda_pool.py read them) and set or read here, their public home, through
 # the module class at the end of this file
 
@@ -834,6 +834,82 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
               np.int32(bool(nesterov)), param, velocity, *tail)
     else:
         ks[1](grad, t(weight_decay), neg_lr, param, *tail)
+
+
+def sgd_update_many(params, grads, velocities, lr, momentum, weight_decay, nesterov,
+                    first_step=False, flag=None, neg_lr_buffer=None):
+    """``sgd_update`` of every (param, grad, velocity) in ONE launch where they share a dtype
+    the kernel has (float32, float64) and each is dense: cuda_raw._k_sgd_many over a table of
+    their pointers, made once per set of addresses (pointer_tables.py). The per-tensor kernels
+    instead where the switch ``sgd_per_layer`` is off, for one tensor, mixed dtypes, or where
+    no table can be made (while a graph is captured, if the record did not make it)."""
+    n = len(params)
+    if len(grads) != n or len(velocities) != n:
+        raise ValueError(f"sgd_update_many: {n} parameters, {len(grads)} gradients and "
+                         f"{len(velocities)} velocities")
+    if momentum != 0 and any(v is None for v in velocities):
+        raise ValueError("sgd_update_many: momentum != 0 needs a velocity buffer for every "
+                         "parameter")
+    found = _sgd_table(params, grads, velocities, momentum) if n > 1 and \
+        cuda_switches.sgd_per_layer else None
+    if found is None:
+        for p, g, v in zip(params, grads, velocities):
+            sgd_update(p, g, v, lr, momentum, weight_decay, nesterov, first_step, flag=flag,
+                       neg_lr_buffer=neg_lr_buffer)
+        return
+    dt = params[0].dtype
+    t = dt.type
+    if neg_lr_buffer is not None and neg_lr_buffer.dtype != dt:
+        raise ValueError(f"sgd_update_many: the learning-rate buffer is {neg_lr_buffer.dtype}, "
+                         f"the parameters are {dt}")
+    table, blocks = found
+    kernel = cuda_raw._k_sgd_many(dt.name, flag is not None, neg_lr_buffer is not None)
+    neg_lr = t(-lr) if neg_lr_buffer is None else neg_lr_buffer
+    tail = (flag,) if flag is not None else ()
+    kernel((blocks,), (cuda_raw.SGD_MANY_THREADS,),
+           (table, np.int32(n), t(weight_decay), t(momentum), neg_lr, np.int32(bool(first_step)),
+            np.int32(bool(nesterov)), np.int32(momentum != 0), *tail))
+
+
+def _sgd_table(params, grads, velocities, momentum):
+    """(the device table of ``params``' (and their gradients' and velocities') pointers and
+    sizes, then each one's first block; the launch's blocks), or None where one launch cannot
+    update them all."""
+    dt = params[0].dtype
+    if dt.name not in cuda_raw.SGD_MANY_TYPES:
+        return None
+    rows, starts, blocks = [], [], 0
+    chunk = cuda_raw.SGD_MANY_CHUNK
+    for p, g, v in zip(params, grads, velocities):
+        v = v if momentum != 0 else None
+        if p.dtype != dt or g.dtype != dt or (v is not None and v.dtype != dt) or \
+                not _same_dense(p, g, v):
+            return None
+        rows += (p.data.ptr, g.data.ptr, 0 if v is None else v.data.ptr, int(p.size))
+        starts.append(blocks)
+        blocks += -(-int(p.size) // chunk)
+    starts.append(blocks)
+    if blocks == 0:
+        return None
+    table = pointer_tables.TABLES.table(tuple(rows + starts))
+    return None if table is None else (table, blocks)
+
+
+def _same_dense(p, g, v) -> bool:
+    """Whether element k of the flat memory of ``p``, ``g`` and ``v`` is one element of all
+    three: the same shape and strides, and no gaps (C order, or channels-last)."""
+    if g.shape != p.shape or g.strides != p.strides or \
+            (v is not None and (v.shape != p.shape or v.strides != p.strides)):
+        return False
+    if p.flags.c_contiguous:
+        return True
+    span = sorted((s, d) for s, d in zip(p.strides, p.shape) if d > 1)
+    expect = p.itemsize
+    for s, d in span:
+        if s != expect:
+            return False
+        expect *= d
+    return True
 
 
 # ------------------------------------------------------------------------------------------

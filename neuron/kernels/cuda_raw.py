@@ -9,7 +9,8 @@
 
 * the fused elementwise kernels of the other layers: sigmoid/tanh/leaky-ReLU backward, the
   dropout mask (the counter hash of neuron.kernels.dropout_mask) and its application, the
-  cross-entropy rows and gradient, and the whole SGD step.
+  cross-entropy rows and gradient, and the whole SGD step, per tensor or for all of a layer's
+  tensors in one launch (over a device table of their pointers: kernels/pointer_tables.py).
 
 Compiled on first use (functools.cache); neuron.kernels.cuda calls them.
 """
@@ -270,6 +271,81 @@ def _k_sgd(check_finite: bool = False, lr_on_device: bool = False):
         preamble=_FMA_PREAMBLE,
         options=opts)
     return with_v, plain
+
+
+#: elements of one tensor that one block of the multi-tensor SGD kernel updates, and its threads
+SGD_MANY_CHUNK, SGD_MANY_THREADS = 2048, 256
+#: the C types of the parameters it updates (other dtypes take the per-tensor kernel)
+SGD_MANY_TYPES = {"float32": "float", "float64": "double"}
+
+
+def sgd_many_source(dtype: str = "float32", check_finite: bool = False,
+                    lr_on_device: bool = False) -> tuple[str, str]:
+    """(CUDA source, kernel name) of the SGD step over several tensors in one launch.
+
+    ``table`` (int64, device): ``ntensors`` rows (param, grad, velocity pointers, element
+    count; velocity 0 without momentum), then the ``ntensors + 1`` first blocks of each tensor:
+    block b updates elements [(b - start[t]) * SGD_MANY_CHUNK, ... + SGD_MANY_CHUNK) of the
+    tensor t whose blocks hold b. Each element gets _k_sgd's arithmetic, operation for
+    operation (compiled with --fmad=false too), so its bits are the per-tensor kernel's;
+    ``check_finite`` and ``lr_on_device`` mean what they mean there."""
+    t = SGD_MANY_TYPES[dtype]
+    name = f"neuron_sgd_many_{dtype}" + ("_checked" if check_finite else "") + \
+        ("_lrbuf" if lr_on_device else "")
+    lr_param = "const T* neg_lr_buf" if lr_on_device else "T neg_lr_arg"
+    lr_read = "neg_lr_buf[0]" if lr_on_device else "neg_lr_arg"
+    flag_param = ", bool* flag" if check_finite else ""
+    check_v = "if (!isfinite((double)pi) || !isfinite((double)vv)) flag[0] = true;" \
+        if check_finite else ""
+    check_p = "if (!isfinite((double)pi)) flag[0] = true;" if check_finite else ""
+    src = f"""typedef {t} T;
+__device__ inline float fused(float a, float b, float c) {{ return fmaf(a, b, c); }}
+__device__ inline double fused(double a, double b, double c) {{ return fma(a, b, c); }}
+
+extern "C" __global__ void {name}(const long long* table, int ntensors, T wd, T mom,
+        {lr_param}, int first, int nesterov, int with_v{flag_param}) {{
+    const long long* start = table + 4 * (long long)ntensors;
+    const long long b = blockIdx.x;
+    int lo = 0, hi = ntensors - 1;          // the last tensor whose first block is <= b
+    while (lo < hi) {{
+        const int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= b) lo = mid; else hi = mid - 1;
+    }}
+    T* p = (T*)table[4 * lo];
+    const T* g = (const T*)table[4 * lo + 1];
+    T* v = (T*)table[4 * lo + 2];
+    const long long n = table[4 * lo + 3];
+    const long long first_i = (b - start[lo]) * {SGD_MANY_CHUNK}LL;
+    const long long end_i = first_i + {SGD_MANY_CHUNK}LL < n ? first_i + {SGD_MANY_CHUNK}LL : n;
+    const T neg_lr = {lr_read};
+    for (long long i = first_i + threadIdx.x; i < end_i; i += blockDim.x) {{
+        T pi = p[i];
+        const T gi = g[i];
+        T d = (wd != T(0)) ? fused(wd, pi, gi) : gi;
+        if (with_v) {{
+            T vv;
+            if (first) {{ vv = d; }} else {{ vv = v[i] * mom; vv = vv + d; }}
+            v[i] = vv;
+            d = nesterov ? fused(mom, vv, d) : vv;
+            pi = fused(neg_lr, d, pi);
+            p[i] = pi;
+            {check_v}
+        }} else {{
+            pi = fused(neg_lr, d, pi);
+            p[i] = pi;
+            {check_p}
+        }}
+    }}
+}}
+"""
+    return src, name
+
+
+@functools.cache
+def _k_sgd_many(dtype: str = "float32", check_finite: bool = False, lr_on_device: bool = False):
+    """The multi-tensor SGD kernel of ``sgd_many_source`` (a RawModule's function)."""
+    src, name = sgd_many_source(dtype, check_finite, lr_on_device)
+    return _cp().RawModule(code=src, options=("--fmad=false",)).get_function(name)
 
 
 # ---- BatchNorm + ReLU fused (layers/norm.py BNReLU; neuron.kernels.cuda.bnrelu_*) -----------

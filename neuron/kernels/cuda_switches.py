@@ -1,4 +1,4 @@
-"""The switches of the GPU kernels, read at call time by conv_algos.py and cuda_pool.py.
+"""The switches of the GPU kernels, read at call time by conv_algos.py, cuda_pool.py and cuda.py.
 
 Their public home stays :mod:`neuron.kernels.cuda` (``neuron.kernels.cuda.deterministic =
 True``): that module forwards reads and writes of these names here, so the kernel modules
@@ -22,7 +22,12 @@ conv_algo_search = "find"
 #: cudnn.benchmark picks from; the fastest of both sets runs. NEURON_CONV_ENGINES=0 in the
 #: environment starts with it off (a device session can rule the engines out without an edit)
 conv_engines = os.environ.get("NEURON_CONV_ENGINES", "1").strip() not in ("0", "off", "false")
+#: the optimizer step of all of a layer's (or a bucket's) parameters in one launch
+#: (cuda.sgd_update_many) instead of one per tensor; NEURON_SGD_PER_LAYER=0 in the environment
+#: starts with it off (the per-tensor kernels, same bits)
+sgd_per_layer = os.environ.get("NEURON_SGD_PER_LAYER", "1").strip() not in ("0", "off", "false")
 #: label stamped on conv_algo_trace records (the executor may set the current layer/step name)
 trace_label = None
 
-NAMES = ("deterministic", "allow_tf32", "conv_algo_search", "conv_engines", "trace_label")
+NAMES = ("deterministic", "allow_tf32", "conv_algo_search", "conv_engines", "sgd_per_layer",
+         "trace_label")

@@ -41,7 +41,7 @@ __all__ = [
     "add_forward", "concat_forward", "concat_backward",
     "softmax_xent_forward", "softmax_xent_backward", "mse_forward", "mse_backward",
     "nonfinite_flag_new", "nonfinite_flag_clear", "nonfinite_flag_update", "nonfinite_flag_read",
-    "sgd_update", "fill", "copy", "add_inplace",
+    "sgd_update", "sgd_update_many", "fill", "copy", "add_inplace",
 ]
 
 # The convolution and pooling kernels live in their own files; this module is the CPU
@@ -611,6 +611,18 @@ def sgd_update(param, grad, velocity, lr, momentum, weight_decay, nesterov, firs
         if velocity is not None and momentum != 0:
             nonfinite_flag_update(flag, velocity)
 
+
+
+def sgd_update_many(params, grads, velocities, lr, momentum, weight_decay, nesterov,
+                    first_step=False, flag=None, neg_lr_buffer=None):
+    """``sgd_update`` of each (param, grad, velocity) in turn: the bits of one call per tensor
+    (the GPU module updates them all in one launch)."""
+    if not len(params) == len(grads) == len(velocities):
+        raise ValueError(f"sgd_update_many: {len(params)} parameters, {len(grads)} gradients "
+                         f"and {len(velocities)} velocities")
+    for p, g, v in zip(params, grads, velocities):
+        sgd_update(p, g, v, lr, momentum, weight_decay, nesterov, first_step, flag=flag,
+                   neg_lr_buffer=neg_lr_buffer)
 
 # --------------------------------------------------------------------------
 # memory primitives

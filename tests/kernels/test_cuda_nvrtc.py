@@ -1,7 +1,7 @@
 """Every CUDA kernel of the GPU path compiled by NVRTC, as CuPy compiles it on the GPU machine,
 without a GPU: the ElementwiseKernels of kernels/cuda_raw.py and kernels/cuda.py and the
 codecs' (kernels/cuda_codecs.py), in the source CuPy generates around them, and the codecs'
-RawModule as it is. The stand-ins (test_cuda_raw_source.py, test_cuda_codecs_source.py) check
+and the per-layer SGD step's RawModules as they are. The stand-ins (test_cuda_raw_source.py, test_cuda_codecs_source.py) check
 what the kernels compute, through g++; this checks that CUDA's own compiler takes them (CUDA
 built-ins, CuPy's types, const inputs): a GPU run once lost its whole time to a kernel that
 did not compile there. Skipped where NVRTC or CuPy's headers are missing (the skip names how
@@ -54,6 +54,9 @@ def kernels():
         cuda_raw._k_dropout(True)       # a CUDA graph's dropout key on the device
         cuda_raw._k_bnrelu("bf16")      # the fused BatchNorm + ReLU on 2-byte data
         cuda_raw._k_bnrelu("fp16")
+        for args in (("float32", True), ("float32", True, True), ("float64", False, True),
+                     ("float64", True)):
+            cuda_raw._k_sgd_many(*args)     # one launch per layer, each variant
     finally:
         for m, cp in zip(modules, saved):
             m._cp = cp
@@ -85,7 +88,13 @@ def test_every_factory_is_recorded(kernels):
                      "neuron_bnrelu_dx_acc", "neuron_bnrelu_mask", "neuron_bnrelu_stats_bf16",
                      "neuron_bnrelu_dx_acc_fp16", "neuron_bnrelu_apply_bf16"):
         assert expected in names
-    assert len(kernels.modules) == 1 and "neuron_bfp8_encode" in kernels.modules[0]["code"]
+    codes = [m["code"] for m in kernels.modules]
+    assert sum("neuron_bfp8_encode" in c for c in codes) == 1
+    for name in ("neuron_sgd_many_float32", "neuron_sgd_many_float32_checked_lrbuf",
+                 "neuron_sgd_many_float64_lrbuf", "neuron_sgd_many_float64_checked"):
+        assert sum(f" {name}(" in c for c in codes) == 1, name
+    assert all(m["options"] == ("--fmad=false",) for m in kernels.modules
+               if "neuron_sgd_many" in m["code"])
 
 
 def test_elementwise_kernels_compile(kernels, compiler):

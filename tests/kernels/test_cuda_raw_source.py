@@ -162,3 +162,124 @@ def test_the_stand_in_refuses_a_wrong_argument(gpu_kernels):
         cuda_raw._k_sigmoid_bwd()(y, y.astype(np.float64), np.zeros_like(y))
     with pytest.raises(AssertionError, match="arguments"):
         cuda_raw._k_sigmoid_bwd()(y, np.zeros_like(y))
+
+
+def _dev(a):
+    from cuda_standins import DevArray
+    return np.ascontiguousarray(a).view(DevArray)
+
+
+def _fused_launches():
+    from cuda_standins.cupy_arrays import _RawFunction
+    return sum(n for name, n in _RawFunction.launches.items() if "sgd_many" in name)
+
+
+#: sizes around the kernel's chunk (several blocks, a partial one, one element)
+_SIZES = (cuda_raw.SGD_MANY_CHUNK * 2 + 5, 3, cuda_raw.SGD_MANY_CHUNK, 1, 700)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.0, False, 1e-3),
+                                                  (0.9, False, 0.0), (0.9, True, 5e-4)])
+def test_one_sgd_launch_for_several_tensors(gpu_kernels, dtype, momentum, nesterov, wd):
+    """cuda.sgd_update_many gives the per-tensor kernel's bits in one launch (first step and
+    later ones, with a learning rate given or read from a device buffer)."""
+    ps = [_x((n,), k, dtype) for k, n in enumerate(_SIZES)]
+    gs = [_x((n,), 10 + k, dtype) for k, n in enumerate(_SIZES)]
+    vs = [_x((n,), 20 + k, dtype) for k, n in enumerate(_SIZES)]
+    for first in (True, False):
+        for lr_buffer in (None, _dev(np.array([-0.1], dtype))):
+            runs = []
+            for many in (False, True):
+                p, g = [_dev(a.copy()) for a in ps], [_dev(a) for a in gs]
+                v = [_dev(a.copy()) for a in vs] if momentum else [None] * len(ps)
+                flag = _dev(np.zeros(1, bool))
+                before = _fused_launches()
+                if many:
+                    cuda.sgd_update_many(p, g, v, 0.1, momentum, wd, nesterov, first, flag=flag,
+                                         neg_lr_buffer=lr_buffer)
+                else:
+                    for a, b, c in zip(p, g, v):
+                        cuda.sgd_update(a, b, c, 0.1, momentum, wd, nesterov, first, flag=flag,
+                                        neg_lr_buffer=lr_buffer)
+                assert _fused_launches() - before == int(many)
+                runs.append((p, v, flag))
+            (p0, v0, f0), (p1, v1, f1) = runs
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(p0, p1))
+            if momentum:
+                assert all(a.tobytes() == b.tobytes() for a, b in zip(v0, v1))
+            assert not f0[0] and not f1[0]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_fused_step_sets_the_guard_flag(gpu_kernels, momentum):
+    """A non-finite result in any one tensor (the last element of a later block) sets it."""
+    p = [_dev(_x((n,), k)) for k, n in enumerate(_SIZES)]
+    g = [_dev(_x((n,), 10 + k)) for k, n in enumerate(_SIZES)]
+    v = [_dev(np.zeros(n, np.float32)) for n in _SIZES] if momentum else [None] * len(p)
+    g[0][-1] = np.float32(3e38)
+    flag = _dev(np.zeros(1, bool))
+    cuda.sgd_update_many(p, g, v, 10.0, momentum, 0.0, False, flag=flag)
+    assert flag[0] and not np.isfinite(p[0][-1])
+    flag[0] = False
+    g[0][-1] = 0.0
+    cuda.sgd_update_many(p, g, v, 0.0001, momentum, 0.0, False, flag=flag)
+    assert flag[0] == (not np.isfinite(p[0][-1]))
+
+
+def test_the_pointer_table_is_made_once_per_set_of_addresses(gpu_kernels):
+    from neuron.kernels.pointer_tables import TABLES
+    p = [_dev(_x((n,), k)) for k, n in enumerate(_SIZES)]
+    g = [_dev(_x((n,), 10 + k)) for k, n in enumerate(_SIZES)]
+    v = [_dev(np.zeros(n, np.float32)) for n in _SIZES]
+    start = TABLES.uploads
+    for _ in range(3):
+        cuda.sgd_update_many(p, g, v, 0.1, 0.9, 0.0, False)
+    assert TABLES.uploads == start + 1
+    cuda.sgd_update_many(p[:2], g[:2], v[:2], 0.1, 0.9, 0.0, False)     # other tensors
+    assert TABLES.uploads == start + 2
+
+
+def test_where_one_launch_cannot_serve_the_tensors_are_updated_one_by_one(gpu_kernels,
+                                                                          monkeypatch):
+    """One tensor, mixed dtypes, a gradient of other strides, or the switch off: the
+    per-tensor kernels, with their bits; a dtype the kernel has no variant for, too."""
+    a, b = _x((40,)), _x((6, 7), 1)
+    cases = {
+        "one tensor": ([a], [_x((40,), 2)]),
+        "mixed dtypes": ([a, b.astype(np.float64)], [_x((40,), 2), _x((6, 7), 3, np.float64)]),
+        "strides": ([a, b], [_x((40,), 2), np.asfortranarray(_x((6, 7), 3))]),
+        "switch off": ([a, b], [_x((40,), 2), _x((6, 7), 3)]),
+    }
+    for why, (ps, gs) in cases.items():
+        monkeypatch.setattr(cuda, "sgd_per_layer", why != "switch off")
+        before = _fused_launches()
+        p1, p2 = [_dev(x.copy()) for x in ps], [_dev(x.copy()) for x in ps]
+        g = [np.asarray(x).view(type(p1[0])) for x in gs]
+        cuda.sgd_update_many(p1, g, [None] * len(ps), 0.1, 0.0, 1e-3, False)
+        for p, gg in zip(p2, g):
+            cuda.sgd_update(p, gg, None, 0.1, 0.0, 1e-3, False)
+        assert _fused_launches() == before, why
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(p1, p2)), why
+    monkeypatch.setattr(cuda, "sgd_per_layer", True)
+    half = [_dev(a.astype(np.float16)), _dev(b.astype(np.float16))]
+    assert cuda._sgd_table(half, half, [None, None], 0.0) is None
+    assert cuda._sgd_table([_dev(a), _dev(b)], [_dev(a), _dev(b)], [None, None], 0.0)
+    with pytest.raises(ValueError, match="velocity buffer for every parameter"):
+        cuda.sgd_update_many([_dev(a), _dev(a)], [_dev(a), _dev(a)], [None, None], 0.1, 0.9,
+                             0.0, False)
+
+
+def test_the_raw_kernel_stand_in_refuses_a_wrong_argument(gpu_kernels):
+    """It could fail: a float64 scalar where the kernel takes a float (on a GPU CuPy would pass
+    its 8 bytes, and the step would read garbage), or an argument too few."""
+    p = [_dev(_x((5,), k)) for k in range(2)]
+    table = cuda._sgd_table(p, p, [None, None], 0.0)[0]
+    k = cuda_raw._k_sgd_many("float32")
+    args = (table, np.int32(2), np.float32(0), np.float32(0), np.float32(-0.1), np.int32(0),
+            np.int32(0), np.int32(0))
+    k((1,), (32,), args)
+    with pytest.raises(AssertionError, match="wd is a float, given float64"):
+        k((1,), (32,), args[:2] + (np.float64(0),) + args[3:])
+    with pytest.raises(AssertionError, match="7 arguments for 8"):
+        k((1,), (32,), args[:-1])

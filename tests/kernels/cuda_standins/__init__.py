@@ -4,7 +4,8 @@ modules it re-exports) runs on the CPU over NumPy arrays.
 - CuPy: NumPy, except that ``ElementwiseKernel`` compiles the kernel's very CUDA source with
   g++ (one C++ loop over ``i`` with CuPy's conventions: a ``raw`` parameter is a pointer to the
   whole array, any other one the current element, a const value for an input and a reference
-  for an output; T and U are the dtypes the arguments bind), and arrays have ``.get()``.
+  for an output; T and U are the dtypes the arguments bind), ``RawModule`` too (a loop over
+  blocks and threads), and arrays have ``.get()``.
 - the CUDA runtime (``cupy.cuda``): device memory is host memory at real addresses (Memory,
   MemoryPointer, ``cupy.ndarray(memptr=)``, memcpyAsync as memmove, the allocator hook that
   CudaDevice routes into its arena); streams run each operation when it is issued and every
@@ -31,7 +32,8 @@ from __future__ import annotations
 import sys
 
 from neuron.devices import CpuDevice
-from neuron.kernels import conv_algos, cuda, cuda_helpers, cuda_low, cuda_pool, cuda_raw, cudnn
+from neuron.kernels import (conv_algos, cuda, cuda_helpers, cuda_low, cuda_pool, cuda_raw, cudnn,
+                            pointer_tables)
 
 from .cudnn_ops import CudnnStandIn, Desc
 from .cupy_arrays import CupyStandIn, DevArray, ElementwiseKernel, have_compiler
@@ -82,6 +84,7 @@ def uninstall():
     """What was made with the stand-ins (kernels, algorithm choices) must not outlive them."""
     for f in KERNEL_CACHES:
         f.cache_clear()
+    pointer_tables.TABLES.clear()      # device tables in the stand-in's memory
     conv_algos.clear_conv_algo_cache()
     _Cuda.allocator = None
     _Stream._current.clear()

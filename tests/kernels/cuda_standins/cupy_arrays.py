@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 import shutil
 import subprocess
+from typing import ClassVar
 
 import numpy as np
 
@@ -147,6 +149,112 @@ class ElementwiseKernel:
 
 
 
+#: a raw kernel's scalar parameter type -> the NumPy scalar type CuPy must be given for it
+_SCALARS = {"float": np.float32, "double": np.float64, "int": np.int32, "long long": np.int64,
+            "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
+_CTYPES_OF = {np.float32: ctypes.c_float, np.float64: ctypes.c_double, np.int32: ctypes.c_int32,
+              np.int64: ctypes.c_int64, np.uint32: ctypes.c_uint32, np.uint64: ctypes.c_uint64,
+              np.bool_: ctypes.c_bool}
+
+#: what g++ needs around a CUDA source: CUDA's qualifiers and the thread coordinates
+_RAW_HARNESS = """#include <cmath>
+#include <cstdint>
+using namespace std;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+struct neuron_dim3 { unsigned x, y, z; };
+static neuron_dim3 threadIdx, blockIdx, blockDim, gridDim;
+"""
+
+
+class RawModule:
+    """cupy.RawModule: ``get_function(name)`` is the kernel, called as CuPy calls it,
+    ``kernel(grid, block, args)``. The very source is compiled by g++ with one loop over the
+    blocks and threads (sequentially: for kernels without shared memory or barriers); each
+    argument must be what the kernel's parameter takes (an array for a pointer, the NumPy
+    scalar of its C type otherwise): CuPy passes a scalar's bytes as they are, so a wrong type
+    is no error on a GPU, only wrong numbers."""
+
+    def __init__(self, code=None, options=(), name_expressions=None, **_):
+        self.code, self.fmad = code, "--fmad=false" not in options
+
+    def get_function(self, name):
+        return _RawFunction(self, name)
+
+
+class _RawFunction:
+    launches: ClassVar[dict] = {}           # kernel name -> launches, across the session
+
+    def __init__(self, module, name):
+        self.module, self.name = module, name
+        typedefs = {alias: ty.strip() for ty, alias in
+                    re.findall(r"typedef\s+([\w ]+?)\s+(\w+)\s*;", module.code)}
+        m = re.search(r'extern "C" __global__ void ' + name + r"\s*\(([^)]*)\)", module.code)
+        assert m, f"{name}: no such kernel in the module's source"
+        self.params = []            # (C type, name); a pointer's type ends with *
+        for decl in m.group(1).split(","):
+            decl = " ".join(decl.split())
+            star = decl.rfind("*")
+            if star >= 0:
+                self.params.append((decl[: star + 1], decl[star + 1:].strip()))
+            else:
+                ty, nm = decl.rsplit(" ", 1)
+                ty = ty.replace("const ", "").strip()
+                self.params.append((typedefs.get(ty, ty), nm))
+        self._lib = None
+
+    def _build(self):
+        src = _RAW_HARNESS + self.module.code + (
+            f'\nextern "C" void neuron_run_{self.name}(unsigned gx, unsigned bx, void** a) {{\n'
+            "  gridDim.x = gx; blockDim.x = bx; gridDim.y = gridDim.z = blockDim.y = "
+            "blockDim.z = 1;\n  for (unsigned b = 0; b < gx; ++b) for (unsigned t = 0; t < bx; "
+            "++t) {\n    blockIdx.x = b; threadIdx.x = t;\n    " + self._call() + "\n  }\n}\n")
+        tag = hashlib.sha1(src.encode()).hexdigest()[:16]
+        so = ElementwiseKernel.build_dir / f"{self.name}_{tag}.so"
+        if not so.exists():
+            cpp = ElementwiseKernel.build_dir / f"{self.name}_{tag}.cpp"
+            cpp.write_text(src)
+            flags = [] if self.module.fmad else ["-ffp-contract=off"]
+            r = subprocess.run(["g++", "-O1", "-shared", "-fPIC", *flags, "-o", str(so),
+                                str(cpp)], capture_output=True, text=True, check=False)
+            assert r.returncode == 0, f"{self.name} does not compile:\n{r.stderr[-3000:]}"
+        lib = ctypes.CDLL(str(so))
+        fn = getattr(lib, f"neuron_run_{self.name}")
+        fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
+        return fn
+
+    def _call(self):
+        """The kernel called with each parameter read from the argument array ``a``: a
+        pointer is the entry itself, a scalar is where the entry points."""
+        args = [f"({ty})a[{k}]" if ty.endswith("*") else f"*({ty}*)a[{k}]"
+                for k, (ty, _) in enumerate(self.params)]
+        return f"{self.name}(" + ", ".join(args) + ");"
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        assert len(args) == len(self.params), \
+            f"{self.name}: {len(args)} arguments for {len(self.params)} parameters"
+        keep, ptrs = [], []
+        for (ty, nm), a in zip(self.params, args):
+            if ty.endswith("*"):
+                assert isinstance(a, np.ndarray), f"{self.name}: {nm} must be an array, got {a!r}"
+                ptrs.append(int(a.__array_interface__["data"][0]))
+                continue
+            want = _SCALARS[ty]
+            assert type(a) is want, \
+                f"{self.name}: {nm} is a {ty}, given {type(a).__name__} (needs numpy.{want.__name__})"
+            c = _CTYPES_OF[want](a.item())
+            keep.append(c)
+            ptrs.append(ctypes.addressof(c))
+        if self._lib is None:
+            self._lib = self._build()
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        block = block if isinstance(block, tuple) else (block,)
+        assert all(d == 1 for d in grid[1:] + block[1:]), f"{self.name}: 1-D launches only"
+        _RawFunction.launches[self.name] = _RawFunction.launches.get(self.name, 0) + 1
+        self._lib(int(grid[0]), int(block[0]), (ctypes.c_void_p * len(ptrs))(*ptrs))
+
+
 def _device_array(shape, dtype):
     """A new array: from the installed allocator (CudaDevice routes it into its arena), else
     from host memory."""
@@ -160,6 +268,7 @@ def _device_array(shape, dtype):
 
 class CupyStandIn:
     ElementwiseKernel = ElementwiseKernel
+    RawModule = RawModule
     cuda = _Cuda
     float64 = np.float64
 
