@@ -4,8 +4,6 @@ a device buffer, the pointer table made once; a training run per layer and per t
 and as a CUDA graph, with the same bits; and the time of both on a ResNet's tensors."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -76,9 +74,10 @@ def test_the_table_is_made_once(cp):
 
 
 def _train(replay, per_layer, monkeypatch, steps=5):
+    from neuron.models import build_model
+
     import neuron as nn
     from neuron.executor import Executor
-    from neuron.models import build_model
     monkeypatch.setattr(K, "sgd_per_layer", per_layer)
     g = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
     rng = np.random.default_rng(0)
@@ -96,46 +95,3 @@ def test_training_per_layer_eager_and_in_a_graph_gives_the_per_tensor_bits(monke
         assert l1 == l0, mode
         assert all(s0[k].tobytes() == s1[k].tobytes() for k in s0), mode
     assert ex.replay["ran"] == "graph" and ex.replay["replayed_iterations"] >= 2, ex.replay
-
-
-def test_time_of_a_resnet50_step_per_layer_and_per_tensor(cp):
-    """Prints the GPU and host time of ResNet-50's optimizer step (its trainable tensors,
-    float32, momentum and weight decay, the guard's flag) per tensor and in one launch per
-    layer (a layer of one tensor, a convolution without bias, takes the per-tensor kernel);
-    the per-layer step must not take the GPU longer."""
-    from neuron.models import build_model
-    layers: dict = {}
-    for _, layer, _, spec in build_model("resnet50").params():
-        if spec.trainable:
-            layers.setdefault(layer.name, []).append(int(np.prod(spec.shape)))
-    rng = np.random.default_rng(0)
-    groups = [[tuple(cp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(2)) +
-               (cp.zeros(n, cp.float32),) for n in sizes] for sizes in layers.values()]
-    flag = cp.zeros(1, cp.bool_)
-
-    def per_tensor():
-        for group in groups:
-            for a, b, c in group:
-                K.sgd_update(a, b, c, 1e-6, 0.9, 1e-4, False, flag=flag)
-
-    def per_layer():
-        for group in groups:
-            K.sgd_update_many(*[list(x) for x in zip(*group)], 1e-6, 0.9, 1e-4, False,
-                              flag=flag)
-    times = {}
-    for name, fn in (("per_tensor", per_tensor), ("per_layer", per_layer)):
-        fn()
-        cp.cuda.Device().synchronize()
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        t0 = time.perf_counter()
-        start.record()
-        for _ in range(20):
-            fn()
-        end.record()
-        end.synchronize()
-        times[name] = (cp.cuda.get_elapsed_time(start, end) / 20,
-                       (time.perf_counter() - t0) / 20 * 1e3)
-    tensors = sum(len(gr) for gr in groups)
-    print(f"resnet50 SGD step, {tensors} tensors, {len(groups)} layers:",
-          {k: f"gpu {a:.3f} ms, host {b:.3f} ms" for k, (a, b) in times.items()})
-    assert times["per_layer"][0] <= times["per_tensor"][0] * 1.1
