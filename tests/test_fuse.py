@@ -276,3 +276,36 @@ def test_sync_bn_refuses_chunks_naming_the_layer():
     x, y = batch_for(g, BATCH, g.outputs[0].shape[0], seed=0)
     with pytest.raises(NotImplementedError, match="bn1: synchronized BatchNorm"):
         dp.train_step(*dp.shard(x.astype(np.float32), y))
+
+
+def residual_without_bn():
+    """Residual blocks with no BatchNorm: only Add + ReLU pairs to fuse."""
+    x = nn.Input((3, 12, 12), name="data")
+    h = nn.ReLU(name="r0")(nn.Conv2d(8, 3, padding=1, name="c0")(x))
+    for i in range(3):
+        a = nn.ReLU(name=f"r{i}a")(nn.Conv2d(8, 3, padding=1, name=f"c{i}a")(h))
+        b = nn.Conv2d(8, 3, padding=1, name=f"c{i}b")(a)
+        h = nn.ReLU(name=f"r{i}out")(nn.Add(name=f"add{i}")(b, h))
+    return nn.Graph(x, nn.Linear(10, name="fc")(nn.GlobalAvgPool(name="gap")(h)),
+                    name="residual_without_bn")
+
+
+@pytest.mark.parametrize("kw", [{"policy": "liveness"}, {"policy": "superneurons"},
+                                {"policy": "baseline"}, {"policy": "liveness", "chunks": 2}])
+def test_add_relu_pairs_alone_never_raise_the_planned_peak(kw):
+    g = residual_without_bn()
+    with_fuse = plan(g, 8, fuse=True, search_min=False, trace=False, **kw)
+    without = plan(g, 8, search_min=False, trace=False, **kw)
+    assert with_fuse["peak_bytes"] <= without["peak_bytes"]
+    assert with_fuse["fused_counts"] == {"BNReLU": 0, "AddReLU": 3}
+    # each Add's output and its gradient (8 x 8 x 12 x 12 float32) no longer exist
+    assert with_fuse["fused_tensor_bytes"] == 3 * 2 * 8 * 8 * 12 * 12 * 4
+    # a forward and a backward step fewer per pair (and per chunk); superneurons also
+    # recomputes fewer ReLUs
+    assert with_fuse["num_steps"] <= without["num_steps"] - 2 * 3 * kw.get("chunks", 1)
+
+
+@pytest.mark.parametrize("how", [{}, {"policy": "superneurons", "chunks": 2},
+                                 {"precision": "bf16"}])
+def test_add_relu_pairs_alone_train_to_the_unfused_bits(how):
+    _bit_identical(residual_without_bn(), **how)
