@@ -65,9 +65,10 @@ def _bit_identical(g, **kw):
     return plain, fused
 
 
-def _budget(g):
+def _budget(g, policy="superneurons"):
     """A budget below the liveness peak that both plans complete an iteration in."""
-    least = max(plan(g, BATCH, trace=False, fuse=f)["min_budget_bytes"] for f in (False, True))
+    least = max(plan(g, BATCH, trace=False, fuse=f, policy=policy)["min_budget_bytes"]
+                for f in (False, True))
     peak = plan(g, BATCH, policy="liveness", search_min=False, trace=False)["peak_bytes"]
     assert least < peak
     return least
@@ -75,19 +76,24 @@ def _budget(g):
 
 @pytest.mark.parametrize("name", list(GRAPHS))
 @pytest.mark.parametrize("how", ["liveness", "recompute_under_budget", "chunks2", "bf16",
-                                 "offload_params"])
+                                 "offload_params", "offload_under_budget"])
 def test_fused_trains_to_the_unfused_bits(name, how):
     g = GRAPHS[name]()
-    kw = {"liveness": {},
-          "recompute_under_budget": {"policy": "superneurons", "budget": _budget(g)},
-          "chunks2": {"chunks": 2, "policy": "superneurons"},
-          "bf16": {"precision": "bf16"},
-          "offload_params": {"policy": "offload", "offload_params": True, "tensor_cache": False}
-          }[how]
+    kw = {"liveness": lambda: {},
+          "recompute_under_budget": lambda: {"policy": "superneurons", "budget": _budget(g)},
+          "chunks2": lambda: {"chunks": 2, "policy": "superneurons"},
+          "bf16": lambda: {"precision": "bf16"},
+          "offload_params": lambda: {"policy": "offload", "offload_params": True,
+                                     "tensor_cache": False},
+          "offload_under_budget": lambda: {"policy": "offload",
+                                           "budget": _budget(g, "offload")},
+          }[how]()
     plain, fused = _bit_identical(g, **kw)
     if how == "recompute_under_budget":       # under the budget both recompute
         assert plain.recompute_report.extra_forward_steps > 0
         assert fused.recompute_report.extra_forward_steps > 0
+    if how == "offload_under_budget":         # and both move feature maps to the host
+        assert plain.pool.offload_bytes > 0 and fused.pool.offload_bytes > 0
 
 
 def test_the_tape_replays_the_fused_network_bit_identically():
