@@ -75,7 +75,7 @@ def _budget(g, policy="superneurons"):
 
 
 @pytest.mark.parametrize("name", list(GRAPHS))
-@pytest.mark.parametrize("how", ["liveness", "recompute_under_budget", "chunks2", "bf16",
+@pytest.mark.parametrize("how", ["liveness", "recompute_under_budget", "chunks2", "bf16", "fp16",
                                  "offload_params", "offload_under_budget"])
 def test_fused_trains_to_the_unfused_bits(name, how):
     g = GRAPHS[name]()
@@ -83,6 +83,7 @@ def test_fused_trains_to_the_unfused_bits(name, how):
           "recompute_under_budget": lambda: {"policy": "superneurons", "budget": _budget(g)},
           "chunks2": lambda: {"chunks": 2, "policy": "superneurons"},
           "bf16": lambda: {"precision": "bf16"},
+          "fp16": lambda: {"precision": "fp16"},          # with loss scaling
           "offload_params": lambda: {"policy": "offload", "offload_params": True,
                                      "tensor_cache": False},
           "offload_under_budget": lambda: {"policy": "offload",
