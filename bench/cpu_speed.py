@@ -18,8 +18,8 @@ is reported, the figure least moved by the machine's load drifting between round
 
 ``--replay``: the neuron modes to time. They are passed to the Executor as ``replay=`` only
 when its signature has that parameter; otherwise only eager execution ("off") is measured and
-the result says so. ``--fuse both``: each mode also timed with BatchNorm+ReLU fused
-(``MODE+fuse``), in the same rounds. Writes bench/results/cpu_speed.json and cpu_speed.md
+the result says so. ``--fuse both``: each mode also timed with BatchNorm+ReLU and Add+ReLU
+fused (``MODE+fuse``), in the same rounds. Writes bench/results/cpu_speed.json and cpu_speed.md
 (``--name``: another file name).
 """
 from __future__ import annotations
@@ -55,7 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--fuse", choices=["off", "on", "both"], default="off",
-                   help="neuron's BatchNorm+ReLU fusion (Executor(fuse=True)): off, on, or both "
+                   help="neuron's BatchNorm+ReLU and Add+ReLU fusion (Executor(fuse=True)): "
+                   "off, on, or both "
                    "(each replay mode timed unfused and fused, as MODE and MODE+fuse, in the "
                    "same rounds) (default off)")
     p.add_argument("--name", default="cpu_speed", help="results file name (without suffix)")

@@ -18,7 +18,7 @@ import numpy as np
 
 from .devices import Device, VirtualDevice, make_device
 from .errors import DataError, MemoryBudgetError, NonFiniteLossError, NonFiniteUpdateError
-from .fuse import fuse_bn_relu
+from .fuse import fuse_graph
 from .graph import Graph
 from .layers.base import Context
 from .layers.loss import LossSum, loss_value
@@ -112,10 +112,10 @@ class Executor:
     iteration before (memory/evict_ahead.py: right after each evicted tensor's last use, so the
     copy runs under compute); the same evictions, moves and bits as without. Off under a host
     budget (early copies hold host buffers longer than the plan's).
-    fuse: every BatchNorm whose only reader is a ReLU runs fused with it as one BNReLU layer
-    (neuron/fuse.py): fewer passes over the feature maps, and neither the BN output nor its
-    gradient is a tensor. Same parameter names (checkpoints load either way); ``fused`` lists
-    the pairs.
+    fuse: every BatchNorm or Add whose only reader is a ReLU runs fused with it as one BNReLU
+    or AddReLU layer (neuron/fuse.py): fewer passes over the feature maps, and neither the
+    first layer's output nor its gradient is a tensor. Same parameter names (checkpoints load
+    either way); ``fused`` lists the pairs.
     _alias_gradients: False gives every Add input a gradient tensor of its own (a copy), as
     the baseline policy always does (memory/aliasing.py); for tests that compare the two.
     """
@@ -145,7 +145,7 @@ class Executor:
         if not isinstance(fuse, bool):
             raise TypeError(f"Executor: fuse must be True or False, got {fuse!r}")
         if fuse:
-            graph = fuse_bn_relu(graph)
+            graph = fuse_graph(graph)
         self.fuse = fuse
         self.fused = list(getattr(graph, "fused", [])) if fuse else []
         self.graph = graph

@@ -1,13 +1,18 @@
-"""Graph fusion (opt-in, ``Executor(fuse=True)`` / ``--fuse``): a BatchNorm whose output only a
-ReLU reads becomes one BNReLU layer (layers/norm.py).
+"""Graph fusion (opt-in, ``Executor(fuse=True)`` / ``--fuse``): a layer whose output only a
+ReLU reads runs fused with it, where neuron has the fused layer:
 
-The pair costs the GPU about 13 feature-map passes per iteration (BN forward reads x twice and
-writes z, ReLU reads z and writes y; ReLU backward reads dy and y and writes dz, BN backward
-reads x and dz twice and writes dx); fused, about 8, and the BN output z and its gradient dz are
-never tensors, so the plan holds fewer bytes. Eager PyTorch runs the two separately.
+- a BatchNorm becomes one BNReLU (layers/norm.py). The pair costs the GPU about 13
+  feature-map passes per iteration (BN forward reads x twice and writes z, ReLU reads z and
+  writes y; ReLU backward reads dy and y and writes dz, BN backward reads x and dz twice and
+  writes dx); fused, about 8, and neither the BN output z nor its gradient dz is a tensor.
+- an Add (a residual join) becomes one AddReLU (layers/join.py): forward writes y from the
+  inputs in one pass, backward masks dy in place in one pass and hands it to the inputs as Add
+  does, so neither the sum nor its gradient is a tensor.
+
+Eager PyTorch runs each pair as two layers.
 
 The pass returns a new Graph over copies of the layers (the given graph is not changed, so
-fused and unfused executors can share it). The fused layer keeps the BatchNorm's name and
+fused and unfused executors can share it). A fused layer keeps the first layer's name and
 parameter names, so state_dict, checkpoints and PyTorch weight import are unchanged; the ReLU,
 which has no parameters, disappears.
 """
@@ -17,18 +22,24 @@ import copy
 
 from .graph import Graph
 from .layers.activation import ReLU
+from .layers.base import Layer
+from .layers.join import Add, AddReLU
 from .layers.norm import BatchNorm, BNReLU
 from .tensor import Tensor
 
+#: the layer type fused with a ReLU that is its output's only reader -> the fused layer
+FUSED_WITH_RELU = {BatchNorm: BNReLU, Add: AddReLU}
 
-def fusable_pairs(graph: Graph) -> list[tuple[BatchNorm, ReLU]]:
-    """(BatchNorm, ReLU) pairs in route order: the ReLU is the only reader of the BN's output,
-    which is not a graph output."""
+
+def fusable_pairs(graph: Graph, first=tuple(FUSED_WITH_RELU)) -> list[tuple[Layer, ReLU]]:
+    """(BatchNorm or Add, ReLU) pairs in route order: the ReLU is the only reader of the
+    first layer's output, which is not a graph output. ``first``: the first layers' types
+    looked for (default: every type in FUSED_WITH_RELU)."""
     outputs = {id(t) for t in graph.outputs}
     members = {id(l) for l in graph.route}
     pairs = []
     for layer in graph.route:
-        if type(layer) is not BatchNorm:
+        if type(layer) not in first or type(layer) not in FUSED_WITH_RELU:
             continue
         t = layer.outputs[0]
         readers = [c for c in t.consumers if id(c) in members]
@@ -37,17 +48,27 @@ def fusable_pairs(graph: Graph) -> list[tuple[BatchNorm, ReLU]]:
     return pairs
 
 
-def fuse_bn_relu(graph: Graph) -> Graph:
-    """The graph with every fusable (BatchNorm, ReLU) pair as one BNReLU; ``graph`` itself when
-    there is none. The result's ``fused`` lists the (BN name, ReLU name) pairs."""
-    cached = graph.__dict__.get("_fused_bn_relu")
+def fused_counts(graph: Graph) -> dict[str, int]:
+    """Fused layer type name -> how many of the fused graph's layers are of it (for reports)."""
+    names = {a for a, _ in getattr(graph, "fused", [])}
+    out = {cls.type_name: 0 for cls in FUSED_WITH_RELU.values()}
+    for layer in graph.route:
+        if layer.name in names and layer.type_name in out:
+            out[layer.type_name] += 1
+    return out
+
+
+def fuse_graph(graph: Graph) -> Graph:
+    """The graph with every fusable pair as one fused layer; ``graph`` itself when there is
+    none. The result's ``fused`` lists the (first layer's name, ReLU's name) pairs."""
+    cached = graph.__dict__.get("_fused")
     if cached is not None:
         return cached
     pairs = fusable_pairs(graph)
     if not pairs:
         graph.fused = getattr(graph, "fused", [])
         return graph
-    relu_of = {id(bn): relu for bn, relu in pairs}
+    relu_of = {id(first): relu for first, relu in pairs}
     dropped = {id(relu) for relu in relu_of.values()}
     new: dict[int, Tensor] = {}             # id(old tensor) -> its tensor in the fused graph
     clones = []                             # (clone, the layer it copies)
@@ -56,7 +77,7 @@ def fuse_bn_relu(graph: Graph) -> Graph:
             continue
         ins = [new[id(t)] for t in layer.inputs]
         if id(layer) in relu_of:
-            clone = BNReLU.of(layer)
+            clone = FUSED_WITH_RELU[type(layer)].of(layer)
             olds = relu_of[id(layer)].outputs        # the fused layer's output is the ReLU's
         else:
             clone = copy.copy(layer)
@@ -72,6 +93,6 @@ def fuse_bn_relu(graph: Graph) -> Graph:
                   name=graph.name)
     for clone, layer in clones:     # the unfused numbers: dropout seeds stay the same
         clone.index = layer.index
-    fused.fused = [(bn.name, relu.name) for bn, relu in pairs]
-    graph._fused_bn_relu = fused
+    fused.fused = [(first.name, relu.name) for first, relu in pairs]
+    graph._fused = fused
     return fused

@@ -13,6 +13,7 @@ import numpy as np
 
 from .errors import MemoryBudgetError
 from .executor import Executor, no_gc
+from .fuse import fused_counts
 from .graph import Graph
 from .memory.chunking import CHUNK_COUNTS
 
@@ -212,8 +213,8 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
     ``grad_buckets`` (bytes): the runtime's overlap, as `train --data-parallel` runs it (each
     bucket's updates deferred ``grad_lag`` backward steps, its gradients live until then:
     distributed/overlap.py). ``prefetch_ahead``: steps ahead the pool prefetches, or "auto"
-    (memory/prefetch_horizon.py). ``fuse``: BatchNorm + ReLU pairs as one layer
-    (neuron/fuse.py); the report then names them and the bytes the fusion saves.
+    (memory/prefetch_horizon.py). ``fuse``: BatchNorm + ReLU and Add + ReLU pairs as one
+    layer (neuron/fuse.py); the report then names them and the bytes the fusion saves.
     ``planner`` (a name in memory/planners): its decisions for ``budget`` replace the policy.
     ``chunks``: every layer split along the batch into that many chunks
     (memory/chunking.py); "auto" takes the smallest count that fits the budget (1 without a
@@ -313,18 +314,19 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
 
 
 def _fusion_report(graph, batch, fused_ex, fused_unbounded, **kw) -> dict:
-    """What ``--fuse`` changes: the fused (BN, ReLU) pairs, the bytes of the tensors that no
-    longer exist (each BN output and its gradient) and the unbounded peak against the unfused
-    plan's (planned the same way)."""
+    """What ``--fuse`` changes: the fused (BN or Add, ReLU) pairs and how many of each fused
+    type, the bytes of the tensors that no longer exist (each BN or Add output and its
+    gradient) and the unbounded peak against the unfused plan's (planned the same way)."""
     plain = Executor(graph, batch, device="virtual", **kw)
     peak = plain.simulate(None, trace=False)["peak_bytes"]
     sched = plain.schedule
     gone = 0
-    for bn_name, _ in fused_ex.fused:
-        t = plain.train_graph.layers[bn_name].outputs[0]
+    for first, _ in fused_ex.fused:
+        t = plain.train_graph.layers[first].outputs[0]
         gone += sum(x.nbytes for x in sched.values(t))
         gone += sum(g.nbytes for g in _grads_of(sched, t))
     return {"fuse": True, "fused_layers": [list(p) for p in fused_ex.fused],
+            "fused_counts": fused_counts(fused_ex.graph),
             "fused_tensor_bytes": gone, "unfused_unbounded_peak_bytes": peak,
             "fuse_saved_peak_bytes": peak - fused_unbounded["peak_bytes"]}
 

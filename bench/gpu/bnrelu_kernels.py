@@ -40,9 +40,10 @@ def parse_args(argv=None):
 def pair_shapes(model: str, batch: int, smoke: bool) -> Counter:
     """{input shape with the batch: how many fusable pairs have it}."""
     from neuron.fuse import fusable_pairs
+    from neuron.layers import BatchNorm
     from neuron.models import build_model
     g = build_model(model, depth=8 if smoke else None)
-    return Counter((batch, *bn.inputs[0].shape) for bn, _ in fusable_pairs(g))
+    return Counter((batch, *bn.inputs[0].shape) for bn, _ in fusable_pairs(g, (BatchNorm,)))
 
 
 def _timer(device):

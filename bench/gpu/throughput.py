@@ -80,7 +80,8 @@ def parse_args(argv=None):
     p.add_argument("--configs", default=None,
                    help="MODEL:BATCH,... (default resnet50:64,resnet50:128,vgg16:64)")
     p.add_argument("--fuse", choices=["off", "on", "both"], default="off",
-                   help="neuron's BatchNorm+ReLU fusion (Executor(fuse=True)): off, on, or both "
+                   help="neuron's BatchNorm+ReLU and Add+ReLU fusion (Executor(fuse=True)): "
+                   "off, on, or both "
                    "(every mode also run fused, recorded as MODE+fuse beside MODE in the same "
                    "row) (default off)")
     p.add_argument("--child", action="store_true", help=argparse_hidden())

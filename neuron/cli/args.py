@@ -151,10 +151,10 @@ def path_arg(name: str):
 def fuse_option(p) -> None:
     """--fuse (train, plan, memory, deepest, widest, profile): neuron/fuse.py."""
     p.add_argument("--fuse", action="store_true",
-                   help="run every BatchNorm whose only reader is a ReLU as one fused BNReLU "
-                   "layer: fewer passes over the feature maps, no BN output or its gradient in "
-                   "memory, same parameter names and checkpoints (default: off, the layers as "
-                   "the model defines them)")
+                   help="run every BatchNorm or Add whose only reader is a ReLU as one fused "
+                   "BNReLU or AddReLU layer: fewer passes over the feature maps, no BN or Add "
+                   "output or its gradient in memory, same parameter names and checkpoints "
+                   "(default: off, the layers as the model defines them)")
 
 
 def fuse_kw(args) -> dict:

@@ -389,12 +389,12 @@ def cmd_plan(args) -> int:
             need = f"; the minimum budget is {mb} bytes ({fmt_bytes(mb)})" if mb else ""
             print(f"  budget {fmt_bytes(budget)}: does NOT fit: {r['error']}{need}")
     if r.get("fuse"):
-        names = [bn for bn, _ in r["fused_layers"]]
+        names = [first for first, _ in r["fused_layers"]]
         shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
-        print(f"  fused (--fuse)          {len(names)} BatchNorm+ReLU pairs as BNReLU layers"
+        print(f"  fused (--fuse)          {_fused_pairs_text(r['fused_counts'])}"
               f"{': ' + shown if names else ''}")
         print(f"                          {fmt_bytes(r['fused_tensor_bytes'])} of tensors no "
-              f"longer exist (the BN outputs and their gradients); unbounded peak "
+              f"longer exist (the BN and Add outputs and their gradients); unbounded peak "
               f"{fmt_bytes(r['unfused_unbounded_peak_bytes'])} unfused, saved "
               f"{fmt_bytes(r['fuse_saved_peak_bytes'])}")
     if "data_parallel" in r:
@@ -424,6 +424,14 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(r))
     return 0 if r["fits"] else 1
+
+
+def _fused_pairs_text(counts: dict) -> str:
+    """"4 BatchNorm+ReLU pairs as BNReLU and 3 Add+ReLU pairs as AddReLU layers": what --fuse
+    made of the model (neuron/fuse.py fused_counts)."""
+    parts = [f"{counts.get(t, 0)} {pair}+ReLU pairs as {t}" for pair, t in
+             (("BatchNorm", "BNReLU"), ("Add", "AddReLU"))]
+    return " and ".join(parts) + " layers"
 
 
 def cmd_memory(args) -> int:
@@ -492,7 +500,7 @@ def _search_cmd(args, kind: str) -> int:
           f"{', offload-params' if r['offload_params'] else ''}"
           f"{', precision ' + r['precision'] if r['precision'] != 'fp32' else ''}"
           f"{', layout ' + r['layout'] if r.get('layout', 'nchw') != 'nchw' else ''}"
-          f"{', BatchNorm+ReLU fused' if r.get('fuse') else ''}): "
+          f"{', BatchNorm+ReLU and Add+ReLU fused' if r.get('fuse') else ''}): "
           f"{ans if ans is not None else 'nothing fits'}{chunked}")
     if args.confirm and ans is not None:
         r["confirm"] = _confirm(args, kind, ans, budget, kw)
@@ -545,6 +553,7 @@ def _replay_text(r: dict) -> str:
 def cmd_train(args) -> int:
     from ..data import load_dataset
     from ..errors import MemoryBudgetError
+    from ..fuse import fused_counts
     from ..executor import Executor
     from ..optim import SGD
     from ..train import fit
@@ -622,7 +631,7 @@ def cmd_train(args) -> int:
                chunks=ex.chunks, replay=ex.replay["ran"], replay_detail=ex.replay,
                precision=ex.precision.name, layout=ex.layout)
     if ex.fuse:
-        res.update(fuse=True, fused_layers=len(ex.fused))
+        res.update(fuse=True, fused_layers=len(ex.fused), fused_counts=fused_counts(ex.graph))
     if ex.loss_scaler is not None:      # fp16
         res.update(loss_scale=ex.loss_scaler.scale, overflow_skipped_steps=ex.loss_scaler.skipped)
     res.update(ex.pool.counters())
@@ -634,7 +643,7 @@ def cmd_train(args) -> int:
             f"{fmt_bytes(res['prefetch_bytes'])} back" +
             (f" (planner {args.planner})" if args.planner else "") +
             (f", {ex.chunks} chunks per layer" if ex.chunks > 1 else "") +
-            (f", {len(ex.fused)} BatchNorm+ReLU pairs fused" if ex.fuse else "") +
+            (f", {_fused_pairs_text(res['fused_counts'])}" if ex.fuse else "") +
             (f", precision {ex.precision}" if ex.precision.name != "fp32" else "") +
             (f", layout {ex.layout}" if ex.layout != "nchw" else "") +
             (f" (loss scale {ex.loss_scaler.scale:g}, {ex.loss_scaler.skipped} steps skipped for "

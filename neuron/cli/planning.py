@@ -157,9 +157,9 @@ def cmd_profile(args) -> int:
         g = build_model(args.model, depth=args.depth)
         in_shape = (g.inputs[0].shape[0], args.image_size, args.image_size)
     graph = build_model(args.model, depth=args.depth, in_shape=in_shape)
-    if args.fuse:                   # BNReLU layers timed under their own keys
-        from ..fuse import fuse_bn_relu
-        graph = fuse_bn_relu(graph)
+    if args.fuse:                   # BNReLU, AddReLU layers timed under their own keys
+        from ..fuse import fuse_graph
+        graph = fuse_graph(graph)
     prof = profile_model(graph, args.batch, device=args.device, repeat=args.repeat,
                          model=args.model, precision=args.precision, layout=args.layout)
     with open(args.output, "w") as f:

@@ -64,7 +64,7 @@ from .cuda_pool import (  # noqa: F401 (pooling and LRN: re-exported, the device
     avgpool_backward, avgpool_forward, global_avgpool_backward, global_avgpool_forward,
     lrn_backward, lrn_forward, maxpool_backward, maxpool_forward)
 from .channels_last import (TO_LOGICAL, TO_STORAGE, is_channels_last, nhwc_filter,
-                            storage_permutation)
+                            storage_permutation, storage_view)
 from .input_staging import PinnedStager
 from .pinned_host import pinned_empty
 
@@ -720,6 +720,42 @@ def add_forward(xs, y):
     cp.add(xs[0], xs[1], out=y)
     for a in xs[2:]:
         cp.add(y, a, out=y)
+
+
+# Add + ReLU fused (layers/join.py AddReLU): cuda_raw._k_add_relu's kernels. Forward reads the
+# inputs and writes y (two inputs: one pass; more: add_forward's sums, the last add with the
+# ReLU); backward masks dy in place in one pass (the inputs take it: memory/aliasing.py).
+# Channels-last maps go as their storage, so every kernel is one flat pass; 2-byte data as its
+# bits (float32 arithmetic, rounded once where stored).
+
+def _elementwise(*arrays):
+    """The arrays as one elementwise kernel takes them: their storage views (a channels-last
+    map's C-contiguous (N, H, W, C)) when all are stored alike, else as they are (CuPy indexes
+    any strides); 2-byte ones as their bits."""
+    views = [storage_view(a) for a in arrays]
+    if not (all(v.flags.c_contiguous for v in views) and len({v.shape for v in views}) == 1):
+        views = list(arrays)
+    return [cuda_low.bits(v) if is_low(v) else v for v in views]
+
+
+def add_relu_forward(xs, y):
+    low = cuda_low.low_name(y.dtype)
+    if len(xs) < 2 or any(a.dtype != y.dtype for a in xs):     # mixed types: the pair itself
+        add_forward(xs, y)
+        return relu_forward(y, y)
+    k = cuda_raw._k_add_relu(low)
+    if len(xs) == 2:
+        k.fwd(*_elementwise(xs[0], xs[1], y))
+        return
+    add_forward(xs[:-1], y)
+    k.acc(*_elementwise(xs[-1], y))
+
+
+def add_relu_backward(y, dy):
+    if y.dtype != dy.dtype:
+        raise TypeError(f"add_relu_backward: y is {y.dtype} and dy {dy.dtype}; an AddReLU's "
+                        "output and its gradient have one type")
+    cuda_raw._k_add_relu(cuda_low.low_name(y.dtype)).mask(*_elementwise(y, dy))
 
 
 # slice assignment and in-place operators are the same on CuPy arrays: one definition of

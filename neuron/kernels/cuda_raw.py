@@ -9,8 +9,12 @@
 
 * the fused elementwise kernels of the other layers: sigmoid/tanh/leaky-ReLU backward, the
   dropout mask (the counter hash of neuron.kernels.dropout_mask) and its application, the
+<<<<<<< HEAD
   cross-entropy rows and gradient, and the whole SGD step, per tensor or for all of a layer's
   tensors in one launch (over a device table of their pointers: kernels/pointer_tables.py).
+=======
+  cross-entropy rows and gradient, the whole SGD step, and Add + ReLU (AddReLU) each way.
+>>>>>>> addrelu
 
 Compiled on first use (functools.cache); neuron.kernels.cuda calls them.
 """
@@ -518,3 +522,40 @@ def _k_bnrelu(low: str | None = None):
         dz = NR_ST((z > U(0) ? U(1) : U(0)) * NR_LD(dy));""", "mask")
     return types.SimpleNamespace(stats=stats, fold=fold, finish=finish, apply=apply, sums=sums,
                                  sums_finish=sums_finish, dx=dx, dx_acc=dx_acc, mask=mask)
+
+
+# ---- Add + ReLU fused (layers/join.py AddReLU; neuron.kernels.cuda.add_relu_*) -------------
+
+_ADD_RELU_PREAMBLE = r"""
+template <typename V> __device__ inline V nr_relu(V s) {
+    return s > V(0) ? s : (s != s ? s : V(0));      // max(s, 0), NaN kept, -0 as +0
+}
+"""
+
+
+@functools.cache
+def _k_add_relu(low: str | None = None):
+    """The fused Add + ReLU kernels, as a namespace: ``fwd`` (y = max(a + b, 0), NaN kept),
+    ``acc`` (y = max(y + a, 0): the last input of three or more) and ``mask`` (dy = (y > 0) *
+    dy in place: a multiply, as relu_backward's, so a masked NaN stays NaN and -dy gives -0).
+
+    ``low`` ("bf16", "fp16"): the data as the 16 raw bits of that type (cuda_low's
+    conversions, float32 arithmetic, each stored value rounded once)."""
+    cp = _cp()
+    if low is None:
+        D, sfx, pre = "T", "", "#define NR_LD(v) (v)\n#define NR_ST(v) (v)\n#define NR_F T\n"
+    else:
+        from .cuda_low import LOW_PREAMBLE
+        D, sfx = "uint16", f"_{low}"
+        pre = LOW_PREAMBLE + (f"#define NR_LD nr_{low}_ld\n#define NR_ST nr_{low}_st\n"
+                              "#define NR_F float\n")
+
+    def kernel(ins, outs, body, name):
+        return cp.ElementwiseKernel(ins.replace("@", D), outs.replace("@", D), body,
+                                    f"neuron_add_relu_{name}{sfx}",
+                                    preamble=pre + _ADD_RELU_PREAMBLE)
+    fwd = kernel("@ a, @ b", "@ y", "y = NR_ST(nr_relu(NR_F(NR_LD(a) + NR_LD(b))))", "fwd")
+    acc = kernel("@ a", "@ y", "y = NR_ST(nr_relu(NR_F(NR_LD(y) + NR_LD(a))))", "acc")
+    mask = kernel("@ y", "@ dy",
+                  "dy = NR_ST((NR_LD(y) > NR_F(0) ? NR_F(1) : NR_F(0)) * NR_LD(dy))", "mask")
+    return types.SimpleNamespace(fwd=fwd, acc=acc, mask=mask)

@@ -38,7 +38,7 @@ __all__ = [
     "linear_forward", "linear_backward",
     "dropout_forward", "dropout_apply", "dropout_backward",
     "lrn_forward", "lrn_backward",
-    "add_forward", "concat_forward", "concat_backward",
+    "add_forward", "add_relu_forward", "add_relu_backward", "concat_forward", "concat_backward",
     "softmax_xent_forward", "softmax_xent_backward", "mse_forward", "mse_backward",
     "nonfinite_flag_new", "nonfinite_flag_clear", "nonfinite_flag_update", "nonfinite_flag_read",
     "sgd_update", "sgd_update_many", "fill", "copy", "add_inplace",
@@ -447,6 +447,19 @@ def add_forward(xs, y):
     np.add(xs[0], xs[1], out=y)
     for a in xs[2:]:
         y += a
+
+
+def add_relu_forward(xs, y):
+    """y = max(sum of xs, 0) (layers/join.py AddReLU): add_forward's sums, then the ReLU in
+    place, so y has the bits of Add then ReLU and the sum never exists apart from y."""
+    add_forward(xs, y)
+    np.maximum(y, 0, out=y)
+
+
+def add_relu_backward(y, dy):
+    """dy *= (y > 0), in place: the gradient AddReLU hands every input, with relu_backward's
+    bits (the mask times dy, a float multiply, so a masked NaN stays NaN and -dy gives -0)."""
+    np.multiply(dy, y > 0, out=dy)
 
 
 def concat_forward(xs, y):

@@ -85,6 +85,10 @@ class Layer:
     #: schedule may bind an input's gradient to the output gradient's tensor itself
     #: (memory/aliasing.py), and backward then gets None for it in ``dins``
     passes_gradient = False
+    #: backward overwrites its output gradient with the gradient it passes on (AddReLU masks
+    #: it in place): the aliasing rule counts that write, and the CPU mixed-precision
+    #: reference stores the rewritten gradient back into the low-precision tensor
+    rewrites_gradient = False
     type_name = "Layer"
     _counter: dict[str, int] = {}
 

@@ -1,4 +1,5 @@
-"""Add (residual join) and Concat (DenseNet): layers that wait for all their inputs."""
+"""Add (residual join), AddReLU (the join and its ReLU as one layer) and Concat (DenseNet):
+layers that wait for all their inputs."""
 from __future__ import annotations
 
 from ..errors import ShapeError
@@ -27,6 +28,33 @@ class Add(Layer):
             if d is not None:           # None: no gradient, or aliased to douts[0]
                 # the same tensor may be several inputs: its later shares add in place
                 (k.add_inplace if ctx.acc(i) else k.copy)(d, douts[0])
+
+
+class AddReLU(Add):
+    """max(sum of inputs, 0) as one layer: what neuron.fuse makes of an Add whose only reader
+    is a ReLU (opt-in, ``Executor(fuse=True)``), or a layer of its own. Backward keeps the
+    output only: it masks the output gradient by y > 0 in place (``rewrites_gradient``; the
+    unmasked gradient has no other reader) and hands the result to every input as Add does,
+    so the sum and its gradient are never tensors. Same bits as Add then ReLU."""
+    type_name = "AddReLU"
+    retain_outputs = (0,)
+    rewrites_gradient = True        # douts[0] becomes the input gradient (memory/aliasing.py)
+
+    @classmethod
+    def of(cls, add: Add) -> "AddReLU":
+        """An AddReLU with ``add``'s name (and index: dropout seeds) and no graph edges (the
+        fusion pass connects it)."""
+        fused = cls.__new__(cls)
+        fused.__dict__.update(add.__dict__)
+        fused.inputs, fused.outputs = [], []
+        return fused
+
+    def forward(self, k, ins, outs, params, aux, ws, ctx):
+        k.add_relu_forward(list(ins), outs[0])
+
+    def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
+        k.add_relu_backward(outs[0], douts[0])          # douts[0] *= (y > 0), in place
+        super().backward(k, ins, outs, douts, dins, params, dparams, aux, ws, ctx)
 
 
 class Concat(Layer):

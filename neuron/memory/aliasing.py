@@ -19,6 +19,11 @@ Input x of Add A joins the group of A's output gradient only when
 2. no member of the group is accumulated into while another member is live: for every
    accumulation into a member at step t, every other member born at or before t had its last
    read before t.
+A layer that ``rewrites_gradient`` (AddReLU: it masks its output gradient in place before
+passing it on) writes its output's member at its own step, which is that member's last read:
+the write counts as an accumulation just before the step (t - 1/2), so no member born earlier
+may still be live after it, while the inputs the step aliases (born at t) take the rewritten
+value, as they should.
 Then an in-place accumulation never changes a value another reader still needs, and no kernel
 reads a tensor as its output gradient while adding into it. A member is born at its parent's
 last read, so the shared tensor lives exactly as long as its members together: at no step are
@@ -65,7 +70,9 @@ def shared_gradients(graph) -> dict:
 
     def member(t) -> _Member:
         u = uses[id(t)]
-        return _Member(u[0], u[1:], pos[id(t.producer)])
+        last = pos[id(t.producer)]
+        rewrite = [last - 0.5] if getattr(t.producer, "rewrites_gradient", False) else []
+        return _Member(u[0], u[1:] + rewrite, last)
 
     root: dict[int, object] = {}        # id(tensor) -> its group's first member (a Tensor)
     groups: dict[int, list] = {}        # id(first member) -> live members [(Tensor, _Member)]

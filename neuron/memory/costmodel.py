@@ -278,7 +278,8 @@ class CostModel:
     def _analytic(self, step, batch) -> float:
         layer = step.layer
         if step.phase == "B" and step.aliased and not (step.grad_targets or step.updates
-                                                       or step.due):
+                                                       or step.due
+                                                       or layer.rewrites_gradient):
             return 0.0      # every input gradient is its output gradient: no kernel runs
         key = id(layer), batch
         hit = self._macs.get(key)

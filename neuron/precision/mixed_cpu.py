@@ -75,10 +75,14 @@ def _backward(layer, k, ins, outs, douts, dins, params, dparams, aux, ctx, maste
               grad_scale):
     f_dins = [None if d is None else (_up(d, master) if ctx.acc(i) else _fresh(d, master))
               for i, d in enumerate(dins)]
+    f_douts = [_up(a, master) for a in douts]
     layer.backward(k, [_up(a, master) for a in ins], [_up(a, master) for a in outs],
-                   [_up(a, master) for a in douts], f_dins,
+                   f_douts, f_dins,
                    {n: _up(v, master) for n, v in params.items()}, dparams,
                    {n: _up(v, master) for n, v in aux.items()}, None, ctx)
+    if layer.rewrites_gradient:     # AddReLU's masked gradient: the inputs it aliases read it
+        for dst, src in zip(douts, f_douts):
+            _down(dst, src)
     if grad_scale != 1.0 and layer.kind == "loss":
         for d in f_dins:
             if d is not None:

@@ -216,8 +216,9 @@ def test_fuse_option_plans_and_trains_fused(capsys):
                   "--fuse", "--json"]) == 0
     out = capsys.readouterr().out
     r = _json.loads(out.strip().splitlines()[-1])
-    assert "4 BatchNorm+ReLU pairs as BNReLU layers" in out
-    assert r["fuse"] and len(r["fused_layers"]) == 4 and r["fused_tensor_bytes"] > 0
+    assert "4 BatchNorm+ReLU pairs as BNReLU and 3 Add+ReLU pairs as AddReLU layers" in out
+    assert r["fuse"] and len(r["fused_layers"]) == 7 and r["fused_tensor_bytes"] > 0
+    assert r["fused_counts"] == {"BNReLU": 4, "AddReLU": 3}
     assert r["peak_bytes"] <= r["unfused_unbounded_peak_bytes"]
     assert _main(["plan", "resnet_cifar", "--depth", "8", "--batch", "4", "--no-min-budget",
                   "--json"]) == 0
@@ -226,7 +227,7 @@ def test_fuse_option_plans_and_trains_fused(capsys):
                   "--dataset", "synthetic", "--classes", "3", "--no-progress", "--fuse",
                   "--json"]) == 0
     res = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["fuse"] and res["fused_layers"] == 4
+    assert res["fuse"] and res["fused_layers"] == 7
     for cmd in ("train", "plan", "memory", "deepest", "widest", "profile"):
         with pytest.raises(SystemExit):
             _main([cmd, "--help"])

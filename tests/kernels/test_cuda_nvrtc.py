@@ -57,6 +57,8 @@ def kernels():
         for args in (("float32", True), ("float32", True, True), ("float64", False, True),
                      ("float64", True)):
             cuda_raw._k_sgd_many(*args)     # one launch per layer, each variant
+        cuda_raw._k_add_relu("bf16")    # the fused Add + ReLU on 2-byte data
+        cuda_raw._k_add_relu("fp16")
     finally:
         for m, cp in zip(modules, saved):
             m._cp = cp
@@ -86,7 +88,9 @@ def test_every_factory_is_recorded(kernels):
                      "neuron_bnrelu_stats", "neuron_bnrelu_finish", "neuron_bnrelu_apply",
                      "neuron_bnrelu_sums", "neuron_bnrelu_sums_finish", "neuron_bnrelu_dx",
                      "neuron_bnrelu_dx_acc", "neuron_bnrelu_mask", "neuron_bnrelu_stats_bf16",
-                     "neuron_bnrelu_dx_acc_fp16", "neuron_bnrelu_apply_bf16"):
+                     "neuron_bnrelu_dx_acc_fp16", "neuron_bnrelu_apply_bf16",
+                     "neuron_add_relu_fwd", "neuron_add_relu_acc", "neuron_add_relu_mask",
+                     "neuron_add_relu_fwd_bf16", "neuron_add_relu_mask_fp16"):
         assert expected in names
     codes = [m["code"] for m in kernels.modules]
     assert sum("neuron_bfp8_encode" in c for c in codes) == 1

@@ -12,7 +12,7 @@ from neuron.layers.base import Layer
 NAME = [3, ""]
 #: layer -> (required arguments, {argument: bad values}); every argument must be listed
 CASES = {
-    L.Add: ({}, {"name": NAME}), L.Concat: ({}, {"name": NAME}),
+    L.Add: ({}, {"name": NAME}), L.AddReLU: ({}, {"name": NAME}), L.Concat: ({}, {"name": NAME}),
     L.ReLU: ({}, {"name": NAME}), L.Sigmoid: ({}, {"name": NAME}), L.Tanh: ({}, {"name": NAME}),
     L.GlobalAvgPool: ({}, {"name": NAME}), L.SoftmaxCrossEntropy: ({}, {"name": NAME}),
     L.MSELoss: ({}, {"name": NAME}),

@@ -9,6 +9,7 @@ import pytest
 import neuron as nn
 from neuron.kernels import numpy_ref as k
 from neuron.layers import base
+from neuron.layers import AddReLU
 from neuron.layers.base import Context
 
 N = 3
@@ -26,6 +27,7 @@ CASES = {   # name: (layer factory, per-sample input shapes, retain_inputs, reta
     "dropout": (lambda: nn.Dropout(0.4), [(2, 5, 5)], (), ()),
     "lrn": (lambda: nn.LRN(3), [(4, 5, 5)], (0,), (0,)),
     "add": (lambda: nn.Add(), [(2, 5, 5), (2, 5, 5)], (), ()),
+    "add_relu": (lambda: AddReLU(), [(2, 5, 5), (2, 5, 5), (2, 5, 5)], (), (0,)),
     "concat": (lambda: nn.Concat(), [(2, 5, 5), (3, 5, 5)], (), ()),
 }
 
@@ -83,3 +85,27 @@ def test_softmax_loss_keeps_labels_and_probabilities_only():
 def test_layer_names_are_unique_by_default():
     a, b = nn.ReLU(), nn.ReLU()
     assert a.name != b.name and isinstance(a, base.Layer)
+
+
+def test_add_relu_is_add_then_relu():
+    """AddReLU's forward and backward give the bits of Add then ReLU; backward leaves the
+    masked gradient in douts[0] (what the inputs it aliases read) and writes it into the
+    others' gradients, overwriting or adding (an input given twice: its second share adds)."""
+    rng = np.random.default_rng(3)
+    ins = [rng.standard_normal((N, 2, 4, 4)).astype(np.float32) for _ in range(3)]
+    dy = rng.standard_normal((N, 2, 4, 4)).astype(np.float32)
+    z, y, dz = np.empty_like(dy), np.empty_like(dy), np.empty_like(dy)
+    k.add_forward(ins, z)
+    k.relu_forward(z, y)
+    k.relu_backward(y, dy, dz)
+    layer = AddReLU()
+    layer(*[nn.Input((2, 4, 4)) for _ in ins])
+    fy = np.empty_like(dy)
+    layer.forward(k, ins, [fy], {}, {}, None, Context())
+    assert fy.tobytes() == y.tobytes()
+    fdy = dy.copy()
+    d0, d2 = np.full_like(dy, np.nan), np.ones_like(dy)
+    layer.backward(k, [None] * 3, [fy], [fdy], [d0, None, d2], {}, {}, {}, None,
+                   Context(accumulate=frozenset({2})))
+    assert fdy.tobytes() == dz.tobytes() and d0.tobytes() == dz.tobytes()
+    assert d2.tobytes() == (1 + dz).tobytes()

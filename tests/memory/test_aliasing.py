@@ -29,9 +29,10 @@ def clash():
     return nn.Graph(x, y, name="clash")
 
 
-def random_dag(seed: int, n: int = 9):
+def random_dag(seed: int, n: int = 9, relu_after_add: bool = False):
     """Tanh, 1x1/3x3 convs and Adds of 2-3 earlier tensors (repeats allowed) in random order:
-    fan-outs, chains of Adds and Adds whose inputs other layers read too."""
+    fan-outs, chains of Adds and Adds whose inputs other layers read too. ``relu_after_add``:
+    about half the Adds read by a ReLU alone (AddReLU layers when fused)."""
     rng = np.random.default_rng(seed)
     x = nn.Input((2, 3, 3), name="data")
     ts = [nn.Conv2d(2, 1, name="stem")(x)]
@@ -40,6 +41,8 @@ def random_dag(seed: int, n: int = 9):
         if r < 0.45 and len(ts) >= 2:
             picks = rng.choice(len(ts), size=int(rng.integers(2, 4)), replace=True)
             ts.append(nn.Add(name=f"add{i}")(*[ts[j] for j in picks]))
+            if relu_after_add and rng.random() < 0.5:
+                ts[-1] = nn.ReLU(name=f"relu{i}")(ts[-1])
         elif r < 0.7:
             ts.append(nn.Tanh(name=f"t{i}")(ts[int(rng.integers(len(ts)))]))
         else:
@@ -178,6 +181,28 @@ def test_random_graphs_train_bit_identically_and_never_hold_more():
                         l for l in order if x in l.inputs) is layer and id(x) not in alias:
                     rejected += 1
     assert aliased > 20 and rejected > 0, (aliased, rejected)
+
+
+def test_random_graphs_with_add_relu_train_bit_identically(monkeypatch):
+    """Fused AddReLU layers mask their output gradient in place: aliased where the rule lets
+    them (counting that write), they give the bits of the unfused, unaliased network; some
+    aliases must be turned down for the write alone (Add would have taken them)."""
+    from neuron.fuse import fuse_graph
+    from neuron.layers import AddReLU
+    fused_layers = refused = 0
+    for seed in range(16):
+        make = lambda: random_dag(seed, relu_after_add=True)     # noqa: E731
+        fused = _train(make, True, batch=3, steps=2, fuse=True)
+        plain = _train(make, False, batch=3, steps=2)
+        assert states_equal(fused.state_dict(), plain.state_dict()), seed
+        g = fuse_graph(make())
+        fused_layers += sum(type(l) is AddReLU for l in g.route)
+        with_write = shared_gradients(g)
+        with monkeypatch.context() as m:    # the same graph as if the write were not there
+            m.setattr(AddReLU, "rewrites_gradient", False)
+            without = shared_gradients(g)
+        refused += len(set(without) - set(with_write))     # (greedy: not always a subset)
+    assert fused_layers > 10 and refused > 0, (fused_layers, refused)
 
 
 def test_the_baseline_policy_never_aliases():
