@@ -1,5 +1,6 @@
 """Shared by the GPU tests that compare a few training steps on CudaDevice with the CPU
-reference from the same weights and data (test_cuda_mixed.py, test_cuda_layout.py)."""
+reference from the same weights and data (test_cuda_mixed.py, test_cuda_layout.py,
+test_cuda_accumulate.py, test_fused_bn_relu.py, test_fused_add_relu.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +11,10 @@ BATCH = 8
 def run_steps(device, precision="fp32", replay="off", steps=1, layout="nchw",
               model="resnet_cifar", depth=8):
     """(losses, state before, state after, executor) of ``steps`` SGD steps on 16x16 images."""
+    from neuron.models import build_model
+
     import neuron as nn
     from neuron.executor import Executor
-    from neuron.models import build_model
     rng = np.random.default_rng(0)
     data = [(rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32),
              rng.integers(0, 10, BATCH)) for _ in range(steps)]
@@ -36,3 +38,30 @@ def worst_update_difference(a, b) -> float:
         if np.any(db):
             worst = max(worst, float(np.linalg.norm(da - db) / np.linalg.norm(db)))
     return worst
+
+
+def steps_on_cpu_and_cuda(graph, x, y, steps=2, cpu_kw=None, cuda_kw=None, check=None, **kw):
+    """{"cpu": (losses, state), "cuda": (losses, state)}: ``steps`` SGD steps (lr 0.1, momentum
+    0.9, seed 0) of ``graph`` on each device from the same weights and batch; ``kw`` to both
+    executors, ``cpu_kw``/``cuda_kw`` to one; ``check(executor)`` before its steps."""
+    import neuron as nn
+    from neuron.executor import Executor
+    results = {}
+    for kind, own in (("cpu", cpu_kw), ("cuda", cuda_kw)):
+        ex = Executor(graph, len(x), device=kind, optimizer=nn.SGD(lr=0.1, momentum=0.9),
+                      seed=0, **kw, **(own or {}))
+        if check is not None:
+            check(ex)
+        results[kind] = ([ex.train_step(x, y) for _ in range(steps)], ex.state_dict())
+        if kind == "cuda":
+            ex.device.close()
+    return results
+
+
+def assert_cuda_trains_like_cpu(results) -> None:
+    """The losses within 1e-4 and every state array within float32 rounding of the CPU's."""
+    import pytest
+    (l_cpu, s_cpu), (l_gpu, s_gpu) = results["cpu"], results["cuda"]
+    assert l_gpu == pytest.approx(l_cpu, rel=1e-4)
+    for k in s_cpu:
+        np.testing.assert_allclose(s_gpu[k], s_cpu[k], rtol=2e-3, atol=2e-4, err_msg=k)

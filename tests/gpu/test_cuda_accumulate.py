@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_steps import assert_cuda_trains_like_cpu, steps_on_cpu_and_cuda
 
 from neuron.kernels import numpy_ref as R
 
@@ -75,22 +76,9 @@ def test_accumulate_matches_reference(K, cp):
 def test_chunked_training_step_gpu_matches_cpu(cp):
     """Fan-out gradients accumulated in place and every layer in 2 chunks (BN's two passes,
     dW summed over chunks, the whole batch's dropout mask offset per chunk), GPU vs CPU."""
-    import neuron as nn
-    from neuron.executor import Executor
     from neuron.models import build_model
     graph = build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
     y = rng.integers(0, 10, 8)
-    results = {}
-    for kind in ("cpu", "cuda"):
-        ex = Executor(graph, 8, device=kind, optimizer=nn.SGD(lr=0.1, momentum=0.9), seed=0,
-                      chunks=2)
-        losses = [ex.train_step(x, y) for _ in range(2)]
-        results[kind] = (losses, ex.state_dict())
-        if kind == "cuda":
-            ex.device.close()
-    (l_cpu, s_cpu), (l_gpu, s_gpu) = results["cpu"], results["cuda"]
-    assert l_gpu == pytest.approx(l_cpu, rel=1e-4)
-    for k in s_cpu:
-        np.testing.assert_allclose(s_gpu[k], s_cpu[k], rtol=2e-3, atol=2e-4, err_msg=k)
+    assert_cuda_trains_like_cpu(steps_on_cpu_and_cuda(graph, x, y, chunks=2))

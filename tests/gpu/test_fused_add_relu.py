@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_steps import assert_cuda_trains_like_cpu, steps_on_cpu_and_cuda
 
 from neuron.kernels import cuda as K
 
@@ -76,9 +77,10 @@ def test_fused_kernels_match_the_unfused_pair(cp, dtype, n, nhwc, shape):
 
 
 def _residual(name):
-    import neuron as nn
     from neuron.models import build_model
     from neuron.models.resnet import bottleneck
+
+    import neuron as nn
     if name == "resnet_cifar8":
         return build_model("resnet_cifar", depth=8)
     x = nn.Input((3, 32, 32), name="data")
@@ -92,26 +94,17 @@ def _residual(name):
 
 @pytest.mark.parametrize("name", ["resnet_cifar8", "bottleneck"])
 def test_fused_residual_step_matches_the_cpu(cp, name):
-    import neuron as nn
-    from neuron.executor import Executor
     from neuron.layers import AddReLU
     graph = _residual(name)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, *graph.inputs[0].shape)).astype(np.float32)
     y = rng.integers(0, graph.outputs[0].shape[0], 8)
-    results = {}
-    for kind, fuse in (("cpu", False), ("cuda", True)):
-        ex = Executor(graph, 8, device=kind, optimizer=nn.SGD(lr=0.1, momentum=0.9), seed=0,
-                      fuse=fuse)
-        if fuse:
+
+    def fused(ex):
+        if ex.fuse:
             assert sum(type(l) is AddReLU for l in ex.graph.route) >= 2
-        results[kind] = ([ex.train_step(x, y) for _ in range(2)], ex.state_dict())
-        if kind == "cuda":
-            ex.device.close()
-    (l_cpu, s_cpu), (l_gpu, s_gpu) = results["cpu"], results["cuda"]
-    assert l_gpu == pytest.approx(l_cpu, rel=1e-4)
-    for k in s_cpu:
-        np.testing.assert_allclose(s_gpu[k], s_cpu[k], rtol=2e-3, atol=2e-4, err_msg=k)
+    assert_cuda_trains_like_cpu(steps_on_cpu_and_cuda(
+        graph, x, y, cpu_kw={"fuse": False}, cuda_kw={"fuse": True}, check=fused))
 
 
 @pytest.mark.usefixtures("deterministic_kernels")
