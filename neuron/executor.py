@@ -342,9 +342,8 @@ class Executor:
                                "rebuilt (neuron/memory/_heap.cpp gained try_alloc_top): pip "
                                "install -e . or python setup.py build_ext --inplace")
         if self._replay is not None and os.environ.get("NEURON_OVERLAP") != "1":
-            # the copy/compute timeline times each copy with an event of its own, so no two
-            # iterations use the same events and no tape is trusted under a budget: measuring
-            # overlap (NEURON_OVERLAP=1, or replay off) means running eagerly
+            # replayed iterations are not timed unless asked (NEURON_OVERLAP=1): the timeline
+            # adds two timing events per step and per copy to every replay
             self.pool.overlap = None
             if getattr(self.device, "timeline", None) is not None:
                 self.device.timeline = None
@@ -561,6 +560,8 @@ class Executor:
         gradient, update or BN statistic is non-finite, parameters, optimizer state, BN
         statistics, the pool and the iteration counter are exactly as before it."""
         with self._exclusive("train_step"):
+            if self.pool.overlap is not None:   # the last step's copy/compute times, if done
+                self.pool.overlap.sample()
             replay = self._replay
             if replay is not None and (not self.transactional or self._instrumented()):
                 replay = None   # the unguarded step, a stopwatch run eagerly
@@ -773,6 +774,8 @@ class Executor:
             self.pool.log.extend(tape.pool_log)
         replay.replayed += 1
         replay.last_ran = "graph" if graph is not None and replay.graph is graph else "tape"
+        if replay.last_ran == "graph" and self.pool.overlap is not None:
+            self.pool.overlap.launched()    # the launch recorded the timeline's events again
         self.iteration += 1
         # the host's own time: all but its waits for a launched graph (replay.info's host_ms)
         replay.host_seconds.append(time.perf_counter() - t0 - (

@@ -10,9 +10,35 @@ its first operation; before the capture ends every joined stream rejoins the ori
 unjoined one would be cudaErrorStreamCaptureUnjoined, and a side stream that never joined must
 not be waited for: that wait is the isolation error again). An event last recorded inside a
 capture refuses host queries afterwards (cudaErrorCapturedEvent): ``release`` records each again
-outside it.
+outside it. Such a record only orders streams inside the graph; an event the graph must record
+at each launch (a timing event) is recorded with cudaEventRecordExternal (``record_external``).
 """
 from __future__ import annotations
+
+
+#: cudaEventRecordExternal / CU_EVENT_RECORD_EXTERNAL: in a capture, an event record node
+EVENT_RECORD_EXTERNAL = 1
+_driver: dict = {}
+
+
+def record_external(cp, event, stream) -> None:
+    """Record ``event`` on the capturing ``stream`` as an event record node of the graph: the
+    runtime's cudaEventRecordWithFlags where CuPy exposes it, else the driver's
+    cuEventRecordWithFlags (a runtime event or stream is the driver's handle)."""
+    fn = getattr(cp.cuda.runtime, "eventRecordWithFlags", None)
+    if fn is not None:
+        fn(event.ptr, stream.ptr, EVENT_RECORD_EXTERNAL)
+        return
+    if "lib" not in _driver:
+        import ctypes
+
+        from .cuda_check import _load_libcuda
+        lib = _load_libcuda()
+        lib.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        _driver["lib"] = lib
+    rc = _driver["lib"].cuEventRecordWithFlags(event.ptr, stream.ptr, EVENT_RECORD_EXTERNAL)
+    if rc != 0:
+        raise RuntimeError(f"cuEventRecordWithFlags(external) failed with CUDA error {rc}")
 
 
 class CaptureScope:

@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from . import Device
-from .capture_scope import CaptureScope
+from .capture_scope import CaptureScope, record_external
 from ..errors import MemoryBudgetError
 from ..kernels.pinned_host import pinned_empty, pinned_host_bytes
 from ..memory.host_budget import default_host_cap
@@ -533,8 +533,8 @@ class CudaDevice(Device):
         timing = self._timing_start(stream)
         cp.cuda.runtime.memcpyAsync(dst, src_view.data.ptr, nbytes,
                                     cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-        done = self._record(stream, self._copy_event(stream, timing))
-        self._timing_end(timing, "d2h", nbytes, done)
+        done = self._record(stream, self._copy_event(stream))
+        self._timing_end(timing, stream, "d2h", nbytes)
         return done
 
     def prefetch(self, host_buf, dst_view, compute_waits: bool = True, after=None):
@@ -557,15 +557,27 @@ class CudaDevice(Device):
         timing = self._timing_start(stream)
         cp.cuda.runtime.memcpyAsync(dst_view.data.ptr, src, nbytes,
                                     cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        done = self._record(stream, self._copy_event(stream, timing))
-        self._timing_end(timing, "h2d", nbytes, done)
+        done = self._record(stream, self._copy_event(stream))
+        self._timing_end(timing, stream, "h2d", nbytes)
         if compute_waits:
             self._wait_event(self.compute_stream, done)
         return done
 
     # ---- overlap timing (memory/overlap.py): off unless a timeline is attached --------------
-    def timed_event(self):
-        return self._cp.cuda.Event()
+    def timestamp(self, stream=None):
+        """A timing event recorded now on ``stream`` (default: compute), from a ring per stream
+        that restarts every iteration (no events created per step). Timing never replaces a
+        copy's completion event, which fences hold and later copies wait for: that one stays
+        the ring's, so a timed iteration records the same program as the next. Inside a
+        capture it is recorded as an event record node of the graph (cudaEventRecordExternal):
+        a plain record there only orders streams, and the launches would leave it unrecorded."""
+        stream = stream or self.compute_stream
+        ev = self._ring_event((stream.ptr, "timed"), stream, timing=True)
+        if self._capture is None:
+            return stream.record(ev)
+        self._enter(stream)
+        record_external(self._cp, ev, stream)
+        return self._capture.register(ev)   # recorded again outside when it ends: queryable
 
     def elapsed_ms(self, start, end) -> float:
         return float(self._cp.cuda.get_elapsed_time(start, end))
@@ -574,9 +586,7 @@ class CudaDevice(Device):
     timeline = None
 
     def _timing_start(self, stream):
-        if self.timeline is None:
-            return None
-        return self._record(stream, self._cp.cuda.Event())
+        return None if self.timeline is None else self.timestamp(stream)
 
     def iteration_start(self) -> None:
         """Every iteration takes its copies' events from the start of the rings, so it uses the
@@ -586,21 +596,25 @@ class CudaDevice(Device):
         for ring in self._copy_events.values():
             ring[1] = 0
 
-    def _copy_event(self, stream, timing):
+    def _copy_event(self, stream):
         """A copy's completion event: from a ring per stream, reused round-robin (one that is
         recorded again completes later, with a later copy of the same stream: whoever still
-        waits for it waits longer, never too little); a fresh timed one under a timeline."""
-        if timing is not None:
-            return self._cp.cuda.Event()
-        ring = self._copy_events.get(stream.ptr)
+        waits for it waits longer, never too little)."""
+        return self._ring_event(stream.ptr, stream)
+
+    def _ring_event(self, key, stream, timing=False):
+        """The next event of ring ``key`` (restarted by iteration_start). Copy rings hold
+        COPY_EVENTS and wrap; timing rings grow to what one iteration takes (an event timed
+        twice in an iteration would lose its first interval)."""
+        ring = self._copy_events.get(key)
         if ring is None:
-            ring = self._copy_events[stream.ptr] = [[], 0]
+            ring = self._copy_events[key] = [[], 0]
         events, i = ring
-        if len(events) < COPY_EVENTS:
-            events.append(self._cp.cuda.Event(disable_timing=True))
+        if i == len(events) and (timing or len(events) < COPY_EVENTS):
+            events.append(self._cp.cuda.Event(disable_timing=not timing))
             self._ring_stream[id(events[-1])] = stream
         ev = events[i]
-        ring[1] = (i + 1) % COPY_EVENTS
+        ring[1] = i + 1 if timing else (i + 1) % COPY_EVENTS
         return ev
 
     def copy_stream_of(self, event):
@@ -624,9 +638,9 @@ class CudaDevice(Device):
             out[ptr] = self._record(stream, ev)
         return out
 
-    def _timing_end(self, timing, kind, nbytes, done) -> None:
+    def _timing_end(self, timing, stream, kind, nbytes) -> None:
         if timing is not None:
-            self.timeline.add(kind, timing, done, nbytes)
+            self.timeline.add(kind, timing, self.timestamp(stream), nbytes)
 
     # ---- the FreeLunch codec on its own stream (memory/compressed_swap.py) ------------------
     def encode(self, codec, src, dst, after=None, fence=None):
@@ -652,7 +666,7 @@ class CudaDevice(Device):
         self._enter(s)
         with s:                         # the codec's kernels launch on the current stream
             fn(src, dst)
-        return self._record(s, self._copy_event(s, None))
+        return self._record(s, self._copy_event(s))
 
     def compute_wait(self, event) -> None:
         """Make later compute work wait for ``event`` (device-side; the host does not block)."""

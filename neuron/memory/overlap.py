@@ -10,8 +10,8 @@ Per iteration (:func:`overlap_stats`): the time of each direction's copies, comp
 time copies ran concurrently with compute, and the exposed copy time (copies running while
 compute was idle: what the copies cost the iteration at most).
 
-Timestamps are read only when asked for (``report``), after a synchronize, for the last
-``keep`` iterations: measuring never blocks the host inside an iteration.
+Timestamps are read once an execution's events are complete, never waiting for them inside an
+iteration, for the last ``keep`` executions (Timeline).
 """
 from __future__ import annotations
 
@@ -68,49 +68,81 @@ def overlap_stats(compute, copies) -> dict:
 
 
 class Timeline:
-    """The timed events of the last ``keep`` iterations (see the module docstring)."""
+    """The timed events of the last iteration issued, and the overlap of the last ``keep``
+    executions read from them (see the module docstring).
+
+    The events come from rings that restart every iteration (CudaDevice.timestamp), so that a
+    timed iteration can be recorded and replayed: each execution (eager, a tape's replay, a
+    graph's launch) records the same events again. An execution is therefore read
+    (``sample``) before the next one records over it: at the next step's start, if its events
+    are complete by then (never waiting for them), right after a graph's launch, and by
+    ``report``."""
 
     def __init__(self, device, keep: int = 5):
         self.device = device
         self.keep = int(keep)
-        self._iterations: list[tuple[list, list]] = []
+        self._measured: list[dict] = []     # overlap_stats of executions read, oldest first
+        self._last: tuple[list, list] | None = None     # the last iteration's events
+        self._unread = False                # an execution of _last not yet read
         self._steps: list = []          # [(start event, end event)] this iteration
         self._copies: list = []         # [(kind, start event, end event, bytes)]
         self._open = None
 
     def clear(self) -> None:
-        """Forget the iterations measured so far (e.g. the warm-up)."""
-        self._iterations.clear()
+        """Forget the executions measured so far, and the one in flight (e.g. the warm-up)."""
+        self._measured.clear()
+        self._unread = False
 
     def add(self, kind: str, start, end, nbytes: int) -> None:
         self._copies.append((kind, start, end, int(nbytes)))
 
     def step_start(self) -> None:
-        self._open = self.device.record_compute(self.device.timed_event())
+        self._open = self.device.timestamp()
 
     def step_end(self) -> None:
         if self._open is not None:
-            self._steps.append((self._open, self.device.record_compute(self.device.timed_event())))
+            self._steps.append((self._open, self.device.timestamp()))
             self._open = None
 
     def iteration_end(self) -> None:
         if self._steps or self._copies:
-            self._iterations.append((self._steps, self._copies))
-            del self._iterations[:-self.keep]
+            self._last, self._unread = (self._steps, self._copies), True
         self._steps, self._copies, self._open = [], [], None
 
-    def report(self) -> dict:
-        """Per measured iteration (oldest first) its overlap_stats, and their medians."""
-        self.device.synchronize()
+    def launched(self) -> None:
+        """A graph captured from the last iteration ran again (its events with it), and the
+        device waited for it: read it."""
+        self._unread = self._last is not None
+        self.sample()
+
+    def sample(self, wait: bool = False) -> bool:
+        """Read the last execution's intervals if it has not been read and its events are
+        complete (``wait``: after synchronizing). Returns whether it was read."""
+        if not self._unread:
+            return False
+        steps, copies = self._last
+        if wait:
+            self.device.synchronize()
+        else:
+            done = self.device.is_done
+            if not all(done(e) for a, b in steps for e in (a, b)) or \
+                    not all(done(e) for _, a, b, _ in copies for e in (a, b)):
+                return False
+        self._unread = False
+        if not steps:
+            return False
         ms = self.device.elapsed_ms
-        per = []
-        for steps, copies in self._iterations:
-            if not steps:
-                continue
-            t0 = steps[0][0]
-            per.append(overlap_stats(
-                [(ms(t0, a), ms(t0, b)) for a, b in steps],
-                [(k, ms(t0, a), ms(t0, b), n) for k, a, b, n in copies]))
+        t0 = steps[0][0]
+        self._measured.append(overlap_stats(
+            [(ms(t0, a), ms(t0, b)) for a, b in steps],
+            [(k, ms(t0, a), ms(t0, b), n) for k, a, b, n in copies]))
+        del self._measured[:-self.keep]
+        return True
+
+    def report(self) -> dict:
+        """Per measured execution (oldest first) its overlap_stats, and their medians."""
+        self.sample(wait=True)
+        per = list(self._measured)
         out = {"iterations": per}
         if per:
             def median(key):

@@ -61,3 +61,65 @@ def test_a_timeline_of_a_planned_run_on_the_stand_ins(gpu_kernels, cuda_standins
         assert 0 <= it["concurrent_ms"] <= min(it["copy_ms"], it["compute_ms"])
         assert it["exposed_copy_ms"] == pytest.approx(it["copy_ms"] - it["concurrent_ms"])
     assert rep["median"]["h2d_bytes"] == moved["prefetch_bytes"]
+
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/kernels")
+from test_cuda_on_standins import rerun_graphs  # noqa: E402, F401 (a fixture, requested by name)
+
+
+@pytest.mark.parametrize("mode", ["tape", "graph"])
+def test_replayed_iterations_are_timed_too(gpu_kernels, cuda_standins, rerun_graphs,
+                                           monkeypatch, mode):
+    """With NEURON_OVERLAP=1 a replaying executor keeps its timeline: a copy's completion
+    event (which fences hold and later copies wait for) stays the untimed ring event and its
+    interval gets timing events of its own, so the records repeat and the tape is trusted
+    (the fourth step replays; with a fresh timed completion event it never is); a graph
+    records the timing events as event record nodes (external records in the capture), so
+    each launch is timed. The replays give eager's bits, and every measured execution is a
+    replayed one with the bytes the eager iterations move."""
+    from cuda_standins import runtime
+    from neuron.devices.cuda import CudaDevice
+    from neuron.executor import Executor
+    clock = iter(range(10 ** 9))
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: next(clock) * 1e-3)   # 1 ms/tick
+    monkeypatch.setenv("NEURON_OVERLAP", "1")
+    external = []
+    real = runtime._Runtime.eventRecordWithFlags
+    monkeypatch.setattr(runtime._Runtime, "eventRecordWithFlags", staticmethod(
+        lambda *a: (external.append(a), real(*a))))
+    graph, batch, budget = resnet8_budget(0.6, size=8, batch=4)
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((batch, 3, 8, 8)).astype(np.float32),
+             rng.integers(0, 10, batch)) for _ in range(7)]
+    runs = {}
+    for replay in ("off", mode):
+        dev = CudaDevice(budget, headroom_bytes=0)
+        try:
+            ex = Executor(graph, batch, device=dev, seed=1, budget=budget, planner="capuchin",
+                          replay=replay)
+            timeline = ex.pool.overlap
+            assert timeline is not None
+            timeline.keep = 3
+            losses = []
+            for i, (x, y) in enumerate(data):
+                if i == 4:                  # steps 5-7 replay: measure only those
+                    assert ex.replay["ran"] == replay, ex.replay
+                    timeline.clear()
+                losses.append(ex.train_step(x, y))
+            rep, moved = timeline.report(), ex.pool.counters()
+            runs[replay] = (losses, ex.state_dict(), ex.replay, rep)
+        finally:
+            dev.close()
+    losses, state, info, rep = runs[mode]
+    assert info["ran"] == mode and info["eager_because"] is None, info
+    assert info["replayed_iterations"] == 4, info
+    assert losses == runs["off"][0]
+    assert all(state[k].tobytes() == runs["off"][1][k].tobytes() for k in state)
+    assert len(rep["iterations"]) == 3
+    assert (len(external) > 0) == (mode == "graph")
+    per_iter = runs["off"][3]["iterations"][-1]
+    for it in rep["iterations"]:
+        assert it["h2d_bytes"] == per_iter["h2d_bytes"] > 0
+        assert it["d2h_bytes"] == per_iter["d2h_bytes"] > 0
+        assert it["compute_ms"] > 0 and it["h2d_ms"] > 0 and it["d2h_ms"] > 0
+        assert 0 <= it["concurrent_ms"] <= min(it["copy_ms"], it["compute_ms"])

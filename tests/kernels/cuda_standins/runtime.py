@@ -45,7 +45,12 @@ def _observed(stream, pos):
 
 
 class _Event:
+    _by_ptr = weakref.WeakValueDictionary()     # eventRecordWithFlags names it by pointer
+
     def __init__(self, disable_timing=False):
+        self.ptr = id(self)
+        _Event._by_ptr[self.ptr] = self
+        self.timing = not disable_timing
         self.t = None
         self.stream = self.pos = None       # where it was recorded: stream.ops[pos]
         self.synced = False                 # the host waited for it
@@ -251,6 +256,16 @@ class _Runtime:
     _KINDS = {1: "h2d", 2: "d2h", 3: "d2d"}
 
     @staticmethod
+    def eventRecordWithFlags(event, stream, flags):
+        """cudaEventRecordWithFlags: only cudaEventRecordExternal (1), only in a capture (an
+        event record node of the graph: the launches record it)."""
+        s, ev = _Stream._by_ptr.get(stream), _Event._by_ptr.get(event)
+        if flags != 1 or s is None or ev is None or s.capture is None or not s.capture.open:
+            raise CUDARuntimeError("cudaErrorInvalidValue: eventRecordWithFlags(external) outside "
+                                   "a capture or on an unknown event or stream")
+        s.record(ev)
+
+    @staticmethod
     def memcpyAsync(dst, src, n, kind, stream):
         s = _Stream._by_ptr.get(stream)
         if s is not None:
@@ -323,6 +338,11 @@ class _Cuda:
 
     @staticmethod
     def get_elapsed_time(e0, e1):
+        if not (e0.timing and e1.timing):
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: elapsed time of an event "
+                                   "created with disable_timing")
+        e0._host_use("cudaEventElapsedTime")
+        e1._host_use("cudaEventElapsedTime")
         return (e1.t - e0.t) * 1e3              # milliseconds, as CUDA's
 
     @staticmethod
