@@ -737,6 +737,9 @@ class Executor:
         if scaled:
             self._clear_overflow()
         graph = replay.graph_for(self.device, self._staging)
+        start = getattr(self.device, "iteration_start", None)
+        if start is not None:               # the copies' and timings' event rings from slot 0,
+            start()                         # as the recorded iteration took them
         try:
             results = replay.run(graph, self.iteration, self.device)
         except BaseException as e:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..recording import Varying
-from ..tape import TIMELINE_OPS, map_args
+from ..tape import map_args
 
 
 class GraphUnavailable(RuntimeError):
@@ -119,8 +119,6 @@ class GraphReplay:
                     args[4]))                   # the mask's key from a device buffer
             elif name == "nonfinite_flag_read":
                 fn = _nothing                   # read after the launch
-            elif name in TIMELINE_OPS:
-                fn = _nothing                   # no timing events inside a graph
             out.append((fn, args, kw, flags))
         return out
 

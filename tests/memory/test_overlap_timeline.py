@@ -87,6 +87,16 @@ def test_replayed_iterations_are_timed_too(gpu_kernels, cuda_standins, rerun_gra
     real = runtime._Runtime.eventRecordWithFlags
     monkeypatch.setattr(runtime._Runtime, "eventRecordWithFlags", staticmethod(
         lambda *a: (external.append(a), real(*a))))
+    from neuron.memory.overlap import Timeline
+    starts = []                         # when each measured execution's first step began
+    read = Timeline.sample
+
+    def sample(self, wait=False):
+        done = read(self, wait)
+        if done:
+            starts.append(self._last[0][0][0].t)
+        return done
+    monkeypatch.setattr(Timeline, "sample", sample)
     graph, batch, budget = resnet8_budget(0.6, size=8, batch=4)
     rng = np.random.default_rng(0)
     data = [(rng.standard_normal((batch, 3, 8, 8)).astype(np.float32),
@@ -105,8 +115,12 @@ def test_replayed_iterations_are_timed_too(gpu_kernels, cuda_standins, rerun_gra
                 if i == 4:                  # steps 5-7 replay: measure only those
                     assert ex.replay["ran"] == replay, ex.replay
                     timeline.clear()
+                if i == 5:
+                    ring = dev._copy_events[(dev.compute_stream.ptr, "timed")][0]
+                    size = len(ring)
                 losses.append(ex.train_step(x, y))
-            rep, moved = timeline.report(), ex.pool.counters()
+            assert len(ring) == size        # replays reuse the timing events, none created
+            rep = timeline.report()
             runs[replay] = (losses, ex.state_dict(), ex.replay, rep)
         finally:
             dev.close()
@@ -117,6 +131,7 @@ def test_replayed_iterations_are_timed_too(gpu_kernels, cuda_standins, rerun_gra
     assert all(state[k].tobytes() == runs["off"][1][k].tobytes() for k in state)
     assert len(rep["iterations"]) == 3
     assert (len(external) > 0) == (mode == "graph")
+    assert starts[-3] < starts[-2] < starts[-1]     # each one timed by its own execution
     per_iter = runs["off"][3]["iterations"][-1]
     for it in rep["iterations"]:
         assert it["h2d_bytes"] == per_iter["h2d_bytes"] > 0
