@@ -178,6 +178,7 @@ class Executor:
         if _plan_from is None:
             self._horizon_cost = None if self.prefetch_ahead is not None else (
                 self.cost or planning_cost(device, dtype))
+        self._moves_tensors = budget is not None or bool(offload_params)
         self._plan_budget = budget if budget is not None else (
             device.arena_bytes if isinstance(device, Device) else None)
         self.chunks = int(chunks)
@@ -341,9 +342,11 @@ class Executor:
             raise RuntimeError("Executor: prefetch_ahead other than 1 needs the heap extension "
                                "rebuilt (neuron/memory/_heap.cpp gained try_alloc_top): pip "
                                "install -e . or python setup.py build_ext --inplace")
-        if self._replay is not None and os.environ.get("NEURON_OVERLAP") != "1":
-            # replayed iterations are not timed unless asked (NEURON_OVERLAP=1): the timeline
-            # adds two timing events per step and per copy to every replay
+        if os.environ.get("NEURON_OVERLAP") != "1" and (
+                self._replay is not None or not self._moves_tensors):
+            # timed by default: eager runs under a budget or with offloaded parameters (the
+            # copies to measure); others only when asked (NEURON_OVERLAP=1): the timeline adds
+            # two timing events per step and per copy, and a read of them per step
             self.pool.overlap = None
             if getattr(self.device, "timeline", None) is not None:
                 self.device.timeline = None

@@ -124,9 +124,9 @@ class Timeline:
         if wait:
             self.device.synchronize()
         else:
+            # a stream completes in order: the last step's end and each copy's end suffice
             done = self.device.is_done
-            if not all(done(e) for a, b in steps for e in (a, b)) or \
-                    not all(done(e) for _, a, b, _ in copies for e in (a, b)):
+            if (steps and not done(steps[-1][1])) or not all(done(b) for _, _, b, _ in copies):
                 return False
         self._unread = False
         if not steps:
