@@ -278,7 +278,7 @@ class Executor:
         self.train_graph = with_loss(graph, self.loss)
         self.schedule: Schedule = build_chunked_schedule(
             self.train_graph, self.batch, self.chunks, self.dtype, self.optimizer.state_names,
-            self.precision, self._alias_gradients)
+            self.precision, self._alias_gradients, self.layout)
         apply_layout(self.schedule.registry, self.layout)    # before any step binds a view
         self.recompute_report = None
         steps = self.schedule.steps

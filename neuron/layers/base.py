@@ -143,6 +143,12 @@ class Layer:
         """The workspace this step plans for (a ceiling on devices that choose dynamically)."""
         return 0
 
+    def reorder_bytes(self, phase: str, batch: int, itemsize: int, layout: str) -> int:
+        """Workspace this step needs to reorder its input under ``layout`` (Linear after a
+        channels-last map: its NCHW-order flatten, layers/linear.py); planned with the
+        kernels' workspace (memory/schedule.py step_workspace)."""
+        return 0
+
     def workspace_shrinks(self) -> bool:
         """Whether this layer's kernels also run, with the same results, on no workspace (the
         executor then gives a step none when its preferred one does not fit in one free block)."""
@@ -155,7 +161,9 @@ class Layer:
         Static by default; convolution on the GPU picks the fastest algorithm that fits
         (SuperNeurons §3.5) and asks for exactly its workspace (``layout``, the executor's
         nchw or nhwc, chooses among the algorithms of that layout)."""
-        return self.workspace_bytes(phase, batch, np.dtype(dtype).itemsize)
+        itemsize = np.dtype(dtype).itemsize
+        return self.workspace_bytes(phase, batch, itemsize) + \
+            self.reorder_bytes(phase, batch, itemsize, layout)
 
     def in_shapes(self, batch: int) -> list[tuple[int, ...]]:
         return [(batch, *t.shape) for t in self.inputs]

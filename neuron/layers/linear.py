@@ -1,6 +1,7 @@
 """Fully connected layer. Inputs of any shape are flattened per sample in NCHW (C order)
 feature order: a free reshape of a C-ordered map; a copy of a channels-last one (--layout
-nhwc, memory/layout.py), so the weights mean the same features in either layout."""
+nhwc, memory/layout.py) into the step's planned workspace (``reorder_bytes``), so the
+weights mean the same features in either layout."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ from ..errors import GraphError
 from ..init import torch_linear_weight, torch_linear_bias
 from ..sizes import callable_arg, flag_arg, size_arg
 from .base import Layer, ParamSpec, param_accumulation
+from .data import Input
 
 
 class Linear(Layer):
@@ -35,20 +37,47 @@ class Linear(Layer):
     def infer_shapes(self, in_shapes):
         return [(self.out_features,)]
 
+    def reorder_bytes(self, phase, batch, itemsize, layout):
+        # a channels-last (C, H, W) input with H*W > 1 is not C-ordered: forward flattens a
+        # copy of it, backward a copy of it and its gradient (none for the data's)
+        shape = self.inputs[0].shape
+        if layout != "nhwc" or len(shape) != 3 or shape[1] * shape[2] == 1:
+            return 0
+        n = batch * math.prod(shape) * itemsize
+        return n if phase == "F" or isinstance(self.inputs[0].producer, Input) else 2 * n
+
     @staticmethod
-    def _flat(a):
-        return None if a is None else a.reshape(a.shape[0], -1)
+    def _flat(k, a, ws, at=0):
+        """``a`` as (N, features) in NCHW order: a free reshape of a C-ordered array; else a
+        copy, into ``ws`` from byte ``at`` when it was planned there (the reshape's temporary
+        otherwise)."""
+        if a is None or a.flags.c_contiguous:
+            return None if a is None else a.reshape(a.shape[0], -1)
+        n = a.size * a.itemsize
+        if ws is None or ws.size < at + n:
+            return a.reshape(a.shape[0], -1)
+        buf = ws[at:at + n].view(a.dtype).reshape(a.shape)
+        k.copy(buf, a)
+        return buf.reshape(a.shape[0], -1)
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):
-        k.linear_forward(self._flat(ins[0]), params["weight"], params.get("bias"), outs[0])
+        k.linear_forward(self._flat(k, ins[0], ws), params["weight"], params.get("bias"),
+                         outs[0])
 
     def backward(self, k, ins, outs, douts, dins, params, dparams, aux, ws, ctx):
         dx, grad_kw = dins[0], ctx.grad_kw(0)
+        x = self._flat(k, ins[0], ws)
         strided = dx is not None and not dx.flags.c_contiguous
-        # a channels-last dx: its flat (NCHW-order) gradient goes to a temporary, the reshape's
-        # copy, and from there into dx (written into a copy, it would be lost)
-        flat_dx = self._flat(dx)
-        k.linear_backward(self._flat(ins[0]), params["weight"], douts[0], flat_dx,
+        if strided:
+            # a channels-last dx: its flat (NCHW-order) gradient is written beside x's copy in
+            # the workspace (or a temporary), then into dx (written into a copy, it is lost)
+            n = x.size * x.itemsize if not ins[0].flags.c_contiguous else 0
+            flat_dx = (ws[n:n + dx.size * dx.itemsize].view(dx.dtype).reshape(x.shape)
+                       if ws is not None and ws.size >= n + dx.size * dx.itemsize
+                       else dx.reshape(dx.shape[0], -1))
+        else:
+            flat_dx = None if dx is None else dx.reshape(dx.shape[0], -1)
+        k.linear_backward(x, params["weight"], douts[0], flat_dx,
                           dparams["weight"], dparams.get("bias"),
                           **({} if strided else grad_kw), **param_accumulation(ctx))
         if strided:

@@ -36,7 +36,7 @@ import numpy as np
 from ..graph import Graph
 from ..layers.data import Input
 from ..precision import FP32
-from .schedule import Schedule, Step, build_schedule
+from .schedule import Schedule, Step, build_schedule, step_workspace
 from .tensors import Kind
 
 #: chunk counts the planner tries, in order
@@ -80,14 +80,14 @@ _BWD_STAGES = {"bn": ("sums", "grad")}
 
 def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float32,
                            state_names=(), precision=None,
-                           alias_gradients: bool = True) -> Schedule:
+                           alias_gradients: bool = True, layout: str = "nchw") -> Schedule:
     """The iteration with every layer split into ``count`` chunk steps (see the module doc).
 
     Parameters, their gradients and optimizer state are those of the whole-batch schedule
     (shared by the chunks); activations, gradients and batch-shaped aux are per chunk. An
     aliased gradient (memory/aliasing.py) is its Add's output gradient chunk by chunk."""
     base = build_schedule(graph, batch, dtype, state_names, precision or FP32,
-                          alias_gradients)
+                          alias_gradients, layout)
     if count == 1:
         return base
     feat = base.precision.feature_dtype(dtype)     # feature maps, their gradients, workspaces
@@ -127,7 +127,8 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 s = Step(len(steps), layer, "F", ins=[act[id(t), c] for t in layer.inputs],
                          outs=[] if stage == "stats" else [act[id(t), c] for t in layer.outputs],
                          aux=dict(aux[layer.name, c]),
-                         workspace_bytes=layer.workspace_bytes("F", ch.size, feat.itemsize))
+                         workspace_bytes=step_workspace(layer, "F", ch.size,
+                                                        feat.itemsize, layout))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
                 steps.append(base.bind_params(s).bind())
     started: set[int] = set()
@@ -140,7 +141,8 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 c = ch.index
                 s = Step(len(steps), layer, "B",
                          aux=dict(aux[layer.name, c]),
-                         workspace_bytes=layer.workspace_bytes("B", ch.size, feat.itemsize))
+                         workspace_bytes=step_workspace(layer, "B", ch.size,
+                                                        feat.itemsize, layout))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
                 s.douts = [grad.get((id(t), c)) for t in layer.outputs]
                 s.ins = [act[id(t), c] if i in layer.retain_inputs else None
@@ -163,7 +165,7 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
     _rebind_accumulations(steps)
     return Schedule(graph, batch, base.dtype, reg, steps, act, grad, base.params,
                     base.param_grads, base.opt_state, base.aux, chunks=count,
-                    precision=base.precision, aliases=base.aliases)
+                    precision=base.precision, aliases=base.aliases, layout=layout)
 
 
 def _rebind_accumulations(steps) -> None:

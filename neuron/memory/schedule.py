@@ -158,6 +158,7 @@ class Schedule:
     # memory/aliasing.py: symbolic tensor id -> the symbolic tensor whose gradient tensor its
     # gradient is (grad maps both to one TensorInfo)
     aliases: dict = field(default_factory=dict)
+    layout: str = "nchw"        # memory/layout.py: the storage layout the steps plan for
 
     def bind_params(self, step: "Step") -> "Step":
         """Bind ``step``'s layer parameters: the masters, or (mixed precision, a layer that
@@ -195,12 +196,21 @@ class Schedule:
         return [s for s in self.steps if s.phase == "F"]
 
 
+def step_workspace(layer, phase: str, batch: int, itemsize: int, layout: str = "nchw") -> int:
+    """The workspace a step of ``layer`` plans: its kernels' and what it needs to reorder
+    its input under ``layout`` (Layer.reorder_bytes)."""
+    return layer.workspace_bytes(phase, batch, itemsize) + \
+        layer.reorder_bytes(phase, batch, itemsize, layout)
+
+
 def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
-                   precision: Precision = FP32, alias_gradients: bool = True) -> Schedule:
+                   precision: Precision = FP32, alias_gradients: bool = True,
+                   layout: str = "nchw") -> Schedule:
     """``dtype``: the master dtype (parameters, optimizer state, statistics); ``precision``
     (neuron/precision) says which tensors are stored in its low type instead.
     ``alias_gradients``: an Add's input gradient may be its output gradient's tensor
-    (memory/aliasing.py); False: every gradient a tensor of its own (the papers' baseline)."""
+    (memory/aliasing.py); False: every gradient a tensor of its own (the papers' baseline).
+    ``layout``: the storage layout (memory/layout.py), for the workspaces it changes."""
     dtype = np.dtype(dtype)
     aliases = shared_gradients(graph) if alias_gradients else {}
     feat = precision.feature_dtype(dtype)       # feature maps and their gradients
@@ -236,21 +246,21 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
     for tid, first in aliases.items():
         grad[tid] = grad[id(first)]
     sched = Schedule(graph, batch, dtype, reg, [], act, grad, params, param_grads, opt_state,
-                     aux, precision=precision, aliases=aliases)
+                     aux, precision=precision, aliases=aliases, layout=layout)
     steps = sched.steps
     for layer in graph.route:
         steps.append(sched.bind_params(Step(
             len(steps), layer, "F", ins=[act[id(t)] for t in layer.inputs],
             outs=[act[id(t)] for t in layer.outputs],
             aux=dict(aux[layer.name]),
-            workspace_bytes=layer.workspace_bytes("F", batch, feat.itemsize))).bind())
+            workspace_bytes=step_workspace(layer, "F", batch, feat.itemsize, layout))).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
             continue
         s = Step(len(steps), layer, "B",
                  aux=dict(aux[layer.name]),
-                 workspace_bytes=layer.workspace_bytes("B", batch, feat.itemsize))
+                 workspace_bytes=step_workspace(layer, "B", batch, feat.itemsize, layout))
         s.douts = [grad.get(id(t)) for t in layer.outputs]
         s.ins = [act[id(t)] if i in layer.retain_inputs else None
                  for i, t in enumerate(layer.inputs)]

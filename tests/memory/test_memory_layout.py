@@ -143,6 +143,36 @@ def test_a_flatten_gives_nchw_feature_order():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_a_linear_after_a_channels_last_map_flattens_in_its_planned_workspace(monkeypatch):
+    """At nhwc, fc1 reads a channels-last (16, 4, 4) map: its NCHW-order flatten is a copy,
+    planned as the step's workspace (forward the map's bytes, backward also its gradient's)
+    and made in the arena, not in a temporary; the pool's peak is the planned one and
+    training has nchw's bits."""
+    from neuron.kernels import numpy_ref
+    seen = []
+    real = numpy_ref.linear_forward
+
+    def linear_forward(x, *a, **kw):
+        seen.append(x)
+        return real(x, *a, **kw)
+    monkeypatch.setattr(numpy_ref, "linear_forward", linear_forward)
+    ws = {}
+    for layout in ("nchw", "nhwc"):
+        ex = Executor(vgg_like(), BATCH, device="cpu", seed=1, layout=layout)
+        ws[layout] = {s.name: s.workspace_bytes for s in ex.steps if s.layer.name == "fc1"}
+    n = BATCH * 16 * 4 * 4 * 4
+    assert ws["nchw"] == {"F9:fc1": 0, "B17:fc1": 0}
+    assert ws["nhwc"] == {"F9:fc1": n, "B17:fc1": 2 * n}
+    seen.clear()
+    (la, sa, ea), (lb, sb, _) = _train("vgg_like", "nhwc"), _train("vgg_like", "nchw")
+    fc1 = [x for x in seen[:len(seen) // 2] if x.shape[1] == 16 * 4 * 4]   # nhwc's calls
+    assert fc1 and all(np.shares_memory(x, ea.device.buffer) for x in fc1)
+    assert ea.pool.high_water == ea.planned["peak_bytes"]
+    assert la == lb
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+
+
 def test_offloaded_parameters_at_nhwc():
     """Parameters placed on the host and brought back (their bytes in storage order)."""
     kw = dict(offload_params=True, policy="superneurons")
