@@ -73,12 +73,12 @@ T_START=$(date +%s)
 
 # default limits (seconds); first: 90 + 230 + 280 = 600, cut by its 480 s deadline (throughput,
 # last, gets what is left: each configuration is saved as it finishes); second:
-# 90 + 150 + 200 = 440; third: 100 + 45 + 170 + 100 + 150 = 565 (cut by its deadline: nccl and
+# 90 + 150 + 200 = 440; third: 130 + 45 + 170 + 100 + 150 = 595 (cut by its deadline: nccl and
 # the simulator, last, get what is left)
 declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
                   [throughput_mixed]=150 [mixed_tests]=90
                   [replay_tests]=90 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
-                  [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100 [profile_step]=100)
+                  [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100 [profile_step]=130)
 
 pack() {
     # the summary first (the tarball holds it too), each written then moved: never half a file
@@ -145,7 +145,7 @@ stage_cmd() {
         nccl)       ensure_built && "$PY" -m bench.gpu.nccl "${common[@]}" ;;
         # where a step's GPU time goes, every kernel per stream, neuron (as it replays) beside
         # PyTorch eager: ResNet-50 b64 fp32 (a diagnosis of the kernel gap, no target)
-        profile_step) ensure_built && "$PY" -m bench.gpu.profile_step "${common[@]}" ;;
+        profile_step) ensure_built && "$PY" -m bench.gpu.profile_step --fuse both "${common[@]}" ;;
         *)          echo "unknown stage $s"; return 2 ;;
     esac
 }

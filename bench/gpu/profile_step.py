@@ -12,9 +12,13 @@ target. For one model and batch (default ResNet-50, 64):
   GPU was busy at all (the union of the intervals over streams, so overlapping streams are not
   counted twice). Every kernel is kept in the JSON; the console shows the largest.
 
+``--fuse on`` profiles neuron with BatchNorm+ReLU and Add+ReLU fused (neuron/fuse.py);
+``--fuse both`` profiles it both ways (``neuron`` and ``neuron_fused``), so the fused kernels
+are seen beside cuDNN's BatchNorm and the separate ReLU and add passes.
+
 Writes <out>/profile_step.json and prints the tables.
 
-    python -m bench.gpu.profile_step --out DIR [--model resnet50 --batch 64]
+    python -m bench.gpu.profile_step --out DIR [--model resnet50 --batch 64 --fuse both]
 """
 from __future__ import annotations
 
@@ -115,7 +119,7 @@ def _wall(fn, sync, iters):
     return median(times) * 1000.0
 
 
-def profile_neuron(args, x, y, graph):
+def profile_neuron(args, x, y, graph, fuse=False):
     import neuron as nn
     from bench.gpu.kit import replay_of
     from neuron.executor import Executor
@@ -124,7 +128,7 @@ def profile_neuron(args, x, y, graph):
         from neuron.kernels import cuda as K
         K.allow_tf32, K.deterministic, K.conv_algo_search = False, False, "find"
     ex = Executor(graph, args.batch, device=args.device, policy="liveness",
-                  budget=args.memory if cuda else None,
+                  budget=args.memory if cuda else None, fuse=fuse,
                   optimizer=nn.SGD(lr=1e-6, momentum=0.9))
     out = {}
     try:
@@ -190,6 +194,9 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--iters", type=int, default=10, help="timed steps per measurement")
     p.add_argument("--memory", default="40GiB", help="neuron's arena")
+    p.add_argument("--fuse", choices=["off", "on", "both"], default="off",
+                   help="neuron with BatchNorm+ReLU and Add+ReLU fused: off, on, or both "
+                   "(a second neuron profile, neuron_fused)")
     args = p.parse_args(argv)
     import numpy as np
     from neuron.models import build_model
@@ -202,25 +209,30 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, *graph.inputs[0].shape)).astype(np.float32)
     y = rng.integers(0, graph.outputs[0].shape[0], args.batch).astype(np.int64)
-    res = {"model": args.model, "batch": args.batch}
-    for name, fn in (("neuron", lambda: profile_neuron(args, x, y, graph)),
-                     ("pytorch", lambda: profile_torch(args, args.model, x, y))):
+    res = {"model": args.model, "batch": args.batch, "fuse": args.fuse}
+    sides = {"off": [("neuron", False)], "on": [("neuron", True)],
+             "both": [("neuron", False), ("neuron_fused", True)]}[args.fuse]
+    runs = [(name, (lambda f: lambda: profile_neuron(args, x, y, graph, fuse=f))(fuse))
+            for name, fuse in sides]
+    runs.append(("pytorch", lambda: profile_torch(args, args.model, x, y)))
+    names = [n for n, _ in runs]
+    for name, fn in runs:
         try:
             res[name] = fn()
         except Exception:               # noqa: BLE001 (one side's failure is its result)
             import traceback
             res[name] = {"error": traceback.format_exc()[-3000:]}
     # a diagnosis, not a target: it ran when both sides were profiled
-    res["ran"] = all("error" not in res[n] for n in ("neuron", "pytorch"))
+    res["ran"] = all("error" not in res[n] for n in names)
     res["target_met"] = None
     res["verdict"] = verdict_line(res["ran"], None, "; ".join(
         f"{n}: " + ("ERROR" if "error" in res[n] else
                     f"GPU busy {res[n]['device']['busy_ms_per_step']:.2f} ms/step")
-        for n in ("neuron", "pytorch")) + " (a diagnosis)")
+        for n in names) + " (a diagnosis)")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "profile_step.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
-    for name in ("neuron", "pytorch"):
+    for name in names:
         r = res[name]
         if "error" in r:
             print(f"== {name}: ERROR\n{r['error']}")
