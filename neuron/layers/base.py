@@ -145,9 +145,14 @@ class Layer:
 
     def reorder_bytes(self, phase: str, batch: int, itemsize: int, layout: str) -> int:
         """Workspace this step needs to reorder its input under ``layout`` (Linear after a
-        channels-last map: its NCHW-order flatten, layers/linear.py); planned with the
-        kernels' workspace (memory/schedule.py step_workspace)."""
+        channels-last map: its NCHW-order flatten, layers/linear.py)."""
         return 0
+
+    def planned_workspace_bytes(self, phase: str, batch: int, itemsize: int,
+                                layout: str = "nchw") -> int:
+        """What a step of this layer plans: its kernels' workspace and its reordering's."""
+        return self.workspace_bytes(phase, batch, itemsize) + \
+            self.reorder_bytes(phase, batch, itemsize, layout)
 
     def workspace_shrinks(self) -> bool:
         """Whether this layer's kernels also run, with the same results, on no workspace (the
@@ -161,9 +166,7 @@ class Layer:
         Static by default; convolution on the GPU picks the fastest algorithm that fits
         (SuperNeurons §3.5) and asks for exactly its workspace (``layout``, the executor's
         nchw or nhwc, chooses among the algorithms of that layout)."""
-        itemsize = np.dtype(dtype).itemsize
-        return self.workspace_bytes(phase, batch, itemsize) + \
-            self.reorder_bytes(phase, batch, itemsize, layout)
+        return self.planned_workspace_bytes(phase, batch, np.dtype(dtype).itemsize, layout)
 
     def in_shapes(self, batch: int) -> list[tuple[int, ...]]:
         return [(batch, *t.shape) for t in self.inputs]

@@ -47,18 +47,22 @@ class Linear(Layer):
         return n if phase == "F" or isinstance(self.inputs[0].producer, Input) else 2 * n
 
     @staticmethod
-    def _flat(k, a, ws, at=0):
-        """``a`` as (N, features) in NCHW order: a free reshape of a C-ordered array; else a
-        copy, into ``ws`` from byte ``at`` when it was planned there (the reshape's temporary
-        otherwise)."""
-        if a is None or a.flags.c_contiguous:
-            return None if a is None else a.reshape(a.shape[0], -1)
+    def _in_workspace(a, ws, at=0):
+        """An (N, features) C-ordered buffer the size of ``a`` in ``ws`` from byte ``at``; None
+        where none was planned there."""
         n = a.size * a.itemsize
         if ws is None or ws.size < at + n:
+            return None
+        return ws[at:at + n].view(a.dtype).reshape(a.shape[0], -1)
+
+    def _flat(self, k, a, ws):
+        """``a`` as (N, features) in NCHW order: a free reshape of a C-ordered array, else a
+        copy into the workspace (the reshape's temporary where none was planned)."""
+        buf = None if a.flags.c_contiguous else self._in_workspace(a, ws)
+        if buf is None:
             return a.reshape(a.shape[0], -1)
-        buf = ws[at:at + n].view(a.dtype).reshape(a.shape)
-        k.copy(buf, a)
-        return buf.reshape(a.shape[0], -1)
+        k.copy(buf.reshape(a.shape), a)
+        return buf
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         k.linear_forward(self._flat(k, ins[0], ws), params["weight"], params.get("bias"),
@@ -71,10 +75,9 @@ class Linear(Layer):
         if strided:
             # a channels-last dx: its flat (NCHW-order) gradient is written beside x's copy in
             # the workspace (or a temporary), then into dx (written into a copy, it is lost)
-            n = x.size * x.itemsize if not ins[0].flags.c_contiguous else 0
-            flat_dx = (ws[n:n + dx.size * dx.itemsize].view(dx.dtype).reshape(x.shape)
-                       if ws is not None and ws.size >= n + dx.size * dx.itemsize
-                       else dx.reshape(dx.shape[0], -1))
+            flat_dx = self._in_workspace(dx, ws, 0 if ins[0].flags.c_contiguous else x.nbytes)
+            if flat_dx is None:
+                flat_dx = dx.reshape(dx.shape[0], -1)
         else:
             flat_dx = None if dx is None else dx.reshape(dx.shape[0], -1)
         k.linear_backward(x, params["weight"], douts[0], flat_dx,

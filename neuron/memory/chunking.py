@@ -36,7 +36,7 @@ import numpy as np
 from ..graph import Graph
 from ..layers.data import Input
 from ..precision import FP32
-from .schedule import Schedule, Step, build_schedule, step_workspace
+from .schedule import Schedule, Step, build_schedule
 from .tensors import Kind
 
 #: chunk counts the planner tries, in order
@@ -127,8 +127,8 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 s = Step(len(steps), layer, "F", ins=[act[id(t), c] for t in layer.inputs],
                          outs=[] if stage == "stats" else [act[id(t), c] for t in layer.outputs],
                          aux=dict(aux[layer.name, c]),
-                         workspace_bytes=step_workspace(layer, "F", ch.size,
-                                                        feat.itemsize, layout))
+                         workspace_bytes=layer.planned_workspace_bytes(
+                             "F", ch.size, feat.itemsize, layout))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
                 steps.append(base.bind_params(s).bind())
     started: set[int] = set()
@@ -141,8 +141,8 @@ def build_chunked_schedule(graph: Graph, batch: int, count: int, dtype=np.float3
                 c = ch.index
                 s = Step(len(steps), layer, "B",
                          aux=dict(aux[layer.name, c]),
-                         workspace_bytes=step_workspace(layer, "B", ch.size,
-                                                        feat.itemsize, layout))
+                         workspace_bytes=layer.planned_workspace_bytes(
+                             "B", ch.size, feat.itemsize, layout))
                 s.chunk = Chunk(c, count, ch.start, ch.size, batch, stage)
                 s.douts = [grad.get((id(t), c)) for t in layer.outputs]
                 s.ins = [act[id(t), c] if i in layer.retain_inputs else None

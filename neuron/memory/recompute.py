@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedule import Schedule, Step, step_workspace
+from .schedule import Schedule, Step
 from .tensors import TensorInfo
 
 CHECKPOINT_KINDS = frozenset({"data", "conv", "fc", "join", "concat", "loss"})
@@ -45,8 +45,8 @@ def recompute_step(schedule, layer, ins, out) -> Step:
     """An "R" step: ``layer``'s forward again, from ``ins`` into the new version ``out``."""
     return schedule.bind_params(Step(
         0, layer, "R", ins=ins, outs=[out], aux=dict(schedule.aux.get(layer.name, {})),
-        workspace_bytes=step_workspace(layer, "F", schedule.batch, out.dtype.itemsize,
-                                       schedule.layout))).bind()
+        workspace_bytes=layer.planned_workspace_bytes(
+            "F", schedule.batch, out.dtype.itemsize, schedule.layout))).bind()
 
 
 def rerun_step(fwd: Step, ins, out) -> Step:

@@ -196,13 +196,6 @@ class Schedule:
         return [s for s in self.steps if s.phase == "F"]
 
 
-def step_workspace(layer, phase: str, batch: int, itemsize: int, layout: str = "nchw") -> int:
-    """The workspace a step of ``layer`` plans: its kernels' and what it needs to reorder
-    its input under ``layout`` (Layer.reorder_bytes)."""
-    return layer.workspace_bytes(phase, batch, itemsize) + \
-        layer.reorder_bytes(phase, batch, itemsize, layout)
-
-
 def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
                    precision: Precision = FP32, alias_gradients: bool = True,
                    layout: str = "nchw") -> Schedule:
@@ -253,14 +246,16 @@ def build_schedule(graph: Graph, batch: int, dtype=np.float32, state_names=(),
             len(steps), layer, "F", ins=[act[id(t)] for t in layer.inputs],
             outs=[act[id(t)] for t in layer.outputs],
             aux=dict(aux[layer.name]),
-            workspace_bytes=step_workspace(layer, "F", batch, feat.itemsize, layout))).bind())
+            workspace_bytes=layer.planned_workspace_bytes("F", batch, feat.itemsize,
+                                                          layout))).bind())
     started: set[int] = set()
     for layer in reversed(graph.route):
         if isinstance(layer, Input):
             continue
         s = Step(len(steps), layer, "B",
                  aux=dict(aux[layer.name]),
-                 workspace_bytes=step_workspace(layer, "B", batch, feat.itemsize, layout))
+                 workspace_bytes=layer.planned_workspace_bytes("B", batch, feat.itemsize,
+                                                               layout))
         s.douts = [grad.get(id(t)) for t in layer.outputs]
         s.ins = [act[id(t)] if i in layer.retain_inputs else None
                  for i, t in enumerate(layer.inputs)]
