@@ -933,19 +933,11 @@ def _sgd_table(params, grads, velocities, momentum):
 
 def _same_dense(p, g, v) -> bool:
     """Whether element k of the flat memory of ``p``, ``g`` and ``v`` is one element of all
-    three: the same shape and strides, and no gaps (C order, or channels-last)."""
+    three: the same shape and strides, and no gaps (C order, or channels-last storage)."""
     if g.shape != p.shape or g.strides != p.strides or \
             (v is not None and (v.shape != p.shape or v.strides != p.strides)):
         return False
-    if p.flags.c_contiguous:
-        return True
-    span = sorted((s, d) for s, d in zip(p.strides, p.shape) if d > 1)
-    expect = p.itemsize
-    for s, d in span:
-        if s != expect:
-            return False
-        expect *= d
-    return True
+    return p.flags.c_contiguous or storage_view(p).flags.c_contiguous
 
 
 # ------------------------------------------------------------------------------------------
