@@ -58,6 +58,15 @@ def fused_counts(graph: Graph) -> dict[str, int]:
     return out
 
 
+def _as_fused(layer: Layer) -> Layer:
+    """The fused layer standing for ``layer``: its name, index, hyper-parameters and built
+    parameter specs, and no graph edges yet (fuse_graph connects it)."""
+    fused = FUSED_WITH_RELU[type(layer)].__new__(FUSED_WITH_RELU[type(layer)])
+    fused.__dict__.update(layer.__dict__)
+    fused.inputs, fused.outputs = [], []
+    return fused
+
+
 def fuse_graph(graph: Graph) -> Graph:
     """The graph with every fusable pair as one fused layer; ``graph`` itself when there is
     none. The result's ``fused`` lists the (first layer's name, ReLU's name) pairs."""
@@ -77,7 +86,7 @@ def fuse_graph(graph: Graph) -> Graph:
             continue
         ins = [new[id(t)] for t in layer.inputs]
         if id(layer) in relu_of:
-            clone = FUSED_WITH_RELU[type(layer)].of(layer)
+            clone = _as_fused(layer)
             olds = relu_of[id(layer)].outputs        # the fused layer's output is the ReLU's
         else:
             clone = copy.copy(layer)

@@ -40,15 +40,6 @@ class AddReLU(Add):
     retain_outputs = (0,)
     rewrites_gradient = True        # douts[0] becomes the input gradient (memory/aliasing.py)
 
-    @classmethod
-    def of(cls, add: Add) -> "AddReLU":
-        """An AddReLU with ``add``'s name (and index: dropout seeds) and no graph edges (the
-        fusion pass connects it)."""
-        fused = cls.__new__(cls)
-        fused.__dict__.update(add.__dict__)
-        fused.inputs, fused.outputs = [], []
-        return fused
-
     def forward(self, k, ins, outs, params, aux, ws, ctx):
         k.add_relu_forward(list(ins), outs[0])
 

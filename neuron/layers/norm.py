@@ -106,15 +106,6 @@ class BNReLU(BatchNorm):
     same bits), so neither the BN output nor its gradient is ever a tensor."""
     type_name = "BNReLU"
 
-    @classmethod
-    def of(cls, bn: BatchNorm) -> "BNReLU":
-        """A BNReLU with ``bn``'s name, hyper-parameters and built parameter specs (no graph
-        edges: the fusion pass connects it)."""
-        fused = cls.__new__(cls)
-        fused.__dict__.update(bn.__dict__)
-        fused.inputs, fused.outputs = [], []
-        return fused
-
     def workspace_bytes(self, phase, batch, itemsize):
         """The GPU kernels' per-thread partial sums (kernels/cuda_raw.py); the NumPy kernels
         and the chunked passes run without it."""
