@@ -1,63 +1,32 @@
 """The simulated clock: an iteration's makespan from the executor's event log.
 
-The pool and executor record what they did, in order (memory/pool.py ``log``):
-``("step", i, workspace)`` right before step i's kernel, ``("prefetch", tensor id, bytes)`` (a
-copy ahead of use), ``("fetch", ...)`` (a miss: the step waits for it), ``("offload", ...)``,
-``("compact", tensor id, bytes)``, ``("offload_async", ...)`` and ``("drain", tensor id, 0)``. This file replays that log on two streams with the
-dependencies the executor really creates (CudaDevice + Pool):
+The pool and executor log what they did, in order (memory/pool.py ``log``): each step's kernel
+(``step``), copies ahead of use (``prefetch``), misses (``fetch``), evictions (``offload``),
+planned offloads and the release of their blocks (``offload_async``, ``drain``), compactions,
+the codec's passes (``encode``/``decode``/``drop``, memory/compressed_swap.py) and evict-ahead
+copies (``precopy``/``precopy_drop``, memory/evict_ahead.py). This file replays that log on a
+compute stream and a copy stream (a codec stream under compression) with these dependencies:
 
-- a prefetch or offload is enqueued on the copy stream after all compute queued so far (the
-  block it fills may still be read by the previous kernel; the offload reads the producer's
-  result);
-- a step's kernel waits for the prefetches of the tensors it reads;
-- a miss (fetch) and an offload make compute wait for the copy (the pool frees an offloaded
-  block at once, so the next kernel, which may overwrite it, waits for the copy);
-- a planned offload (``offload_async``) keeps its block until the step the plan releases it
-  after (``drain``; Decisions.release_after, by swap.copy_walk: the first step ending after
-  its copy, else the next one; earlier where the arena is short): the copy overlaps the
-  steps up to it, and only then does compute wait for what is left of it;
-- compaction moves bytes on the compute stream;
-- ("encode" | "decode", tensor id, bytes touched) (COMPRESS, memory/compressed_swap.py): the
-  codec on its own stream, its passes over memory at the device's bandwidth; an offload
-  copies after its encode and compute waits for the encode (the tensor's block is reused at
-  once), a decode runs after its copy back and the compute queued when it is issued (a
-  prefetched one's at its first reader), and the reader waits for it; ``("drop", tensor id,
-  0)``: a prefetched compressed copy evicted before its reader, compute waits for its copy;
-- ``("precopy", tensor id, bytes)`` (memory/evict_ahead.py): an eviction's copy started after
-  the tensor's last use, the tensor staying resident; its eviction (an ``offload`` of it) then
-  copies nothing and compute waits only for what is left of that copy.
-  ``("precopy_drop", ...)``: one dropped unused (its copy still counts as copy time).
+- a copy is enqueued after all compute queued so far; a kernel waits for the prefetches of the
+  tensors it reads; a miss and an eviction make compute wait for the copy (the block is reused
+  at once); a planned offload keeps its block until its ``drain``, so its copy overlaps the
+  steps up to it; compaction runs on the compute stream;
+- an offload under compression copies after its encode, and a reader waits for its decode;
+- on a device without a copy stream (the CPU) every copy runs on the compute thread.
 
-On a device without a copy stream (the CPU device) every copy runs on the compute thread.
+(CudaDevice's runtime is finer than this model: per-block fences and a copy stream per
+direction, memory/fences.py. Whether the model's coarser rule costs accuracy is what the GPU
+kit's ``simulator`` stage measures.)
 
 With a pipelined cost model (a GPU profile with host issue times and event-timed kernels,
-memory/costmodel.py) the host is a timeline of its own: it issues each step, copy and
-compaction in the log's order, taking the step's host time; a kernel starts when it has been
-issued, the GPU is free and its prefetches are in; a copy or compaction starts no earlier than
-its issue. The iteration ends when the host, the GPU and the copies are done. The host waits
-for the GPU only where a layer reads a result back (``Layer.syncs_host``: the loss value, the
-end of forward); the executor's other waits are on the device.
-
-Data parallelism (``comm``, `neuron plan --data-parallel K`, K > 1) adds a third stream for the
-gradient all-reduces (ring model of distributed/cost.py, with its per-call latency), one
-collective after another. Two forms:
-
-- the runtime's overlap (steps from distributed/overlap.py's ``defer_updates``, what `train
-  --data-parallel` runs and `plan --data-parallel K` plans by default): a bucket's collective
-  starts when the backward step that launches it ends (and the comm stream is free); its
-  updates run at the due step a few backward steps later, which waits for the collective
-  there, as the run does. Compute stalls only where a collective outlasts the backward steps
-  between its launch and its due step;
-- steps without deferred updates (``--no-overlap``, chunked schedules): a layer's all-reduce
-  is issued when the backward step that finishes its parameter gradients ends (under chunking
-  only the chunk that applies the update; ``bucket_bytes``: consecutive layers' gradients go as
-  one collective, issued when the bucket is full) and compute is taken never to wait for it,
-  the iteration ending when the last one is done. That is what overlap could give; the
-  blocking engines of those runs pay the plan's ``allreduce_time_s`` in full.
-
-``allreduce_exposed_s`` is what the comm stream adds to the iteration (the due steps' waits and
-any collective still running after compute): 0 when every collective hides under compute.
-Keeping this a pure function of the log keeps "planning is the executor": the times are those
+memory/costmodel.py) the host is a timeline too: it issues steps and copies in the log's order,
+taking each step's host time, and waits for the GPU only where a layer reads a result back
+(``Layer.syncs_host``). Data parallelism (``comm``, K > 1) adds a comm stream for the gradient
+all-reduces (distributed/cost.py's ring model): with the runtime's deferred updates
+(distributed/overlap.py) a bucket's collective starts when its backward step ends and its due
+step waits for it; without them (``--no-overlap``, chunked schedules) compute never waits and
+the iteration ends when the last collective does. ``allreduce_exposed_s`` is what the comm
+stream adds. A pure function of the log keeps "planning is the executor": the times are those
 of the very decisions the executor made.
 """
 from __future__ import annotations

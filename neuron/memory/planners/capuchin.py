@@ -1,58 +1,20 @@
 """Capuchin (Peng et al. 2020)-style planning from measured costs.
 
 Per tensor that backward reads: the seconds a swap costs (what compute waits for of its copy
-out, whose block is held until the copy is done by the clock, but not past the prefetch, and of
-its copy back, which hides in the free time before its first backward use or is exposed for the
-rest: swap.copy_walk) against the seconds its recompute costs (the producer's forward and the
-transient tensors on its way, rewrite.chains); the cheaper wins. Tensors are taken cheapest
-first (the seconds a choice costs per byte it frees). How many: simulation decides
-(``search``), from the fewest covering the bytes the liveness peak exceeds the budget by, over
-a grid of counts from none to all, refined around the fastest, never above the fewest whose
-planned moves alone fit. Each count is simulated with the tensor cache behind it (what the
-planned moves leave over the budget is evicted, as Capuchin's passive mode does on demand) and
-the fastest that fits wins. Swaps are offloaded during forward and prefetched by time
-(swap.py); without a budget nothing is moved.
+out, its block held until the clock says the copy is done, and of its copy back, hidden in the
+free time before its first backward use or exposed: swap.copy_walk) against the seconds its
+recompute costs (the producer's forward and the transient tensors on its way, rewrite.chains);
+the cheaper wins. Tensors are taken cheapest per byte freed first; how many, simulation decides
+(``search``): a grid of counts from none to all, refined around the fastest, each simulated
+with the tensor cache behind it (Capuchin's passive mode), the fastest that fits kept. Swaps are
+offloaded during forward and prefetched by time (swap.py); without a budget nothing moves.
 
-The count used to start at the excess and only grow (x1.5), and taking more than the excess
-is often slower than taking fewer and leaving the rest to the cache: recomputed tensors are
-held from their recompute to their backward use, so long runs of them refill the arena. With
-the grid (H100 analytic clock, batch 32): ResNet-50 in 490 MiB 150.9 -> 118.4 ms (+701% ->
-+528% over unlimited memory; superneurons +560%), DenseNet-121 in 356 MiB 161.6 -> 117.8 ms
-(+703% -> +485%; superneurons +520%), vgg16 in 2342 MiB 76.0 -> 65.6 ms; resnet_cifar 20 at
-32x32 against the MILP optimum at f = 0.7, 0.5, 0.3 of the budget range: +0.0, +0.2, +73.9%
--> -1.2, -1.8, +7.8%. At 1.0x, 0.5x and 0.3x of ResNet-50's and DenseNet-121's liveness peaks
-the times were unchanged (ResNet-50 at 0.3x, 838 MiB: 45.2 ms, +140%, where superneurons
-takes +52% and the MILP +36%: this rule does not see which tensors are live at the peak, nor
-that a run of recomputes refills it). Planning takes up to 1.2 s (DenseNet-121 in 356 MiB).
-
-Where no count fits (the planned moves' held blocks fragmented an arena the cache alone fit,
-resnet_cifar 8 at 16x16, batch 4, with the CPU device's costs, in 844,800 B, 3 KB short at
-F3:relu, until the pool released held blocks before evicting), the tensor cache alone is
-tried, in the pool's compaction-first order and the policy's evict-first one (``fallback``);
-only if neither fits does the fastest non-fitting plan come back, with ``info["none_fit"]``.
-
-Swaps on one copy stream: priced alone, as if the stream were idle, swaps that hide under
-compute look cheap, while all of them and the cache's evictions share the stream. So the
-choice is searched three ways and the fastest kept: priced alone; ``queued`` (costs.py: each
-swap by the wait it adds behind the cheaper ones booked before it); and ``busy`` (each copy
-hides under one step only, the stream taken as full of evictions, as at the minimum budgets).
-When a planned offload's block was released after the next step whatever its copy, only 2-10
-swaps were ever cheaper than their recompute and a queue changed no choice; with the block
-held by the clock (H100 analytic, batch 32, before -> now): ResNet-50 at 0.5x 21.40 -> 20.80
-ms, at 0.3x 45.2 -> 36.3 ms (+140% -> +93%), DenseNet-121 at 0.3x +35.1% -> +20.7%; at the
-minimum budgets the busy pricing keeps the plans it made before (ResNet-50 +527%,
-DenseNet-121 +481%; priced alone or queued, +611% and +523%); planning about 1.5-2x longer.
-
-Under compression (planners/compress.py) every count is simulated with the compressed copies,
-and the choice is made twice, from the compressed swaps' costs (fewer bytes, an encode and a
-decode that compute waits for) and from full-size ones, each searched as above, the fastest
-kept. The rule prices each tensor alone, not what its choice does to the rest of memory, and
-either price can be the better guide. (Before the grid, the compressed one swapped more on
-ResNet-50 and DenseNet-121 and was faster, up to 16% at the minimum budget, rate 4, while on
-resnet_cifar 20 at 16x16 and 0.3x its liveness peak it recomputed 10 more tensors and was
-48% slower. With the grid the compressed plans recompute fewer and leave compressed copies to
-the cache: resnet_cifar 20 at 32x32, 0.15x, rate 4, 5.13 -> 4.51 ms; ResNet-50 at 0.3x, rate
-4: 33.8 ms, unchanged.)
+Swaps share one copy stream, so the choice is searched three ways and the fastest kept: priced
+alone; ``queued`` (each swap by the wait it adds behind the cheaper ones: costs.py); ``busy``
+(each copy hiding under one step only). Under compression the choice is made from compressed
+and from full-size swap costs. Where no count fits, the tensor cache alone is tried in two
+orders (``fallback``); if neither fits, the fastest plan returns with ``info["none_fit"]``.
+Measured effects: docs/planners.md and bench/results/planners.md.
 """
 from __future__ import annotations
 

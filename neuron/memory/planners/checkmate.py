@@ -2,70 +2,27 @@
 decision space), solved by HiGHS through ``scipy.optimize.milp``.
 
 Variables per tensor that backward reads: r_i (recompute) and s_i (swap), binary, r_i + s_i
-<= 1. Memory, per step k: the liveness plan's bytes at k (every tensor from its producing step
-to its last use, plus what stays resident and the step's workspace), minus the bytes of every
-recomputed tensor whose gap (last forward use, first backward use) contains k and of every
-swapped one between the release of its block (its copy out done, alone on the copy stream:
-swap.copy_walk; priced busy, below: the step after its offload) and the start of its prefetch
-(swap.prefetch_step), plus
-- the version of a recomputed tensor made early: a recompute of j re-runs the dropped tensors
-  it reads first and keeps them until their own use (rewrite.py), so e_ik >= r_i + (j made by
-  step k) - 1 for every such j (continuous e_ik, exact whenever the choices are binary);
+<= 1. Memory, per step k: the liveness plan's bytes at k, minus every recomputed tensor whose
+gap (last forward use, first backward use) contains k and every swapped one between its
+block's release (swap.copy_walk) and its prefetch (swap.prefetch_step), plus
+- the early version of a recomputed tensor: a recompute of j re-runs the dropped tensors it
+  reads first and keeps them until their own use, e_ik >= r_i + (j made by step k) - 1;
 - the inputs a recompute keeps alive until it runs;
-- a swapped input u of a recomputed i, back early: the executor prefetches u once, for its
-  first later reader, here i's recompute, so u is on the device again from the prefetch
-  step timed to i's first backward use, b_uk >= r_i + s_u - 1 (continuous, as e_ik);
-at most the budget. Objective: simulated seconds added, r_i * (the chain's forward) + s_i *
-(copy time its free time cannot hide) + a_iu * (what the earlier deadline adds to u's
-exposed copy, priced alone; a_iu >= r_i + s_u - 1) + a tie-break on bytes moved.
+- a swapped input u of a recomputed i, back early for i's recompute: b_uk >= r_i + s_u - 1;
+at most the budget. Objective (microseconds: HiGHS's absolute gap ended few-microsecond solves
+early): r_i * (the chain's forward) + s_i * (copy time its free time cannot hide) + a_iu * (what
+the earlier deadline adds to u's exposed copy) + a tie-break on bytes moved. A convolution
+counts with no workspace (the executor gives it none when short).
 
-This is the optimum of that model, not of every schedule (Checkmate proper also re-orders and
-re-materializes at any step): the decisions then run through the executor and the simulator
-like every planner's. The pool's fragmentation and the copy stream's contention are outside
-the model, so the budget in the MILP is tightened (x0.95, x0.9, ...) until the planned moves
-alone fit; a plan that fits only with the tensor cache behind it is kept if it simulates
-faster, and the fastest plan that fits wins. Where no plan of this decision space fits at all,
-the model takes one more variable, the bytes the tensor cache must evict at the worst step,
-charged as copies out and back, and its plan runs with the cache. The solver's time limit,
-status and optimality gap are reported in ``Decisions.info``.
-
-The copy stream is one queue: a swap priced alone (what compute waits for of its copies were
-the stream idle) can, with others that each hide, overrun it. So the program is solved four
-ways and the fastest plan kept: priced alone; queued (each swap by the wait it adds behind
-the cheaper ones: costs.queued); busy (each copy hiding under one step only:
-costs.tensor_costs ``busy``); and with the stream in the model (checkmate_stream.py: each
-copy's seconds as flow over the steps of its window, the waits in the objective). Priced
-alone only, the MILP chose swaps by the dozen and fell behind the heuristics (resnet_cifar 20
-at 32x32, f = 0.3: 2.44 ms against superneurons' 1.40).
-
-A step whose kernels also run on no workspace (a convolution) is counted with none
-(estimate.needed_workspace): the executor gives it none when its preferred one does not fit
-in a free block. Counted with its preferred one, the model was conservative by up to a
-convolution's workspace per step, and on resnet_cifar 20 at 0.3x it had no plan that fit
-without the tensor cache; with none, its plan there fits on its own and is 1.137 ms against
-1.574 (superneurons: 1.398). The objective is in microseconds: HiGHS's absolute gap tolerance
-(1e-6) ended solves of a few microseconds' overhead at gaps of 5% as optimal.
-
-A recompute that reads a swapped input was outside the model at first (r_i + s_u <= 1),
-though the executor runs it and the heuristics' plans do it (superneurons' at resnet_cifar 20
-0.3x: 5 times, the DQN agent's 10). In the model (H100 analytic, batch 32, 32x32 for
-resnet_cifar 20): at 0.3x the liveness peak 1.137 -> 1.066 ms (its plan does it 6 times,
-faster than the polished plan of before, 1.076), planning 28 -> 17 CPU s; ResNet-50 at
-0.3x, 224x224: 24.97 -> 22.21 ms, planning 208 -> 118 s. Only the direct reader's deadline
-is modelled: where i is itself made early by a recomputed child's chain, u is needed earlier
-still, which the plan's simulation counts.
-
-``checkmate:polish=1``: the MILP's plan, then one-tensor changes of it on the simulator's clock
-(polish.py, the local search superneurons ends with): the model's optimum is not the
-simulator's (resnet_cifar 20 at 0.3x: 1.137 -> 1.076 ms), so this is the best known plan,
-the stricter reference for the heuristics (bench/planners.py reports both).
-
-Under compression (planners/compress.py) the program is solved twice, with the compressed
-swaps' costs (fewer bytes, an encode and a decode compute waits for) and with full-size ones,
-every plan simulated with compression and the fastest kept: the model leaves the tensor
-cache's evictions and the copy stream out, so the optimum of the truer costs is not always
-the faster plan (resnet_cifar 20 at 16x16 and 0.3x its liveness peak: 13% slower at rate 2,
-where small tensors' codec passes made their swaps dearer and the cache took them instead).
+It is the optimum of that model, not of every schedule: the plan then runs through the
+executor and the simulator like every planner's. Fragmentation and copy contention are outside
+the model, so the budget is tightened (x0.95, x0.9, ...) until the planned moves fit; where
+none fits, one more variable prices the bytes the tensor cache must evict. The copy stream is
+one queue, so the program is solved four ways (swaps priced alone, queued, busy, and the stream
+as flow: checkmate_stream.py) and the fastest plan kept; under compression, with compressed
+and full-size swap costs. ``checkmate:polish=1`` polishes the result on the simulator's clock
+(polish.py). Solver limit, status and gap: ``Decisions.info``. Measured effects:
+docs/planners.md and bench/results/planners.md.
 """
 from __future__ import annotations
 

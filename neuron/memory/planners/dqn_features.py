@@ -1,64 +1,23 @@
 """The DQN planner's view of a network (seed 000, other-seeds.md §1.2): the trace as a graph
-of candidate tensors, 6 features per node, a structure2vec-style embedding with T = 4 rounds,
-and the graph state an episode's Q-network reads.
+of candidate tensors with per-node features, a fixed structure2vec-style embedding, and the
+afterstate an episode's Q-network reads.
 
 Nodes: one per candidate (``droppable``: a forward activation backward reads), in forward
-order. Edges: consecutive candidates (the trace order) and a candidate with every candidate
-its producer reads (a shared step dependency: the same variable used by two operations).
+order; edges: consecutive candidates, and a candidate with every candidate its producer reads.
+Features (normalised so that one agent serves any network): the paper's six (bytes, transfer
+time, recompute time, time until reuse, position, validity) plus the decided swap and recompute
+shares of the bytes to free.
 
-Node features x_v (the paper's six), each normalised so that one agent serves any network:
- 1. bytes / the largest candidate's bytes
- 2. transfer time (out and back) / the iteration time with unlimited memory
- 3. recompute time (the producer's forward) / the iteration time
- 4. time until reuse (compute between last forward and first backward use) / iteration time
- 5. action position: the node's place in forward order, 0..1
- 6. validity: 1 while the node's action is still to be decided, 0 once decided
- 7, 8. decided swap, decided recompute: the share of the bytes to free (the unbudgeted peak
-    minus the budget) that dropping the node covers, min(bytes / bytes to free, 1); 0 while
-    undecided or kept, and 0 when nothing must be freed (a drop then serves nothing)
-
-Deviation from the paper (stated): the message passing is fixed, not learned. With
-Â = D^-1/2 (A + I) D^-1/2 (N(v) includes v, as in Eq. 1), the node state after T rounds is
-[x, Âx, Â²x, ..., Â^T x] (SGC, Wu et al. 2019: Eq. 1 with the ReLUs dropped and W1..W4 fixed),
-and only the Q-network on top (an MLP, dqn_agent.py) is learned. The edge weights w(u, v) (time
-lags) are not used. Eq. 2 sums node states; here the mean is used, so that one agent's inputs
-keep their scale across networks of 17 or 400 candidates.
-
-Afterstates (Sutton & Barto §6.8): the network values the state *after* an action, W(g'),
-and Q(s, a) = r(s, a) + W(g'_a), with r(s, a) minus the action's estimated cost over the
-iteration time: 0 to keep; a recompute's time; a swap's wait on the copy stream it shares with
-the episode's earlier swaps (Episode.swap: the wait its copies add to theirs, by the planned
-copy stream's replay, swap.copy_walk). Measured on the bundled agent's problems: priced alone
-with the copy stream taken as busy (each copy hiding under one step, as capuchin prices), the
-greedy bound recomputed what the MILP swaps, 6.2% and 8.4% over the MILP's optimum on
-resnet_cifar 20 at 0.7 and 0.5 of the peak; priced on the shared stream, 2.8% and 3.4%.
-An action's known immediate cost then never has to be learned, only what it does for
-the rest of the episode (freeing bytes towards the budget): where nothing must be freed, the
-afterstates of keep and of drop look alike and keep wins by its cost.
-Afterstate g' = [mean of node states, the decided node's state, dynamic features], read from
-a per-step account of the excess: each step's peak with every candidate kept, minus the
-budget, less what the actions so far take away (a swap is absent from the step after the one
-its block is held to, its copy out queued behind the earlier swaps', to its prefetch, as
-simulated; a recompute from its last forward use to its first backward use, and a later
-recompute that re-runs it on the way holds it again from that one's use, since rewrite.py
-keeps a recomputed version until backward has used it: long chains of recomputes cost
-memory in backward). The features: the largest excess left after the action
-over the largest before any (0 at a budget >= the peak), that over all candidate bytes, the
-fraction of candidates left after this one, the largest excess left over the bytes of the
-later candidates (capped at 2), whether any step is still over, and the completion cost: what
-covering the excess left with the later candidates would cost (at the step furthest over, the
-cheapest per byte of those absent there, each at the lower of its exposed swap (priced busy:
-the later swaps queue behind those taken) and recompute time; what none of them can cover
-priced as evicted, out and back; over the iteration time, capped at 1). The network reads
-the trade-off keep-or-drop in terms of the alternatives still ahead: dropping this tensor
-pays off when it is cheaper than the later bytes it spares.
-Measured reasons (bench/dqn.py, h100 cost model): agents on the paper's node features alone
-dropped expensive tensors early and left cheap ones kept (+5 to +7% over the optimum on
-resnet_cifar 20 and 32 at half the peak); a completion over one byte count (the unbudgeted
-peak minus the budget, every drop counted against it) matched the optimum there but ignored
-where the excess is and what recompute chains hold again, and its plans went to the tensor
-cache at tight budgets (selection score 0.105, resnet50 at 0.3x the peak +61% over
-superneurons, 50 evictions); the per-step account scores 0.036.
+Deviations from the paper (stated): the message passing is fixed, not learned (SGC: the node
+state after T = 4 rounds is [x, Âx, ..., Â^T x], Â = D^-1/2 (A + I) D^-1/2), only the MLP on
+top (dqn_agent.py) is learned, and graph states are means, not sums, so inputs keep their scale
+across networks. Q(s, a) = r(s, a) + W(g'_a) over afterstates: r is the action's known cost (a
+recompute's time, a swap's wait on the copy stream shared with the episode's earlier swaps), so
+only what an action does for the rest of the episode is learned. The afterstate reads a
+per-step account of the excess over the budget (what each swap and recompute removes, step by
+step, recompute chains holding tensors again) and the completion cost of covering what is
+left with the later candidates. Why these features and their measured effect: docs/planners.md
+and bench/results/dqn.md.
 """
 from __future__ import annotations
 

@@ -1,96 +1,17 @@
-"""SuperNeurons (seed 001) behind the planner interface.
+"""SuperNeurons (seed 001) behind the planner interface: the paper's policy, searched.
 
-The policy of memory/policy.py ("superneurons": liveness, cost-aware recomputation of cheap
-segments, the LRU tensor cache that offloads only when the arena is short, compaction), plus
-the prefetch by time of issue 12: every checkpoint that backward reads gets a look-ahead
-prefetch point, so if the cache did evict it, its copy starts early enough to end before the
-step that reads it (a tensor still resident costs nothing there).
+Under a budget it simulates candidates in the paper's order (liveness alone; the tensor cache;
+the full policy with cost-aware recompute; recompute chosen by time, ``cost-greedy`` and
+``cost``; ``cost-swap``, swaps where they are cheaper than recomputes) on the executor's own
+clock and keeps the fastest that fits (none fits: ``paper``), then ``polish``es it one tensor at
+a time. Evictions the LRU cache would make become planned forward offloads where the clock finds
+that faster, and every checkpoint backward reads gets a timed look-ahead prefetch.
 
-Under a budget, the tensors the cache would evict are known before the run: the plan is
-simulated once, and each activation the LRU evicted becomes a planned offload right after its
-last forward use, whose copy overlaps the steps after it (an eviction on demand stalls compute
-until its copy is out: on the H100, ResNet-50 at twice PyTorch's batch in 12 GiB hid none of
-its copies). The planned variant is kept only where the simulated clock finds it faster.
-
-Budget-aware (the paper's order: liveness first, then the tensor cache's offloads, then
-cost-aware recompute, each only as memory requires). Under a budget six variants are
-candidates:
-
-- ``liveness``: liveness alone (no eviction; compaction where the free bytes are scattered),
-  only where its live tensors can fit the budget at all;
-- ``cache``: liveness and the tensor cache, no recompute, in its LRU and its planned-eviction
-  form;
-- ``paper``: the full policy, cost-aware recompute of cheap segments first (the plan without a
-  budget);
-  On a chunked schedule (memory/chunking.py) the paper's segment rule, which is by whole
-  layers, does not apply: ``paper`` is then the policy as it runs chunks (the tensor cache,
-  no recompute and no prefetch points, which can thrash a tight arena; ResNet-50 batch 32
-  in 300 MiB and 4 chunks: 406 ms against the cache form's 462), so the planner is never
-  slower than ``--policy superneurons`` with the same chunks;
-- ``cost`` and ``cost-greedy``: cost-aware recompute by time (``recompute_by_cost``), last.
-  The paper decides what to recompute by layer kind (conv, FC and joins are checkpoints, BN,
-  activations and pooling are cheap): on its K40 a convolution was the dear layer. The cost
-  model knows each layer's time, and a small early convolution can be cheaper per byte than a
-  late ReLU, so here the tensors backward reads are recomputed cheapest per byte first, only
-  as many as memory requires, the cache taking the rest (a deviation from the paper, which
-  recomputes every cheap segment whatever the budget). Two orders: ``cost-greedy``, by price
-  alone, and ``cost``, with the paper's own segment rule (no run of dropped tensors, which
-  come back together, holds more than l_peak). On resnet_cifar 20 at 0.7 and 0.5 of
-  the liveness peak they bring superneurons from +20% and +45% over the MILP optimum to -1%
-  and -2%, and on ResNet-50 at 0.3x from +165% over unlimited memory to +53%
-  (bench/results/planners.md).
-- ``cost-swap``: the same search over an order where each tensor takes its cheaper way out,
-  a planned swap (offloaded during forward, its block held until its copy is done, prefetched
-  by time; priced by the copy seconds compute waits for) or a recompute, cheapest per byte
-  first (capuchin's ``rank``), with runs held to l_peak or not as the faster of the two above
-  was. The cache's planned evictions are swaps too, but of whatever the LRU picked; this
-  chooses the swaps that hide and lets them replace recomputes. The copy stream is one queue,
-  so each swap is priced by the wait it adds behind the cheaper ones (``costs.queued``), and
-  every count is simulated, not priced. Skipped where no tensor's swap is cheaper than its
-  recompute (its order would be ``cost-greedy``'s or ``cost``'s). When a planned offload's
-  block was released after the next step whatever its copy, few swaps paid (ResNet-50 batch
-  32 at 0.5x the liveness peak 20.79 -> 20.73 ms). Held by the clock (swap.release_points)
-  and priced on the queue (H100 analytic, batch 32; before -> now, the holds included):
-  ResNet-50 at 0.3x 28.74 -> 23.55 ms (+52.5% -> +25.0% over unlimited memory), at its
-  minimum +560% -> +539%; DenseNet-121 at 0.3x +30.8% -> +21.3%, at its minimum +520% ->
-  +467%; ResNet-50 at 0.5x 20.73 -> 20.79 (the queue's pricing finds no swap that pays there
-  and the busy pricing that did is not searched: capuchin.py).
-
-Each is simulated (``ctx.evaluate``'s clock) and the fastest that fits is kept; none fits: the
-paper variant, as before. Last, ``polish`` (polish.py): one-tensor changes of the fastest
-plan's choice (keep, swap, recompute), and then a recompute with its input swapped as one
-change, each kept when the clock finds it faster, until no change helps or the effort below
-is spent. Every cost search takes a prefix of one order,
-so it cannot mix swaps and recomputes by where the excess is; the MILP's plans do (H100
-analytic, batch 32: resnet_cifar 20 at 0.3x the liveness peak 1.398 -> 1.177 ms, +23.0% ->
-+3.5% over the MILP; ResNet-50 at 0.3x 23.55 -> 22.60 ms, planning 1.0 -> 4.2 CPU s).
-``superneurons:polish=0`` leaves it out. A candidate is skipped, unsimulated, when a lower
-bound on its time (``time_bound``: its compute, and the copies its live bytes over the budget
-force: sound for the cache's LRU and planned moves alike) is no better than the best time
-found, and the search stops once a time equals the compute of the
-schedule alone (nothing can be faster). ``info["variant"]`` names the winner,
-``info["candidates"]`` each candidate's bound and simulated times (or why it was skipped).
-
-The search's effort is bounded, deterministically: a candidate is simulated only while the
-steps simulated so far (counted by the plan context) plus its own stay within
-``max_sim_steps`` (default 150,000: every candidate of ResNet-50 many times over, one
-simulation of a 10^4-layer ResNet's ~83,000-step iteration); a cache form's planned variant is
-a second simulation, run only within the same limit. The first candidate by bound is always
-simulated, so at 10^4 layers the planner keeps to the paper variant's LRU form, one
-simulation, and plans in seconds (the issue-12 target is 10 s; the planned evictions would take
-1.4% off its simulated time there, for 2 s more of planning:
-``superneurons:max_sim_steps=250000``). The first cost search runs only where the most it could
-simulate (``cost_effort``) fits in what is left, the second and ``cost-swap`` where what the
-one before really simulated does (on DenseNet-121 about 15,000 steps against an estimate of
-97,600).
-
-On a chunked schedule the cap counts steps of the unchunked iteration (it is ``max_sim_steps``
-times the chunk count): every simulation is about that many times longer (ResNet-50: 429 steps,
-1,832 at 4 chunks), so the same candidates are searched at every chunk count, where the cap
-taken as chunk steps skipped both cost searches at 4 chunks and left the planner behind
-capuchin (ResNet-50 batch 32 in 300 MiB: 387 ms against 377; in 1200 MiB 85 against 31; now
-372 and 30.9). The cost searches probe half the grid there (``grid``), so that planning time
-grows less than the chunk count.
+The search is bounded deterministically: a candidate whose lower bound on time cannot win is
+skipped, and simulation stops at ``max_sim_steps`` (150,000 simulated steps: at 10^4 layers
+one simulation, the paper variant's LRU form). ``info["variant"]`` names the winner and
+``info["candidates"]`` each candidate's bound and time or why it was skipped. The design, the
+deviations from the paper and their measured effect: docs/planners.md.
 """
 from __future__ import annotations
 
