@@ -458,6 +458,7 @@ class Executor:
 
     def _write(self, t, value) -> None:
         """Set a parameter/state tensor wherever it lives (arena or host)."""
+        self.pool.written([t.storage])
         if self.pool.resident(t):
             self.device.kernels.copy(self.pool.view(t), np.asarray(value, dtype=t.dtype))
         else:
@@ -690,17 +691,26 @@ class Executor:
                     and not self.offload_params:
                 seen = set()
                 for step in self.steps:
-                    if step.phase == "F":
-                        blocks = [step.params[n].storage for n in self._buffers(step)]
-                    elif step.phase == "B":
-                        blocks = [p.storage for _, p, _, _ in due_updates(step)]
-                    else:
-                        continue
-                    for b in blocks:
+                    for b in self._blocks_written(step):
                         if b.id not in seen:
                             seen.add(b.id)
                             self._early_blocks.append(b)
         return self._early_blocks
+
+    def _blocks_written(self, step) -> list:
+        """The persistent blocks a step's kernels write: BN running statistics in a training
+        forward, parameters and optimizer state where it applies updates (kept per step)."""
+        written = self.__dict__.setdefault("_written", {})     # step -> its blocks
+        blocks = written.get(step)
+        if blocks is None:
+            if step.phase == "F":
+                blocks = [step.params[n].storage for n in self._buffers(step)]
+            elif step.phase == "B":
+                blocks = [p.storage for _, p, _, _ in due_updates(step)]
+            else:
+                blocks = []
+            written[step] = blocks
+        return blocks
 
     def _buffers(self, step) -> list[str]:
         """The parameters a forward step writes in place: buffers without a gradient (BN
@@ -908,6 +918,8 @@ class Executor:
                 if ws_off is not None:
                     pool.free_bytes(ws_off)
                     ws_off = None
+                if pool.clean:              # what it wrote no longer equals its host copy
+                    pool.written(self._blocks_written(step))
                 pool.free_all(dead)
                 pool.unlock(step.ids)
                 if eager_param_offload:

@@ -16,7 +16,7 @@ MODES = ("off", "tape", "graph")
 #: the Pool's traffic counters (attributes) a replayed iteration adds to, as its record did
 _TRAFFIC = ("offload_bytes", "prefetch_bytes", "offload_count", "prefetch_count", "evictions",
             "evicted_bytes", "evictions_ahead", "ahead_fallbacks", "hits", "misses",
-            "compactions", "moved_bytes")
+            "compactions", "moved_bytes", "clean_drops", "clean_bytes")
 
 
 def pool_state(pool) -> tuple:

@@ -122,6 +122,7 @@ class UndoRecord:
         if blocks is not None:
             self._saved = list(blocks)
         pool, dev = self.pool, self.device
+        pool.written(self._saved)       # their host copies, if any, are not these bytes
         dev.synchronize()               # snapshot copies done, nothing still writing a block
         for block in reversed(self._saved):
             buf = self._buffers[block.id]

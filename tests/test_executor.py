@@ -97,6 +97,31 @@ def test_every_policy_trains_bit_identically_to_baseline(policy, offload_params)
     assert ex.planned["peak_bytes"] < ref.planned["peak_bytes"]
 
 
+def test_offloaded_parameters_go_out_once_per_iteration_where_forward_writes_nothing():
+    """Under --offload-params a layer's block comes back for its forward and its backward.
+    After its forward it goes out without a copy (its host buffer still holds its bytes),
+    unless the forward wrote it (BN running statistics); after its update it is copied. The
+    plan counts the same moves as the run."""
+    g = small_resnet()
+    ex = nn.Executor(g, 6, optimizer=nn.SGD(lr=0.05, momentum=0.9), offload_params=True,
+                     seed=1)
+    blocks = ex.persistent
+    written_in_forward = {b.id for s in ex.steps if s.phase == "F"
+                          for b in ex._blocks_written(s)}
+    assert written_in_forward and len(written_in_forward) < len(blocks)
+    x, y = batch_for(g, 6, 10, seed=0)
+    ex.train_step(x.astype(np.float32), y)
+    before = ex.pool.counters()
+    ex.train_step(x.astype(np.float32), y)
+    c = {k: v - before[k] for k, v in ex.pool.counters().items() if k != "host_peak_bytes"}
+    total = sum(b.nbytes for b in blocks)
+    bn = sum(b.nbytes for b in blocks if b.id in written_in_forward)
+    assert c["prefetch_bytes"] == 2 * total
+    assert c["offload_bytes"] == total + bn
+    assert c["clean_evicted_bytes"] == total - bn
+    assert c["offload_bytes"] == ex.planned["offload_bytes"]
+
+
 class _PerTensorSGD:
     """SGD without update_many: the executor's per-tensor path."""
 

@@ -170,7 +170,7 @@ def makespan(events, steps, batch: int, cost, timeline: bool = False,
             if r is not None and r > compute:
                 exposed += r - compute
                 compute = r
-        elif kind == "precopy_drop":
+        elif kind in ("precopy_drop", "offload_clean"):    # (the latter: nothing copied)
             early.pop(ev[1], None)
         elif kind in ("offload", "offload_async") and ev[1] in early:
             r = early.pop(ev[1])        # copied ahead: the block waits for that copy only

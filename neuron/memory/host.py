@@ -110,6 +110,10 @@ class HostPool:
         if pending is not None:
             self._pending[_address(buf)] = pending
 
+    def home_of(self, tid: int):
+        """The buffer kept for persistent tensor ``tid`` (None: none, or given back)."""
+        return self._homes.get(tid)
+
     def pending_read(self, buf):
         """The event of a copy that may still read ``buf`` (just taken from get()), or None."""
         return self._pending.pop(_address(buf), None) if self._pending else None

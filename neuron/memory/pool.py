@@ -86,6 +86,13 @@ class Pool:
         self.step_peak = 0              # the most in use since the executor last reset it
         self.offload_bytes = self.prefetch_bytes = 0
         self.offload_count = self.prefetch_count = 0
+        # persistent blocks (parameters under --offload-params) whose arena bytes equal their
+        # home host buffer's (brought back from it, written by no kernel since): tensor id ->
+        # that buffer. Evicting one copies nothing (its home still holds its bytes); written
+        # blocks leave it (``written``): a layer's forward reads its weights, its update writes
+        # them, so the weights go out once per iteration, not after each use
+        self.clean: dict[int, object] = {}
+        self.clean_drops = self.clean_bytes = 0
         # of those offloads, the ones made to find room (LRU eviction), not planned
         self.evictions = self.evicted_bytes = 0
         self.hits = self.misses = 0
@@ -348,8 +355,10 @@ class Pool:
         self.held.append(offset)
 
     def release_held(self) -> None:
-        """At the end of an iteration: the held raw regions go."""
+        """At the end of an iteration: the held raw regions go (and every block counts as
+        written: an iteration starts with no clean block, whatever wrote them in between)."""
         self.unread.clear()
+        self.clean.clear()
         for off in self.held:
             self.free_bytes(off)
         self.held.clear()
@@ -636,6 +645,8 @@ class Pool:
             self.log.append(("prefetch" if ahead else "fetch", t.id, t.nbytes))
         if plain:
             self.codecs[t.id] = self.uncompressed.pop(t.id)
+        elif t.persistent:              # its arena bytes are its home buffer's (clean)
+            self.clean[t.id] = buf
         if ahead and self.ahead is not None:
             self.ahead.arrived(t.id)
 
@@ -665,6 +676,9 @@ class Pool:
         if t.id in self.codecs:         # through a staging block, on the codec stream
             from .compressed_swap import offload_compressed
             return offload_compressed(self, t, self.codecs[t.id], defer, until)
+        home = self.clean.pop(t.id, None) if self.clean else None
+        if home is not None and not defer and self._still_home(t, home):
+            return self._drop_clean(t, home)
         fences = self.fences
         if self.inflight and fences is None:
             self._settle(t)
@@ -716,6 +730,41 @@ class Pool:
         self.offload_count += 1
         if self.log is not None:
             self.log.append(("offload_async" if defer else "offload", t.id, t.nbytes))
+
+    def _still_home(self, t: TensorInfo, home) -> bool:
+        """Whether ``home``, the buffer clean ``t`` came back from, still holds its bytes for
+        it (the host pool may have given homes back under its pinned-memory cap)."""
+        if self.deferred:               # its release may wait for its copy's event: settle
+            self._reap()                # it now, as the plan (no events) already has
+        return self.host_pool.home_of(t.id) is home and \
+            not (self.precopied and t.id in self.precopied)
+
+    def _drop_clean(self, t: TensorInfo, home) -> None:
+        """Evict clean ``t`` without a copy: its home buffer holds its bytes (``clean``)."""
+        buf = self.host_pool.get(t.nbytes, home=t.id)   # the home, in use again
+        off = self.offset.pop(t.id)
+        self._account_tensor(t, -1)
+        if self.fences is not None:     # its last kernel; a prefetch no kernel waited for
+            self.outbound.pop(t.id, None)
+            self._fenced_free(t, off)
+        else:
+            if self.inflight:
+                self._settle(t)
+            self._h.free(off)
+        del self.live[t.id]
+        self.lru.pop(t.id, None)
+        self.pinned.discard(t.id)
+        self.host[t.id] = (t, buf)
+        self.clean_drops += 1
+        self.clean_bytes += t.nbytes
+        if self.log is not None:
+            self.log.append(("offload_clean", t.id, 0))
+
+    def written(self, blocks) -> None:
+        """A step's kernels wrote these persistent blocks: their home buffers are stale."""
+        clean = self.clean
+        for b in blocks:
+            clean.pop(b.id, None)
 
     def release_draining(self, step: int | None = None) -> None:
         """Free the blocks of deferred offloads due by ``step`` (None: all of them); later
@@ -879,6 +928,7 @@ class Pool:
                 "offloads": self.offload_count, "prefetches": self.prefetch_count,
                 "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
                 "evictions_ahead": self.evictions_ahead, "ahead_fallbacks": self.ahead_fallbacks,
+                "clean_evictions": self.clean_drops, "clean_evicted_bytes": self.clean_bytes,
                 "cache_hits": self.hits, "cache_misses": self.misses,
                 "compactions": self.compactions, "compacted_bytes": self.moved_bytes,
                 "host_peak_bytes": self.host_pool.peak_bytes}

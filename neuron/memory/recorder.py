@@ -134,9 +134,10 @@ class RecordingPool(Pool):
             self.free(t)
 
     def offload(self, t, defer=False, until=None):
-        off = self.offset[t.id]
+        off, clean = self.offset[t.id], self.clean_drops
         super().offload(t, defer, until)
-        self._log_tensor(OFFLOAD, t, off)
+        # a clean block leaves without a copy (its host buffer holds its bytes): a free here
+        self._log_tensor(FREE if self.clean_drops > clean else OFFLOAD, t, off)
 
     def _bring_back(self, t, step, ahead=False):
         super()._bring_back(t, step, ahead)

@@ -263,7 +263,8 @@ def test_counters(reg):
     # a's host buffer is released after b's is taken: both were on the host at once
     assert c == {"offload_bytes": 3000, "prefetch_bytes": 1000, "offloads": 2,
                  "prefetches": 1, "evictions": 2, "evicted_bytes": 3000, "evictions_ahead": 0,
-                 "ahead_fallbacks": 0, "cache_hits": 1, "cache_misses": 2,
+                 "ahead_fallbacks": 0, "clean_evictions": 0, "clean_evicted_bytes": 0,
+                 "cache_hits": 1, "cache_misses": 2,
                  "compactions": 0, "compacted_bytes": 0, "host_peak_bytes": 8192}
     p.prefetch(b)                                 # no room: nothing changes
     assert p.counters() == c
@@ -379,6 +380,61 @@ def test_place_on_host_and_free_from_host(reg):
     p.offload(t)
     p.free(t)                                     # drop it from the host
     assert t.id not in p.host and p.host_pool.in_use_bytes == 0
+
+
+def param(reg, name, nbytes=1000):
+    return reg.add(name, Kind.PARAM, (nbytes // 4,), np.float32, persistent=True)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "virtual"])
+def test_a_clean_parameter_block_is_evicted_without_a_copy(reg, kind):
+    """A persistent block brought back from its home buffer and written by nothing since is
+    evicted by freeing its block: the home still holds its bytes. Once written, it is copied."""
+    p = pool(kind, blocks=2)
+    t = param(reg, "w")
+    v = pattern(t, 3)
+    p.place_on_host(t, v)
+    p.ensure(t)
+    p.offload(t)                                  # clean: nothing copied
+    c = p.counters()
+    assert (c["offload_bytes"], c["clean_evictions"], c["clean_evicted_bytes"]) == (0, 1, 1000)
+    assert not p.resident(t) and p.used_bytes == 0 and p.host_pool.in_use_bytes == 4096
+    p.ensure(t)                                   # from the same home, its bytes intact
+    if kind == "cpu":
+        assert p.view(t).tobytes() == v.tobytes()
+        p.view(t)[:] = 7.0                        # a kernel writes it (an update) ...
+    p.written([t])                                # ... and the executor says so
+    p.offload(t)
+    assert p.counters()["offload_bytes"] == 1000 and p.counters()["clean_evictions"] == 1
+    if kind == "cpu":
+        assert (p.host_view(t) == 7.0).all()
+        p.ensure(t)
+        assert (p.view(t) == 7.0).all()
+
+
+def test_a_clean_block_whose_home_was_given_back_is_copied(reg):
+    """The host pool may give homes back under its pinned-memory cap: the block is copied."""
+    p = pool("cpu", blocks=2)
+    t = param(reg, "w")
+    v = pattern(t, 4)
+    p.place_on_host(t, v)
+    p.ensure(t)
+    p.host_pool.trim(homes=True)
+    assert p.host_pool.home_of(t.id) is None
+    p.offload(t)
+    assert p.counters()["offload_bytes"] == 1000 and p.counters()["clean_evictions"] == 0
+    p.ensure(t)
+    assert p.view(t).tobytes() == v.tobytes()
+
+
+def test_an_iteration_starts_with_no_clean_block(reg):
+    p = pool("cpu", blocks=2)
+    t = param(reg, "w")
+    p.place_on_host(t, pattern(t, 5))
+    p.ensure(t)
+    p.release_held()                              # the iteration's end
+    p.offload(t)
+    assert p.counters()["offload_bytes"] == 1000
 
 
 def test_virtual_and_cpu_pools_make_the_same_decisions(reg):
