@@ -44,6 +44,9 @@ def parse_args(argv=None):
                    help="untimed iterations: algorithm choice, the two records a replay is "
                    "trusted after, a graph's capture (default 4)")
     p.add_argument("--iters", type=int, default=1)
+    p.add_argument("--tf32", action="store_true",
+                   help="TF32 tensor-core math for both frameworks' convolutions and matmuls "
+                   "(default: strict fp32, as the paper's tables)")
     p.add_argument("--torch", default="eager:611,checkpoint:2153",
                    help="PyTorch MODE:DEPTH pairs to time under the same cap ('' for none)")
     p.add_argument("--max-seconds-per-iter", type=float, default=1.5,
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
     r = TM.neuron_run(graph, batch, budget=budget, policy="superneurons",
                       offload_params=args.offload_params, planner=planner,
                       host_budget=default_host_cap(), iters=args.iters, warmup=args.warmup,
-                      device=dev, replay=replay)
+                      device=dev, replay=replay, allow_tf32=args.tf32)
     row = {"device": device_name(dev), "date": now_utc(), "commit": None, "depth": depth,
            "batch": batch, "budget_bytes": budget, "offload_params": args.offload_params,
            "compress": args.compress, "replay": r.get("replay"),
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
            "tensor_peak_bytes": r.get("tensor_peak_bytes"),
            "planned_tensor_peak_bytes": r.get("planned_tensor_peak_bytes"),
            "fits": r.get("fits"), "error": r.get("error"), "warmup": args.warmup,
-           "iters": args.iters, "detail": r}
+           "iters": args.iters, "precision": "tf32" if args.tf32 else "fp32", "detail": r}
     from bench._common import git_commit
     row["commit"] = git_commit()
     res["runs"].append(row)
@@ -131,8 +134,8 @@ def main(argv=None) -> int:
                                    "skipped": f"deadline of {args.deadline:.0f}s passed"})
             continue
         t = TM.torch_run(torch_family, batch, depth=d, mode=mode, iters=max(1, args.iters),
-                         device=dev)
-        res["pytorch"].append({"mode": mode, "depth": d,
+                         device=dev, allow_tf32=args.tf32)
+        res["pytorch"].append({"mode": mode, "depth": d, "tf32": args.tf32,
                                "seconds_per_iter": t.get("seconds_per_iter"),
                                "fits": t.get("fits"), "error": t.get("error")})
         save()
@@ -147,6 +150,7 @@ def main(argv=None) -> int:
         detail = (f"depth {depth} batch {batch} in {budget / (1 << 20):.1f} MiB"
                   + (", --offload-params" if args.offload_params else "")
                   + (f", --compress {args.compress}" if args.compress else "")
+                  + (", TF32" if args.tf32 else "")
                   + f", replay {r['replay']}: {r['seconds_per_iter']:.2f} s/iter"
                   + ("" if args.compress or args.smoke
                      else f" (target <= {args.max_seconds_per_iter:g})")

@@ -100,12 +100,13 @@ BENCH_LR = 1e-6
 
 
 def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "eager",
-              iters: int = 0, warmup: int = 2, seed: int = 0, device: str = "cuda") -> dict:
+              iters: int = 0, warmup: int = 2, seed: int = 0, device: str = "cuda",
+              allow_tf32: bool = False) -> dict:
     """Train ``name`` for ``warmup`` + ``iters`` iterations under the cap already set.
 
     mode "eager": plain autograd; "checkpoint": torch.utils.checkpoint.checkpoint_sequential
     with sqrt(n) segments (use_reentrant=False). SGD with momentum 0.9 (neuron's default
-    optimizer state) at BENCH_LR, float32, TF32 off, cudnn.benchmark on. The batch is copied
+    optimizer state) at BENCH_LR, float32, TF32 off (``allow_tf32``: on), cudnn.benchmark on. The batch is copied
     from pinned host memory every iteration, as neuron's train_step copies its NumPy batch
     into the arena.
     Two warm-up iterations at least: the second is the first with momentum buffers, i.e. the
@@ -115,8 +116,8 @@ def torch_run(name: str, batch: int, *, depth: int | None = None, mode: str = "e
     """
     from torch.utils.checkpoint import checkpoint_sequential
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.manual_seed(seed)
     out: dict = {"mode": mode, "batch": batch, "depth": depth}
     err = None

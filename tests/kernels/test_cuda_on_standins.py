@@ -305,6 +305,41 @@ def test_under_a_budget_the_fourth_iteration_replays(gpu_kernels, rerun_graphs, 
         dev.close()
 
 
+def test_an_iteration_longer_than_the_fences_event_ring_replays(gpu_kernels, rerun_graphs):
+    """resnet_cifar 56 under a budget: more steps per iteration than the block fences' ring of
+    step events (fences.RING), so the ring wraps inside every iteration, as it does hundreds
+    of times in the deepest ResNet's. The fourth iteration replays as a captured graph with
+    eager's bits."""
+    from neuron.devices.cuda import CudaDevice
+    from neuron.memory.fences import RING
+    g = build_model("resnet_cifar", depth=56, in_shape=(3, 16, 16))
+    batch = 4
+    r = plan(g, batch, policy="liveness", search_min=False, trace=False)
+    persistent = r["params"] * 8                    # parameters and momentum
+    arena = int(persistent + 0.3 * (r["peak_bytes"] - persistent))
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((batch, 3, 16, 16)).astype(np.float32),
+             rng.integers(0, 10, batch)) for _ in range(5)]
+    runs = {}
+    for mode in ("off", "graph"):
+        dev = CudaDevice(arena, headroom_bytes=0)
+        try:
+            ex = Executor(g, batch, device=dev, seed=1, budget=arena, replay=mode,
+                          policy="superneurons",
+                          optimizer=nn.SGD(lr=0.01, momentum=0.9, weight_decay=1e-4))
+            assert len(ex.steps) > RING
+            runs[mode] = [ex.train_step(x, y) for x, y in data], ex.state_dict(), ex
+        finally:
+            dev.close()
+    (l_off, s_off, ex_off), (l_graph, s_graph, ex) = runs["off"], runs["graph"]
+    assert ex_off.pool.offload_bytes > 0, "no copies: the budget exerts no pressure"
+    assert l_graph == l_off
+    assert all(s_off[k].tobytes() == s_graph[k].tobytes() for k in s_off)
+    rep = ex.replay
+    assert rep["ran"] == "graph" and rep["eager_because"] is None, rep
+    assert rep["recorded_iterations"] == 3 and rep["replayed_iterations"] == 2, rep
+
+
 def replays_bit_identically(graph, arena, **kw) -> dict:
     """Six steps of ``graph`` on CudaDevice (the stand-ins) eagerly, as a tape and as a graph
     (mode -> train's answer): the replays give eager's losses and every state bit, and each
