@@ -119,7 +119,9 @@ class Tape:
 
     def _convert(self, a):
         """(argument with earlier results as _Ref, flags): _RESOLVE where a replay must
-        compute it again."""
+        compute it again. Most calls hold neither: a scan that builds nothing says so."""
+        if not self._holds_refs(a):
+            return a, 0
         flags = 0
 
         def leaf(x):
@@ -135,6 +137,20 @@ class Tape:
             return x
         out = map_args(a, leaf)
         return (out if flags else a), flags
+
+    def _holds_refs(self, a) -> bool:
+        """Whether ``a`` holds an earlier result of this iteration or a Varying."""
+        t = type(a)
+        if t is tuple or t is list:
+            return any(self._holds_refs(x) for x in a) if a else False
+        if t is dict:
+            return any(self._holds_refs(x) for x in a.values()) if a else False
+        if t in _PLAIN:
+            return False
+        if isinstance(a, Varying):
+            return True
+        index = self._produced.get(id(a))
+        return index is not None and self._results[index] is a
 
     def _mark_produces(self, index: int) -> None:
         fn, args, kw, flags = self.ops[index]
@@ -270,27 +286,71 @@ def _fn_key(fn):
     return getattr(fn, "__self__", None) and id(fn.__self__), getattr(fn, "__func__", fn)
 
 
+#: types that are never a recorded result or a Varying (ints, floats, strings, None)
+_PLAIN = frozenset((int, float, bool, str, type(None)))
+
+
 def arg_key(a):
-    if isinstance(a, np.ndarray):
-        return ("a", a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
-    if isinstance(a, (list, tuple)):
-        return (type(a).__name__, tuple(arg_key(x) for x in a))
+    """An argument as a signature compares it: arrays by address, shape, strides and type,
+    earlier results by position, Varying by its function, the rest by value (scalars) or
+    identity. The key's form is found once per type (a signature keys every argument of
+    every operation: millions on the deepest ResNet)."""
+    key = _KEY_OF_TYPE.get(type(a))
+    return key(a) if key is not None else _key_of_new_type(a)
+
+
+def _scalar_key(a):
+    return ("s", type(a).__name__, a)
+
+
+def _array_key(a):
+    return ("a", a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+
+
+def _device_array_key(a):
+    return ("a", a.data.ptr, getattr(a, "shape", None), getattr(a, "strides", None),
+            str(getattr(a, "dtype", "")))
+
+
+def _sequence_key(a):
+    return (type(a).__name__, tuple([arg_key(x) for x in a]))
+
+
+def _object_key(a):
+    return ("o", id(a))
+
+
+def _other_key(a):
+    """Mappings, sets, Varying and earlier results (their keys depend on more than type)."""
     if isinstance(a, dict):
         return ("d", tuple((k, arg_key(v)) for k, v in a.items()))
     if isinstance(a, (set, frozenset)):         # e.g. the inputs whose gradient accumulates
         return ("set", tuple(sorted(arg_key(x) for x in a)))
     if isinstance(a, Varying):
         return ("v", a.fn.__code__)
-    if isinstance(a, _Ref):
-        return ("r", a.index)
-    if a is None or isinstance(a, (bool, int, float, str, np.generic)):
-        return ("s", type(a).__name__, a)
-    ptr = getattr(a, "data", None)          # a device array: its address
-    ptr = getattr(ptr, "ptr", None)
-    if ptr is not None:
-        return ("a", ptr, getattr(a, "shape", None), getattr(a, "strides", None),
-                str(getattr(a, "dtype", "")))
-    return ("o", id(a))
+    return ("r", a.index)
+
+
+_KEY_OF_TYPE: dict = {t: _scalar_key for t in _PLAIN}
+_KEY_OF_TYPE.update({np.ndarray: _array_key, tuple: _sequence_key, list: _sequence_key})
+
+
+def _key_of_new_type(a):
+    t = type(a)
+    if isinstance(a, np.ndarray):
+        key = _array_key
+    elif isinstance(a, np.generic):
+        key = _scalar_key
+    elif isinstance(a, (list, tuple)):
+        key = _sequence_key
+    elif isinstance(a, (dict, set, frozenset, Varying, _Ref)):
+        key = _other_key
+    elif getattr(getattr(a, "data", None), "ptr", None) is not None:
+        key = _device_array_key             # a device array: its address
+    else:
+        key = _object_key
+    _KEY_OF_TYPE[t] = key
+    return key(a)
 
 
 def difference(a: Tape, b: Tape) -> str | None:
