@@ -275,3 +275,35 @@ def test_train_json_reports_the_replay(capsys):
     assert res["replay"] == "tape" and res["replay_detail"]["replayed_iterations"] == 2
     assert "final_loss" in res and "images_per_sec" in res
     assert "replayed 2 of 4 iterations from a tape" in out[-2]
+
+
+def test_a_signature_keys_arrays_by_address_and_the_rest_by_value_or_identity():
+    """arg_key (what two records must agree on): arrays, NumPy subclasses included, by address,
+    shape, strides and type; a device array (``.data.ptr``) likewise; scalars by value and
+    type; sequences element by element; sets in any order; other objects by identity."""
+    from neuron.recording import Varying
+    from neuron.tape import _Ref, arg_key
+
+    class DeviceArray:                          # the shape of a CuPy array's attributes
+        def __init__(self, ptr):
+            self.data = type("Memory", (), {"ptr": ptr})()
+            self.shape, self.strides, self.dtype = (4,), (4,), np.dtype(np.float32)
+
+    class Sub(np.ndarray):
+        pass
+
+    buf = np.zeros(8, np.float32)
+    assert arg_key(buf[:4]) == arg_key(buf[:4]) != arg_key(buf[4:])
+    assert arg_key(buf[:4]) != arg_key(buf[:4].reshape(2, 2))
+    assert arg_key(buf.view(Sub)) == arg_key(buf)
+    assert arg_key(DeviceArray(64)) == arg_key(DeviceArray(64)) != arg_key(DeviceArray(128))
+    assert arg_key(1) != arg_key(1.0) and arg_key(True) != arg_key(1)
+    assert arg_key(np.float32(2)) == arg_key(np.float32(2)) != arg_key(np.float32(3))
+    assert arg_key((1, [buf], {"k": None})) == arg_key((1, [buf], {"k": None}))
+    assert arg_key((1, 2)) != arg_key([1, 2])
+    assert arg_key({3, 1, 2}) == arg_key({2, 3, 1})
+    assert arg_key(_Ref(3)) == arg_key(_Ref(3)) != arg_key(_Ref(4))
+    f = lambda i: i                             # noqa: E731
+    assert arg_key(Varying(f)) == arg_key(Varying(f))
+    o = object()
+    assert arg_key(o) == arg_key(o) != arg_key(object())
