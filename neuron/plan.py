@@ -284,6 +284,8 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
         "extra_forward_steps": rep.extra_forward_steps if rep else 0,
         "offload_bytes": run.get("offload_bytes", 0) if fits else None,
         "prefetch_bytes": run.get("prefetch_bytes", 0) if fits else None,
+        # parameter blocks that left without a copy (--offload-params: their host copy held)
+        "clean_evicted_bytes": run.get("clean_evicted_bytes", 0) if fits else None,
         "compactions": run.get("compactions") if fits else None,
         "compacted_bytes": run.get("compacted_bytes") if fits else None,
         "cache_hits": run.get("cache_hits") if fits else None,
