@@ -6,7 +6,8 @@
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
 #   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
 #                                           # cublas or engines or sgd_many"), deepest (Table-4 ResNet 4,292 at batch
-#                                           # 16 in 12 GiB, graph replay), throughput (neuron
+#                                           # 16 in 12 GiB, graph replay, parameters on the
+#                                           # host, sqrt(n) checkpoints), throughput (neuron
 #                                           # eager and graph vs PyTorch, fp32 and TF32)
 #   bash bench/gpu/contact.sh $OUT second   # <= 8 min: mixed_tests (tests/gpu/
 #                                           # test_cuda_mixed.py), throughput_mixed (ResNet-50
@@ -131,7 +132,8 @@ stage_cmd() {
                         --precision mixed --configs resnet50:128 --modes "$MIXED_MODES" \
                         --layout nhwc "${common[@]}" ;;
         deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
-                        --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 ;;
+                        --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 \
+                        --offload-params --planner sublinear-sqrt --prefetch-ahead 8 ;;
         deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest_offload --depth 10000 --offload-params --compress 4 \
                         --replay graph --warmup 4 --torch "" ;;

@@ -2,10 +2,21 @@
 trained for real under a memory cap, and PyTorch timed beside it at its own deepest.
 
 neuron: the Table-4 ResNet (SuperNeurons' bottleneck (6, 32, n3, 6)) at ``--depth`` (rounded up
-to the family's next depth), ``--batch``, in a ``--budget`` arena, superneurons policy (with
-``--offload-params`` and ``--compress N``: the superneurons planner with FreeLunch compression,
-parameters and optimizer state through the pool), with ``--replay`` passed to the Executor where
-it takes the argument. ``--warmup`` untimed iterations (algorithm choice, the recording), then
+to the family's next depth), ``--batch``, in a ``--budget`` arena, the superneurons policy or
+``--planner NAME`` (with ``--compress N``: the superneurons planner with FreeLunch compression),
+parameters and optimizer state in the arena or, with ``--offload-params``, on the host between
+uses (prefetched ``--prefetch-ahead`` steps ahead), with ``--replay`` passed to the Executor
+where it takes the argument.
+
+Why the kit's ``deepest`` stage runs ``--offload-params --planner sublinear-sqrt``: at depth
+4,292 the parameters and momentum take 12.7 of the 12.9 GB, so with them in the arena every
+saved activation goes to the host and back, 50 GB each way per iteration (planned; 49.3 GB
+moved on the H200, 2026-11-27), at most ~55 GB/s per direction: about a second of copying in
+forward and another in backward, whatever overlaps. With the parameters on the host the arena
+holds sqrt(n) checkpoints and one segment's recomputation (planned peak 1.9 GB), and what moves
+is the parameter blocks, 12.8 GB out and 38.2 GB in per iteration, which can be prefetched as
+far ahead as wanted, for one more forward of compute. ``--no-offload-params --planner policy
+--prefetch-ahead 1`` runs the configuration of before. ``--warmup`` untimed iterations (algorithm choice, the recording), then
 ``--iters`` timed ones: seconds per iteration (the median), the tensors' peak against the plan's.
 Where the Executor records its tape during an iteration after the first, give ``--warmup`` room
 for it, or the timed iteration is the recording one (the row keeps warmup and iters).
@@ -21,6 +32,7 @@ Target (issue 36): depth >= 4,292 at <= 1.5 s/iteration; with ``--offload-params
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -37,7 +49,15 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=int, default=4292, help="target depth (default 4292)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--budget", default="12GiB")
-    p.add_argument("--offload-params", action="store_true")
+    p.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=False,
+                   help="parameters and optimizer state on the host between uses")
+    p.add_argument("--planner", default="policy",
+                   help="a planner (e.g. sublinear-sqrt, superneurons) or 'policy' for the "
+                   "superneurons policy alone (default); --compress implies "
+                   "superneurons:compress=N")
+    p.add_argument("--prefetch-ahead", default=None,
+                   help="steps ahead tensors on the host are prefetched (default: the "
+                   "Executor's, 1)")
     p.add_argument("--compress", type=int, choices=[2, 4], default=None)
     p.add_argument("--replay", choices=["off", "tape", "graph"], default="graph")
     p.add_argument("--warmup", type=int, default=4,
@@ -78,14 +98,19 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     dev = args.device
     budget = parse_bytes(args.budget)
+    planner = f"superneurons:compress={args.compress}" if args.compress else \
+        (None if args.planner == "policy" else args.planner)
+    ahead = None if args.prefetch_ahead is None else \
+        (args.prefetch_ahead if args.prefetch_ahead == "auto" else int(args.prefetch_ahead))
     if args.smoke:          # CPU check of the logic: a small CIFAR ResNet in a few MiB
         family, depth, batch = "resnet_cifar", 14, 2
         from neuron.plan import plan
         graph = build_model(family, depth=depth, in_shape=(3, 16, 16))
+        # the least arena this configuration fits in (a compressing planner's: the policy's)
         kw = dict(policy="superneurons", offload_params=args.offload_params,
-                  planner=f"superneurons:compress={args.compress}" if args.compress else None)
-        budget = plan(graph, batch, trace=False, **{k: v for k, v in kw.items()
-                                                    if k != "planner"})["min_budget_bytes"]
+                  **({} if planner is None or args.compress else {"planner": planner}),
+                  **({} if ahead is None else {"prefetch_ahead": ahead}))
+        budget = plan(graph, batch, trace=False, **kw)["min_budget_bytes"]
         torch_pairs = [("eager", 8), ("checkpoint", 14)] if args.torch else []
         torch_family = "resnet_cifar"
     else:
@@ -96,7 +121,6 @@ def main(argv=None) -> int:
         torch_pairs = [(m, int(d)) for m, d in (x.split(":") for x in args.torch.split(",") if x)]
     # smoke: the depth it trains is its target, so on the CPU only the peak's check decides
     min_depth = depth if args.smoke else args.min_depth or (10000 if args.compress else 4292)
-    planner = f"superneurons:compress={args.compress}" if args.compress else None
     res: dict = {"family": family, "budget_bytes": budget, "runs": [], "pytorch": [],
                  "executor_has_replay": executor_has_replay()}
 
@@ -113,7 +137,7 @@ def main(argv=None) -> int:
     r = TM.neuron_run(graph, batch, budget=budget, policy="superneurons",
                       offload_params=args.offload_params, planner=planner,
                       host_budget=default_host_cap(), iters=args.iters, warmup=args.warmup,
-                      device=dev, replay=replay, allow_tf32=args.tf32)
+                      device=dev, replay=replay, allow_tf32=args.tf32, prefetch_ahead=ahead)
     row = {"device": device_name(dev), "date": now_utc(), "commit": None, "depth": depth,
            "batch": batch, "budget_bytes": budget, "offload_params": args.offload_params,
            "compress": args.compress, "replay": r.get("replay"),
@@ -121,7 +145,9 @@ def main(argv=None) -> int:
            "tensor_peak_bytes": r.get("tensor_peak_bytes"),
            "planned_tensor_peak_bytes": r.get("planned_tensor_peak_bytes"),
            "fits": r.get("fits"), "error": r.get("error"), "warmup": args.warmup,
-           "iters": args.iters, "precision": "tf32" if args.tf32 else "fp32", "detail": r}
+           "iters": args.iters, "precision": "tf32" if args.tf32 else "fp32",
+           "planner": planner or "policy:superneurons", "prefetch_ahead": ahead,
+           "moved_bytes_per_iter": r.get("moved_bytes"), "detail": r}
     from bench._common import git_commit
     row["commit"] = git_commit()
     res["runs"].append(row)
@@ -149,6 +175,8 @@ def main(argv=None) -> int:
         met = all_met(checks)
         detail = (f"depth {depth} batch {batch} in {budget / (1 << 20):.1f} MiB"
                   + (", --offload-params" if args.offload_params else "")
+                  + (f", planner {planner}" if planner and not args.compress else "")
+                  + (f", prefetch ahead {ahead}" if ahead is not None else "")
                   + (f", --compress {args.compress}" if args.compress else "")
                   + (", TF32" if args.tf32 else "")
                   + f", replay {r['replay']}: {r['seconds_per_iter']:.2f} s/iter"

@@ -422,7 +422,8 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
                 "planned_tensor_peak_bytes"} <= set(row)
         assert row["seconds_per_iter"] > 0 and row["replay"] in ("off", "tape", "graph")
         assert row["tensor_peak_bytes"] == row["planned_tensor_peak_bytes"]
-    assert {(r["offload_params"], r["compress"]) for r in d["runs"]} == {(False, None), (True, 4)}
+    assert {(r["offload_params"], r["compress"], r["planner"]) for r in d["runs"]} == \
+        {(True, None, "sublinear-sqrt"), (True, 4, "superneurons:compress=4")}
     assert {p["mode"] for p in d["pytorch"]} == {"eager", "checkpoint"}
     assert all(p["seconds_per_iter"] > 0 for p in d["pytorch"])
     p = json.loads((res / "pressure.json").read_text())
