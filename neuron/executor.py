@@ -84,7 +84,9 @@ class Executor:
     policy: baseline | liveness | offload | recompute | superneurons (see memory/policy.py).
     offload_params: parameters and optimizer state live on the host between uses and are
     brought into the arena for their layer's steps (beyond the paper: depth is then no longer
-    capped by parameter bytes).
+    capped by parameter bytes). ``resident_params``: bytes of those blocks (the last layers'
+    first) that stay in the arena all the same, where the plan leaves it room: they move no
+    bytes.
     planner: a name from memory/planners (or a Planner): its decisions for ``budget`` (the
     steps, eager offloads, look-ahead prefetches) replace the policy's plan; ``cost`` is the
     memory.costmodel.CostModel it plans with (default: analytic H100).
@@ -131,6 +133,7 @@ class Executor:
                  grad_lag: int | None = None, replay: str | None = None,
                  precision: str | Precision | None = None, prefetch_ahead: int | str = 1,
                  evict_ahead: bool = True, layout: str | None = None, fuse: bool = False,
+                 resident_params: int | str | None = None,
                  _plan_from=None, _alias_gradients: bool = True):
         if size_arg(batch, "batch", "Executor") <= 0:
             raise ValueError(f"Executor: batch must be positive, got {batch}")
@@ -161,6 +164,11 @@ class Executor:
         self.optimizer = optimizer or SGD()
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.offload_params = bool(offload_params)
+        self.resident_params = byte_size_arg(resident_params, "resident_params", "Executor")
+        if self.resident_params and not self.offload_params:
+            raise ValueError("Executor: resident_params keeps some offloaded parameter blocks in "
+                             "the arena; it needs offload_params=True")
+        self._host_ids: frozenset | None = None     # the blocks on the host between uses
         self.recompute_strategy = recompute_strategy
         self.host_budget = host_budget
         # without the LRU tensor cache (vDNN-style, Table 3's baseline), every activation that
@@ -298,7 +306,8 @@ class Executor:
         if self.planner is not None:
             from .memory.planners import PlanContext, get_planner
             planner = get_planner(self.planner)
-            if self._plan_budget is not None and not self.offload_params:
+            if self._plan_budget is not None and \
+                    len(self.host_blocks()) < len(self.persistent):
                 # the setup's error now, not after a search that cannot succeed
                 self._alloc_persistent(Pool(VirtualDevice(self._plan_budget), block=self.block,
                                             strategy=self.strategy))
@@ -372,6 +381,7 @@ class Executor:
                          device=VirtualDevice(arena_bytes or VIRTUAL_ARENA),
                          optimizer=self.optimizer, policy=self.policy, dtype=self.dtype,
                          offload_params=self.offload_params,
+                         resident_params=self.resident_params,
                          recompute_strategy=self.recompute_strategy,
                          host_budget=self.host_budget, tensor_cache=self.tensor_cache,
                          compact=self.compact, chunks=self.chunks,
@@ -418,8 +428,9 @@ class Executor:
         rng = np.random.default_rng(self.seed)
         compute = pool is None and self.device.computes
         pool = pool or self.pool
+        on_host = self.host_blocks()
         for block in self.persistent:
-            if self.offload_params:
+            if block.id in on_host:
                 pool.place_on_host(block)
             else:
                 try:
@@ -697,6 +708,20 @@ class Executor:
                             self._early_blocks.append(b)
         return self._early_blocks
 
+    def host_blocks(self) -> frozenset:
+        """Ids of the parameter blocks that live on the host between uses: under
+        offload_params all of them but ``resident_params`` bytes of the last layers'."""
+        if self._host_ids is None:
+            keep, room = set(), self.resident_params or 0
+            for b in reversed(self.persistent) if self.offload_params else ():
+                if b.nbytes > room:
+                    break
+                keep.add(b.id)
+                room -= b.nbytes
+            self._host_ids = frozenset(b.id for b in self.persistent
+                                       if self.offload_params and b.id not in keep)
+        return self._host_ids
+
     def _blocks_written(self, step) -> list:
         """The persistent blocks a step's kernels write: BN running statistics in a training
         forward, parameters and optimizer state where it applies updates (kept per step)."""
@@ -819,9 +844,9 @@ class Executor:
 
     def _end_iteration(self):
         """Back to the state every iteration starts from (the one the plan simulated): only
-        parameters and optimizer state exist, in the arena or, with offload_params, all on
-        the host. Leaving offloaded parameters cached across iterations would make each
-        iteration's layout differ from the plan's."""
+        parameters and optimizer state exist, in the arena or, with offload_params, those of
+        host_blocks on the host. Leaving offloaded parameters cached across iterations would
+        make each iteration's layout differ from the plan's."""
         pool = self.pool
         pool.drop_precopies()
         pool.release_draining()
@@ -833,8 +858,9 @@ class Executor:
         pool.host_pool.settle()
         if self._replay is not None:
             self._replay.pool_moved()
-        if self.offload_params:
-            for t in list(pool.live.values()):
+        on_host = self.host_blocks()
+        for t in list(pool.live.values()) if on_host else ():
+            if t.id in on_host:
                 pool.offload(t)
         pool.carry_copies()
 
@@ -856,7 +882,8 @@ class Executor:
         compute = dev.computes
         # offloaded parameters go back to the host right after each use: caching them in the
         # arena between a layer's forward and its backward only fragments it
-        eager_param_offload = self.offload_params
+        on_host = self.host_blocks()
+        eager_param_offload = bool(on_host)
         planned = steps is self.steps
         if planned and self._offload_after is None and self.policy.offload \
                 and not self.tensor_cache:
@@ -924,7 +951,7 @@ class Executor:
                 pool.unlock(step.ids)
                 if eager_param_offload:
                     for t in step.reads:
-                        if t.persistent and pool.resident(t):
+                        if t.id in on_host and pool.resident(t):
                             pool.offload(t)
                 if eager_act_offload:
                     # a planner's offloads keep their block until the step the plan's clock

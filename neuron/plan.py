@@ -34,10 +34,11 @@ def lower_bound(ex: Executor, *, ideal: bool = False) -> tuple[int, int]:
     bound on neuron's minimum budget."""
     block = ex.block
     rnd = lambda n: -(-max(n, 1) // block) * block       # noqa: E731 (heap rounding)
-    resident = 0 if ex.offload_params else sum(rnd(t.nbytes) for t in ex.persistent)
+    on_host = ex.host_blocks()
+    resident = sum(rnd(t.nbytes) for t in ex.persistent if t.id not in on_host)
     per_step = 0
     for s in (ex.schedule.steps if ideal else ex.steps):
-        b = sum(rnd(t.nbytes) for t in s.tensors() if ex.offload_params or not t.persistent)
+        b = sum(rnd(t.nbytes) for t in s.tensors() if not t.persistent or t.id in on_host)
         if s.workspace_bytes and not ideal:
             b += rnd(s.workspace_bytes)
         per_step = max(per_step, b)
@@ -206,7 +207,8 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
               precision=None, search_min: bool = True, chunks=1, model: str | None = None, trace: bool = True,
               cost=None, timed: bool | None = None, planner=None, comm=None,
               grad_buckets: int | None = None, grad_lag: int | None = None,
-              prefetch_ahead=1, layout=None, fuse: bool = False) -> Plan:
+              prefetch_ahead=1, layout=None, fuse: bool = False,
+              resident_params: int | None = None) -> Plan:
     """``cost`` (a memory.costmodel.CostModel): what a planner plans with, and what times the
     iteration when ``timed`` (default: whenever a cost model is given; `plan --time`);
     ``comm`` (distributed/cost.py RingModel): with data parallelism's all-reduces on the clock;
@@ -233,7 +235,8 @@ def make_plan(graph: Graph, batch: int, *, policy: str = "superneurons",
               recompute_strategy=recompute_strategy, host_budget=host_budget,
               tensor_cache=tensor_cache, compact=compact, dtype=dtype, precision=precision,
               prefetch_ahead=prefetch_ahead, layout=layout,
-              **({"fuse": True} if fuse else {}))
+              **({"fuse": True} if fuse else {}),
+              **({"resident_params": resident_params} if resident_params else {}))
     more = dict(planner=planner, cost=cost, grad_buckets=grad_buckets, grad_lag=grad_lag)
     ex = None
     for_budget = bool(planner) and budget is not None      # a planner plans for the budget

@@ -122,6 +122,41 @@ def test_offloaded_parameters_go_out_once_per_iteration_where_forward_writes_not
     assert c["offload_bytes"] == ex.planned["offload_bytes"]
 
 
+@pytest.mark.parametrize("keep", ["none", "some", "all"])
+def test_resident_parameters_stay_in_the_arena_and_move_nothing(keep):
+    """resident_params: under --offload-params that many bytes of parameter blocks (the last
+    layers' first) stay in the arena; only the others come and go, by the same law, the plan
+    counting the same moves as the run, and training gives the bits of keeping them all."""
+    g = small_resnet()
+    blocks = nn.Executor(g, 6, offload_params=True).persistent
+    total = sum(b.nbytes for b in blocks)
+    resident = {"none": None, "some": total // 2, "all": total}[keep]
+    ex = nn.Executor(g, 6, optimizer=nn.SGD(lr=0.05, momentum=0.9), offload_params=True,
+                     resident_params=resident, seed=1)
+    ref = nn.Executor(g, 6, optimizer=nn.SGD(lr=0.05, momentum=0.9), seed=1)
+    on_host = [b for b in ex.persistent if b.id in ex.host_blocks()]
+    kept = [b for b in ex.persistent if b.id not in ex.host_blocks()]
+    assert sum(b.nbytes for b in kept) <= (resident or 0)
+    assert {"none": not kept, "some": kept and on_host, "all": not on_host}[keep]
+    assert kept == ex.persistent[len(on_host):]             # the last layers' blocks
+    forward_written = {b.id for s in ex.steps if s.phase == "F" for b in ex._blocks_written(s)}
+    for i in range(2):
+        x, y = batch_for(g, 6, 10, seed=i)
+        before = ex.pool.counters()
+        assert ex.train_step(x.astype(np.float32), y) == ref.train_step(x.astype(np.float32), y)
+    c = {k: v - before[k] for k, v in ex.pool.counters().items() if k != "host_peak_bytes"}
+    host = sum(b.nbytes for b in on_host)
+    assert c["prefetch_bytes"] == 2 * host == ex.planned["prefetch_bytes"]
+    assert c["offload_bytes"] == ex.planned["offload_bytes"] == host + sum(
+        b.nbytes for b in on_host if b.id in forward_written)
+    assert states_equal(ex.state_dict(), ref.state_dict())
+
+
+def test_resident_parameters_need_offloaded_parameters():
+    with pytest.raises(ValueError, match="offload_params"):
+        nn.Executor(small_resnet(), 6, resident_params=1 << 20)
+
+
 class _PerTensorSGD:
     """SGD without update_many: the executor's per-tensor path."""
 

@@ -133,7 +133,8 @@ stage_cmd() {
                         --layout nhwc "${common[@]}" ;;
         deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 \
-                        --offload-params --planner sublinear-sqrt --prefetch-ahead 8 ;;
+                        --offload-params --resident-params 8GiB --planner sublinear-sqrt \
+                        --prefetch-ahead 8 ;;
         deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest_offload --depth 10000 --offload-params --compress 4 \
                         --replay graph --warmup 4 --torch "" ;;

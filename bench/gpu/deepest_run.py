@@ -8,15 +8,17 @@ parameters and optimizer state in the arena or, with ``--offload-params``, on th
 uses (prefetched ``--prefetch-ahead`` steps ahead), with ``--replay`` passed to the Executor
 where it takes the argument.
 
-Why the kit's ``deepest`` stage runs ``--offload-params --planner sublinear-sqrt``: at depth
+Why the kit's ``deepest`` stage runs ``--offload-params --resident-params 8GiB --planner
+sublinear-sqrt``: at depth
 4,292 the parameters and momentum take 12.7 of the 12.9 GB, so with them in the arena every
 saved activation goes to the host and back, 50 GB each way per iteration (planned; 49.3 GB
 moved on the H200, 2026-11-27), at most ~55 GB/s per direction: about a second of copying in
 forward and another in backward, whatever overlaps. With the parameters on the host the arena
 holds sqrt(n) checkpoints and one segment's recomputation (planned peak 1.9 GB), and what moves
 is the parameter blocks, 12.8 GB out and 38.2 GB in per iteration, which can be prefetched as
-far ahead as wanted, for one more forward of compute. ``--no-offload-params --planner policy
---prefetch-ahead 1`` runs the configuration of before. ``--warmup`` untimed iterations (algorithm choice, the recording), then
+far ahead as wanted, for one more forward of compute; keeping 8 GiB of them in the arena
+(the last layers') leaves 4.2 GB out and 12.4 GB in (planned peak 10.5 GB).
+``--no-offload-params --planner policy --prefetch-ahead 1`` runs the configuration of before. ``--warmup`` untimed iterations (algorithm choice, the recording), then
 ``--iters`` timed ones: seconds per iteration (the median), the tensors' peak against the plan's.
 Where the Executor records its tape during an iteration after the first, give ``--warmup`` room
 for it, or the timed iteration is the recording one (the row keeps warmup and iters).
@@ -55,6 +57,9 @@ def parse_args(argv=None):
                    help="a planner (e.g. sublinear-sqrt, superneurons) or 'policy' for the "
                    "superneurons policy alone (default); --compress implies "
                    "superneurons:compress=N")
+    p.add_argument("--resident-params", default=None,
+                   help="with --offload-params: bytes of parameter blocks kept in the arena "
+                   "(e.g. 8GiB; default none)")
     p.add_argument("--prefetch-ahead", default=None,
                    help="steps ahead tensors on the host are prefetched (default: the "
                    "Executor's, 1)")
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
     from bench.gpu import runs as TM
     from neuron.memory.host_budget import default_host_cap
     from neuron.models import build_model
-    from neuron.units import parse_bytes
+    from neuron.units import fmt_bytes, parse_bytes
     t_start = time.perf_counter()
     dev = args.device
     budget = parse_bytes(args.budget)
@@ -102,6 +107,7 @@ def main(argv=None) -> int:
         (None if args.planner == "policy" else args.planner)
     ahead = None if args.prefetch_ahead is None else \
         (args.prefetch_ahead if args.prefetch_ahead == "auto" else int(args.prefetch_ahead))
+    resident = parse_bytes(args.resident_params) if args.resident_params else None
     if args.smoke:          # CPU check of the logic: a small CIFAR ResNet in a few MiB
         family, depth, batch = "resnet_cifar", 14, 2
         from neuron.plan import plan
@@ -109,7 +115,8 @@ def main(argv=None) -> int:
         # the least arena this configuration fits in (a compressing planner's: the policy's)
         kw = dict(policy="superneurons", offload_params=args.offload_params,
                   **({} if planner is None or args.compress else {"planner": planner}),
-                  **({} if ahead is None else {"prefetch_ahead": ahead}))
+                  **({} if ahead is None else {"prefetch_ahead": ahead}),
+                  **({} if resident is None else {"resident_params": resident}))
         budget = plan(graph, batch, trace=False, **kw)["min_budget_bytes"]
         torch_pairs = [("eager", 8), ("checkpoint", 14)] if args.torch else []
         torch_family = "resnet_cifar"
@@ -137,7 +144,8 @@ def main(argv=None) -> int:
     r = TM.neuron_run(graph, batch, budget=budget, policy="superneurons",
                       offload_params=args.offload_params, planner=planner,
                       host_budget=default_host_cap(), iters=args.iters, warmup=args.warmup,
-                      device=dev, replay=replay, allow_tf32=args.tf32, prefetch_ahead=ahead)
+                      device=dev, replay=replay, allow_tf32=args.tf32, prefetch_ahead=ahead,
+                      resident_params=resident)
     row = {"device": device_name(dev), "date": now_utc(), "commit": None, "depth": depth,
            "batch": batch, "budget_bytes": budget, "offload_params": args.offload_params,
            "compress": args.compress, "replay": r.get("replay"),
@@ -147,6 +155,7 @@ def main(argv=None) -> int:
            "fits": r.get("fits"), "error": r.get("error"), "warmup": args.warmup,
            "iters": args.iters, "precision": "tf32" if args.tf32 else "fp32",
            "planner": planner or "policy:superneurons", "prefetch_ahead": ahead,
+           "resident_params_bytes": resident,
            "moved_bytes_per_iter": r.get("moved_bytes"), "detail": r}
     from bench._common import git_commit
     row["commit"] = git_commit()
@@ -177,6 +186,7 @@ def main(argv=None) -> int:
                   + (", --offload-params" if args.offload_params else "")
                   + (f", planner {planner}" if planner and not args.compress else "")
                   + (f", prefetch ahead {ahead}" if ahead is not None else "")
+                  + (f", {fmt_bytes(resident)} of parameters resident" if resident else "")
                   + (f", --compress {args.compress}" if args.compress else "")
                   + (", TF32" if args.tf32 else "")
                   + f", replay {r['replay']}: {r['seconds_per_iter']:.2f} s/iter"

@@ -234,7 +234,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                iters: int = 3, warmup: int = 1, trace: bool = False, seed: int = 0,
                device: str = "cuda", chunks: int = 1, planner: str | None = None,
                replay: str | None = None, allow_tf32: bool = False,
-               prefetch_ahead: int | str | None = None) -> dict:
+               prefetch_ahead: int | str | None = None,
+               resident_params: int | None = None) -> dict:
     """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
     ``budget`` bytes (None: the planned peak). SGD momentum 0.9 at BENCH_LR. TF32 off,
     convolution algorithms by measurement
@@ -267,7 +268,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                       recompute_strategy=recompute_strategy, tensor_cache=tensor_cache,
                       optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed, chunks=chunks,
                       planner=planner, **executor_kwargs(replay),
-                      **({} if prefetch_ahead is None else {"prefetch_ahead": prefetch_ahead}))
+                      **({} if prefetch_ahead is None else {"prefetch_ahead": prefetch_ahead}),
+                      **({} if not resident_params else {"resident_params": resident_params}))
         out["setup_seconds"] = round(time.perf_counter() - t0, 2)
         print(f"  [neuron_run] setup (planning, arena) {out['setup_seconds']} s", flush=True)
         out["warmup_seconds"] = []

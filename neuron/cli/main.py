@@ -69,6 +69,7 @@ def _policy_args(p, default: str, budget_required: bool = False):
                    ("" if budget_required else " (default: none, i.e. unbounded)"))
     p.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
+    _resident_params_arg(p)
     p.add_argument("--recompute-strategy", choices=["speed", "memory", "cost"], default="cost",
                    help="which segments recomputation drops: speed-centric, memory-centric, "
                    "or chosen by cost")
@@ -96,6 +97,25 @@ def _prefetch_ahead_arg(p):
                    "reader having to evict; 'auto': as far as that and the planning cost model's "
                    "copy and step times need (default 1: the next step's reads; "
                    "docs/memory.md)")
+
+
+def _resident_params_arg(p):
+    p.add_argument("--resident-params", default=None, type=byte_size("--resident-params"),
+                   metavar="SIZE",
+                   help="with --offload-params: this many bytes of parameter blocks (the last "
+                   "layers' first) stay in the arena instead, moving nothing (default: none; "
+                   "docs/memory.md)")
+
+
+def resident_params_kw(args) -> dict:
+    """The Executor's resident_params, where given (it needs --offload-params)."""
+    n = getattr(args, "resident_params", None)
+    if n is None:
+        return {}
+    if not args.offload_params:
+        raise SystemExit(f"neuron {args.command}: error: --resident-params needs "
+                         "--offload-params")
+    return {"resident_params": n}
 
 
 def _positive(name):
@@ -140,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arena size, e.g. 12GiB, 512MiB, 3GB (default: the planned peak)")
     t.add_argument("--offload-params", action="store_true",
                    help="keep parameters and optimizer state on the host between uses")
+    _resident_params_arg(t)
     t.add_argument("--chunks", default="1", type=positive_int("--chunks", words=("auto",)),
                    help="split every layer's step along the batch into N chunks, or 'auto' "
                    "(needs --budget): the smallest count that fits (default 1)")
@@ -317,6 +338,7 @@ def _policy_kw(args, host_default=None) -> dict:
     hb = args.host_budget or host_default
     from .planning import planner_spec
     return dict(policy=args.policy, planner=planner_spec(args), offload_params=args.offload_params,
+                **resident_params_kw(args),
                 precision=args.precision, layout=args.layout,
                 recompute_strategy=args.recompute_strategy,
                 tensor_cache=not args.no_tensor_cache,
@@ -588,6 +610,7 @@ def cmd_train(args) -> int:
     try:
         ex = Executor(graph, args.batch, device=args.device, optimizer=opt, policy=args.policy,
                       seed=args.seed, budget=budget, offload_params=args.offload_params,
+                      **resident_params_kw(args),
                       planner=planner_spec(args), grad_buckets=grad_buckets, grad_lag=lag,
                       chunks=chunks, replay=args.replay, precision=args.precision,
                       prefetch_ahead=args.prefetch_ahead, layout=args.layout,
@@ -595,7 +618,7 @@ def cmd_train(args) -> int:
     except MemoryBudgetError as e:
         from ..plan import plan
         need = plan(graph, args.batch, policy=args.policy, offload_params=args.offload_params,
-                    trace=False, planner=planner_spec(args), chunks=chunks,
+                    **resident_params_kw(args), trace=False, planner=planner_spec(args), chunks=chunks,
                     precision=args.precision, **fuse_kw(args))["min_budget_bytes"]
         hint = ""
         if args.policy != "superneurons" and not args.planner:   # the one that can evict

@@ -241,6 +241,10 @@ def rerun_graphs(monkeypatch, cuda_standins):
     ("resnet_cifar8", {"policy": "superneurons", "fraction": 0.5, "prefetch_ahead": "auto"}),
     ("densenet_cifar10", {"planner": "superneurons", "offload_params": True, "fraction": 0.5,
                           "prefetch_ahead": "auto"}),
+    # the kit's deepest configuration: parameters on the host but for some kept resident,
+    # sqrt(n) checkpoints, prefetches 4 steps ahead
+    ("resnet_cifar8", {"planner": "sublinear-sqrt", "offload_params": True,
+                       "resident_params": 48 << 10, "prefetch_ahead": 4, "fraction": 0.6}),
 ])
 def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs, graph, kw):
     """CudaDevice's recorded iteration (kernel calls with their descriptors and views, the

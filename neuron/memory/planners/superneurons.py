@@ -335,7 +335,8 @@ def time_bound(ctx, steps) -> tuple[float, bool]:
     cum = ctx.cum_time(steps)
     total = cum[-1]
     ex = ctx._ex
-    avail = ctx.budget - (0 if ex.offload_params else sum(t.nbytes for t in ex.persistent))
+    on_host = ex.host_blocks()
+    avail = ctx.budget - sum(t.nbytes for t in ex.persistent if t.id not in on_host)
     bw = ctx.cost.copy_bandwidth / ctx.copy_fraction    # tensor bytes per second copied
     frees = ctx.frees(steps, True)
     seen: set = set()
