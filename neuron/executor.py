@@ -169,6 +169,7 @@ class Executor:
             raise ValueError("Executor: resident_params keeps some offloaded parameter blocks in "
                              "the arena; it needs offload_params=True")
         self._host_ids: frozenset | None = None     # the blocks on the host between uses
+        self._written: dict = {}            # step -> the persistent blocks it writes
         self.recompute_strategy = recompute_strategy
         self.host_budget = host_budget
         # without the LRU tensor cache (vDNN-style, Table 3's baseline), every activation that
@@ -712,20 +713,18 @@ class Executor:
         """Ids of the parameter blocks that live on the host between uses: under
         offload_params all of them but ``resident_params`` bytes of the last layers'."""
         if self._host_ids is None:
-            keep, room = set(), self.resident_params or 0
-            for b in reversed(self.persistent) if self.offload_params else ():
-                if b.nbytes > room:
-                    break
-                keep.add(b.id)
-                room -= b.nbytes
-            self._host_ids = frozenset(b.id for b in self.persistent
-                                       if self.offload_params and b.id not in keep)
+            on_host = [b.id for b in self.persistent] if self.offload_params else []
+            room = self.resident_params or 0
+            while on_host and self.persistent[len(on_host) - 1].nbytes <= room:
+                room -= self.persistent[len(on_host) - 1].nbytes
+                on_host.pop()               # the last layers' blocks stay in the arena
+            self._host_ids = frozenset(on_host)
         return self._host_ids
 
     def _blocks_written(self, step) -> list:
         """The persistent blocks a step's kernels write: BN running statistics in a training
         forward, parameters and optimizer state where it applies updates (kept per step)."""
-        written = self.__dict__.setdefault("_written", {})     # step -> its blocks
+        written = self._written
         blocks = written.get(step)
         if blocks is None:
             if step.phase == "F":

@@ -129,8 +129,8 @@ class Tape:
             if isinstance(x, Varying):
                 flags |= _RESOLVE
                 return x
-            index = self._produced.get(id(x))
-            if index is not None and self._results[index] is x:
+            index = self._earlier(x)
+            if index is not None:
                 self._mark_produces(index)
                 flags |= _RESOLVE
                 return _Ref(index)
@@ -147,10 +147,12 @@ class Tape:
             return any(self._holds_refs(x) for x in a.values()) if a else False
         if t in _PLAIN:
             return False
-        if isinstance(a, Varying):
-            return True
-        index = self._produced.get(id(a))
-        return index is not None and self._results[index] is a
+        return isinstance(a, Varying) or self._earlier(a) is not None
+
+    def _earlier(self, x) -> int | None:
+        """The index of the operation of this iteration whose result ``x`` is (None: none)."""
+        index = self._produced.get(id(x))
+        return index if index is not None and self._results[index] is x else None
 
     def _mark_produces(self, index: int) -> None:
         fn, args, kw, flags = self.ops[index]

@@ -8,20 +8,22 @@ parameters and optimizer state in the arena or, with ``--offload-params``, on th
 uses (prefetched ``--prefetch-ahead`` steps ahead), with ``--replay`` passed to the Executor
 where it takes the argument.
 
-Why the kit's ``deepest`` stage runs ``--offload-params --resident-params 8GiB --planner
-sublinear-sqrt``: at depth
-4,292 the parameters and momentum take 12.7 of the 12.9 GB, so with them in the arena every
-saved activation goes to the host and back, 50 GB each way per iteration (planned; 49.3 GB
-moved on the H200, 2026-11-27), at most ~55 GB/s per direction: about a second of copying in
-forward and another in backward, whatever overlaps. With the parameters on the host the arena
-holds sqrt(n) checkpoints and one segment's recomputation (planned peak 1.9 GB), and what moves
-is the parameter blocks, 12.8 GB out and 38.2 GB in per iteration, which can be prefetched as
-far ahead as wanted, for one more forward of compute; keeping 8 GiB of them in the arena
-(the last layers') leaves 4.2 GB out and 12.4 GB in (planned peak 10.5 GB).
-``--no-offload-params --planner policy --prefetch-ahead 1`` runs the configuration of before. ``--warmup`` untimed iterations (algorithm choice, the recording), then
+``--warmup`` untimed iterations (algorithm choice, the recording), then
 ``--iters`` timed ones: seconds per iteration (the median), the tensors' peak against the plan's.
 Where the Executor records its tape during an iteration after the first, give ``--warmup`` room
 for it, or the timed iteration is the recording one (the row keeps warmup and iters).
+
+Why the kit's ``deepest`` stage runs ``--offload-params --resident-params 8GiB --planner
+sublinear-sqrt``: at depth 4,292 the parameters and momentum take 12.7 of the 12.9 GB, so with
+them in the arena every saved activation goes to the host and back, 50 GB each way per
+iteration (planned; 49.3 GB moved on the H200, 2026-11-27), at most ~55 GB/s per direction:
+about a second of copying in forward and another in backward, whatever overlaps. With the
+parameters on the host the arena holds sqrt(n) checkpoints and one segment's recomputation
+(planned peak 1.9 GB), and what moves is the parameter blocks, 12.8 GB out and 38.2 GB in per
+iteration, which can be prefetched as far ahead as wanted, for one more forward of compute;
+keeping 8 GiB of them in the arena (the last layers') leaves 4.2 GB out and 12.4 GB in
+(planned peak 10.5 GB). ``--no-offload-params --planner policy --prefetch-ahead 1`` runs the
+configuration of before.
 
 PyTorch: ``--torch MODE:DEPTH,...`` (default eager 611 and checkpoint_sequential 2,153, the
 depths PyTorch reached under the same 12 GiB cap on the H100, 2026-11-23) timed for ``--iters``
