@@ -34,7 +34,7 @@ from .memory.costmodel import planning_cost
 from .memory.schedule import Schedule
 from .memory.tensors import Kind
 from .optim import SGD
-from .precision import Precision, get_precision
+from .precision import Precision, get_precision, is_real_float
 from .precision.loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
 from .precision import mixed_cpu
 from .memory.layout import apply_layout, get_layout
@@ -753,7 +753,7 @@ class Executor:
             return None
         data = self.train_graph.inputs[0]
         x = fed.get(data.producer.name)
-        if x is not None and x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        if x is not None and is_real_float(x.dtype) and not np.all(np.isfinite(x)):
             return DataError(nonfinite_input(data.name) + "; the step was undone")
         return None
 
@@ -1029,7 +1029,7 @@ class Executor:
             ctx.recompute = False
             if undo is not None and step.phase == "F" and layer.kind == "data" \
                     and self._input_on_device():    # the images, checked on the device
-                undo.check_finite(o for o in outs if o.dtype.kind == "f")
+                undo.check_finite(o for o in outs if is_real_float(o.dtype))
             if buffers:
                 undo.check_finite(params[n] for n in buffers)
             return

@@ -13,6 +13,7 @@ import numpy as np
 from .errors import DataError
 from .graph import Graph
 from .layers import Input, MSELoss, SoftmaxCrossEntropy
+from .precision import is_real_float
 
 LOSSES = ("softmax", "mse")
 
@@ -54,7 +55,7 @@ def feed(train_graph: Graph, batch: int, dtype, loss: str, x, y,
     (the step guard's flag: a pass over the batch on the host costs milliseconds a step)."""
     data, labels = train_graph.inputs
     x = np.asarray(x)
-    if x.dtype.kind != "f":     # complex loses its imaginary part, integers are unscaled
+    if not is_real_float(x.dtype):  # complex loses its imaginary part, integers are unscaled
         raise DataError(f"input {data.name}: batch has dtype {x.dtype}; give normalized real "
                         "floating point images (e.g. x.astype(np.float32) / 255, then "
                         "standardized)")

@@ -96,6 +96,10 @@ def table4_depth(at_least: int) -> int:
     return to_depth(k)
 
 
+def _oom(torch_row: dict) -> bool:
+    return "OutOfMemoryError" in (torch_row.get("error") or "")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from bench.gpu import runs as TM
@@ -177,7 +181,8 @@ def main(argv=None) -> int:
                                "fits": t.get("fits"), "error": t.get("error")})
         save()
     fits = bool(r.get("fits"))
-    ran = fits and all(p.get("seconds_per_iter") for p in res["pytorch"])
+    # PyTorch running out of memory at its depth is a finding, not a stage that did not run
+    ran = fits and not any(p.get("skipped") for p in res["pytorch"])
     if fits:
         checks = [depth >= min_depth,
                   r["tensor_peak_bytes"] == r["planned_tensor_peak_bytes"]]
@@ -202,6 +207,7 @@ def main(argv=None) -> int:
     detail += "; PyTorch " + ", ".join(
         f"{p['mode']} {p['depth']}: " + (f"{p['seconds_per_iter']:.2f} s/iter"
                                          if p.get("seconds_per_iter") else
+                                         "does not fit (out of memory)" if _oom(p) else
                                          (p.get("skipped") or p.get("error") or "?")[:80])
         for p in res["pytorch"])
     save(ran, met, detail)

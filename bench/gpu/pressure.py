@@ -122,6 +122,10 @@ def run_row(run: dict, free: dict, bw) -> dict:
     moved = run.get("moved_per_iter", {})
     # measured from CUDA events (memory/overlap.py) where the run has them
     measured = ((run.get("overlap") or {}).get("median") or {}).get("hidden_fraction")
+    if not run.get("moved_bytes"):
+        # nothing offloaded or prefetched: the events timed other copies (the batch, the
+        # guard's), not the swaps whose hiding the target is about
+        measured = None
     row = {"seconds_per_iter": run["seconds_per_iter"], "img_per_s": run["img_per_s"],
            "moved_bytes": run["moved_bytes"], "planned_moved_bytes": run["planned_moved_bytes"],
            "replay": run.get("replay"), "overhead": None, "hidden_copy_fraction": measured,

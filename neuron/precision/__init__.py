@@ -37,6 +37,12 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def is_real_float(dtype) -> bool:
+    """A real floating type, bfloat16 included (ml_dtypes' types are kind "V" to NumPy)."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 @dataclass(frozen=True)
 class Precision:
     name: str

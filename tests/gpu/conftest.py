@@ -31,3 +31,18 @@ def deterministic_kernels():
     K.deterministic = True
     yield
     K.deterministic = saved
+
+
+@pytest.fixture(autouse=True)
+def cupy_allocator_restored():
+    """Each test starts with the CuPy allocator and stream it found: a CudaDevice a test left
+    open routes CuPy's temporaries into its arena, and a later test's plain cupy arrays then
+    fail to fit there (seen on the H200, 2026-11-27: 10 engine tests of tests/gpu)."""
+    if NO_GPU is not None:
+        yield
+        return
+    import cupy as cp
+    allocator, stream = cp.cuda.get_allocator(), cp.cuda.get_current_stream()
+    yield
+    cp.cuda.set_allocator(allocator)
+    stream.use()

@@ -101,7 +101,7 @@ def test_a_plan_is_captured_in_a_cuda_graph():
 def test_a_network_step_chooses_plans_where_they_are_faster():
     import cupy as cp  # noqa: F401 - the GPU
     import neuron as nn
-    from neuron.devices import CudaDevice
+    from neuron.devices.cuda import CudaDevice
     from neuron.executor import Executor
     from neuron.kernels import conv_algos
     from neuron.kernels import cuda as K

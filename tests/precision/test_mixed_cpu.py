@@ -206,3 +206,25 @@ def test_every_memory_policy_computes_the_same_bf16_step():
     for s in states[1:]:
         for k, v in states[0].items():
             assert np.array_equal(s[k], v), k
+
+
+def test_a_bf16_batch_is_a_batch_of_real_floats():
+    """bfloat16 images (what a bf16 replay's staging holds on a GPU, ml_dtypes' kind "V" to
+    NumPy) are fed like float32 ones: the same bits as feeding their float32 values (found on
+    the H200: the throughput bench's bf16 run, passing the staging back, stopped at a
+    DataError), and a non-finite one is still refused."""
+    from neuron.errors import DataError
+    from neuron.precision import bfloat16
+    g = build_model("resnet_cifar", depth=8)
+    x, y = _batch(g, 4)
+    xb = x.astype(bfloat16())
+    kw = dict(optimizer=nn.SGD(lr=0.05, momentum=0.9), precision="bf16", seed=1)
+    as_f32, as_bf16 = nn.Executor(g, 4, **kw), nn.Executor(g, 4, **kw)
+    for _ in range(2):
+        as_f32.train_step(xb.astype(np.float32), y)
+        as_bf16.train_step(xb, y)
+    a, b = as_f32.state_dict(), as_bf16.state_dict()
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+    xb[0, 0, 0, 0] = np.nan
+    with pytest.raises(DataError, match="not finite|NaN|non-finite"):
+        as_bf16.train_step(xb, y)
