@@ -531,7 +531,8 @@ class Executor:
         if self.device.computes is False:
             return {}
         fed = feed(self.train_graph, self.batch, self.dtype, self.loss, x, y,
-                   check_finite=not (guarded and self._input_on_device()))
+                   check_finite=not (guarded and self._input_on_device()),
+                   as_is=tuple(self._staging.values()) if self._staging else ())
         if self._replay is None:
             return fed
         # a recorded iteration reads its batch from buffers that stay where they are

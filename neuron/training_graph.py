@@ -49,10 +49,12 @@ def with_loss(graph: Graph, loss: str = "softmax") -> Graph:
 
 
 def feed(train_graph: Graph, batch: int, dtype, loss: str, x, y,
-         check_finite: bool = True) -> dict:
+         check_finite: bool = True, as_is: tuple = ()) -> dict:
     """{producer name: array} for one training step, after checking the batch.
     ``check_finite`` False: the caller checks the images' finiteness on the device instead
-    (the step guard's flag: a pass over the batch on the host costs milliseconds a step)."""
+    (the step guard's flag: a pass over the batch on the host costs milliseconds a step).
+    Images that are one of ``as_is`` (a replay's staging buffers, in the type the step reads:
+    bf16 in a bf16 run) are not cast to ``dtype``: a cast and back would cost two passes."""
     data, labels = train_graph.inputs
     x = np.asarray(x)
     if not is_real_float(x.dtype):  # complex loses its imaginary part, integers are unscaled
@@ -77,7 +79,8 @@ def feed(train_graph: Graph, batch: int, dtype, loss: str, x, y,
         raise DataError(f"labels: value {bad} out of range [0, {k}) for the loss layer")
     if check_finite and not np.all(np.isfinite(x)):
         raise DataError(nonfinite_input(data.name))
-    return {data.producer.name: x.astype(dtype, copy=False),
+    keep = any(x is a for a in as_is)
+    return {data.producer.name: x if keep else x.astype(dtype, copy=False),
             labels.producer.name: y.astype(np.int64, copy=False)}
 
 

@@ -230,6 +230,31 @@ def test_a_bf16_step_replays_as_tape_and_graph_with_eager_bits(gpu_kernels, reru
         assert ex.batch_buffers()["data"].dtype.name == "bfloat16"
 
 
+def test_a_bf16_graph_reads_its_staging_filled_in_place_with_no_cast(gpu_kernels, rerun_graphs,
+                                                                    monkeypatch):
+    """The bf16 staging filled in place and passed back (as the throughput bench and a loader
+    do) is taken as it is, no float32 round trip on the host, and gives the bits of feeding
+    the float32 batch (the H200, 2026-11-27: a bf16 staging passed back was refused)."""
+    import neuron.executor as E
+    data = _data(steps=6, seed=5)
+    *_, fed = _on_cuda("bf16", data, replay="graph")
+    ex = Executor(resnet(), BATCH, device=_cuda_device(), seed=1, precision="bf16",
+                  replay="graph", optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
+    ex.train_step(*data[0])
+    xb, yb = list(ex.batch_buffers().values())[:2]
+    taken = []
+    real = E.feed
+    monkeypatch.setattr(E, "feed", lambda *a, **k: (lambda out: (
+        taken.append(out[ex.train_graph.inputs[0].producer.name] is xb), out)[1])(
+        real(*a, **k)))
+    for x, y in data[1:]:
+        xb[...], yb[...] = x, y
+        ex.train_step(xb, yb)
+    assert ex.replay["replayed_iterations"] >= 2 and taken and all(taken), taken
+    a, b = fed.state_dict(), ex.state_dict()
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
 def test_an_fp16_step_replays_with_eager_bits_and_skips_overflows_as_eager_does(
         gpu_kernels, rerun_graphs, monkeypatch):
     """fp16 recorded and replayed as a tape and as a graph: the loss scale is read when each
