@@ -5,10 +5,10 @@
 #
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
 #   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
-#                                           # cublas or engines or sgd_many"), deepest (Table-4 ResNet 4,292 at batch
+#                                           # cublas or engines or sgd_many or fused"), deepest (Table-4 ResNet 4,292 at batch
 #                                           # 16 in 12 GiB, graph replay, parameters on the
 #                                           # host, sqrt(n) checkpoints), throughput (neuron
-#                                           # eager and graph vs PyTorch, fp32 and TF32)
+#                                           # graph, unfused and fused, vs PyTorch, fp32, TF32)
 #   bash bench/gpu/contact.sh $OUT second   # <= 8 min: mixed_tests (tests/gpu/
 #                                           # test_cuda_mixed.py), throughput_mixed (ResNet-50
 #                                           # b128 bf16/fp16 vs PyTorch autocast, NCHW and
@@ -114,14 +114,17 @@ stage_cmd() {
         install)    "$PY" -m bench.gpu.install "${common[@]}" ;;
         tests)      ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" ;;
         replay_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
-                        --name replay_tests --paths tests/gpu -k "replay or cublas or engines or sgd_many" ;;
+                        --name replay_tests --paths tests/gpu -k "replay or cublas or engines or sgd_many or fused" ;;
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
         mixed_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name mixed_tests --paths tests/gpu/test_cuda_mixed.py \
                         tests/gpu/test_cuda_layout.py ;;
         models)     ensure_built && "$PY" -m bench.gpu.models "${common[@]}" ;;
-        throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes off,graph \
+        # graph replay unfused and fused (BatchNorm+ReLU, Add+ReLU): the A/B the 1.1x target
+        # waits on (eager ran 0.67-0.89x on the H200, 2026-11-27: ARGS_THROUGHPUT="--modes
+        # off,graph" measures it again)
+        throughput) ensure_built && "$PY" -m bench.gpu.throughput --modes graph --fuse both \
                         "${common[@]}" ;;
         # mixed precision (issue 38): bf16 and fp16 replayed as a graph (fp16's is captured
         # again when its loss scale changes), neuron channels-last (--layout nhwc: the layout

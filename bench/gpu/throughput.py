@@ -415,9 +415,10 @@ def _write(args, rows, expected):
               + f"; {met}/{expected} at target ({targets or 'none'})"
               + ("" if len(rows) == expected else
                                       f"; {len(rows)}/{expected} configurations done"))
-    host = [f"{r.get('model')}:{r.get('batch')} {r.get('precision')} {v['host_ms']:.2f} ms"
+    host = [f"{r.get('model')}:{r.get('batch')} {r.get('precision')}"
+            + ("" if m == "graph" else f" {m}") + f" {v['host_ms']:.2f} ms"
             for r in rows for m, v in (r.get("neuron") or {}).items()
-            if m == "graph" and v.get("host_ms") is not None]
+            if m.partition("+")[0] == "graph" and v.get("host_ms") is not None]
     if host:
         detail += "; host per graph step (target <= 1 ms): " + ", ".join(host)
     missing = sorted({m for r in rows for m, v in (r.get("neuron") or {}).items()
