@@ -269,6 +269,30 @@ def _date(x: str) -> str:
     return x[:10]
 
 
+def _deepest_gpu_rows(dg: dict | None) -> list:
+    """The fastest timed run of deepest_gpu.json (bench/gpu/deepest_run.py), with the PyTorch
+    runs of the same command (same date and commit) beside it."""
+    runs = [r for r in (dg or {}).get("runs", []) if r.get("seconds_per_iter")]
+    if not runs:
+        return []
+    r = min(runs, key=lambda r: r["seconds_per_iter"])
+    how = ", ".join(x for x in (
+        ("parameters on the host" + (f" but {r['resident_params_bytes'] / (1 << 30):g} GiB"
+                                     if r.get("resident_params_bytes") else ""))
+        if r.get("offload_params") else "",
+        f"planner {r['planner']}" if r.get("planner") else "",
+        f"replay {r['replay']}" if r.get("replay") else "",
+        r.get("precision") or "") if x)
+    torch = [p for p in dg.get("pytorch", []) if p.get("commit") == r["commit"]
+             and p.get("date", "")[:10] == r["date"][:10]]
+    theirs = ", ".join(f"{p['mode']} {num(p['depth'])}: " + (
+        f"{p['seconds_per_iter']:.2f} s" if p.get("seconds_per_iter") else "does not fit")
+        for p in torch) or "-"
+    return [[f"deepest ResNet, batch 16, 12 GiB, run ({how})",
+             f"{num(r['depth'])} ({r['seconds_per_iter']:.2f} s/iteration)", theirs, "",
+             f"{r['device']}, {_date(r['date'])}"]]
+
+
 def headline_table(d: dict) -> str:
     """The README's results at a glance: depth and width (planned on the CPU, run on the GPU)
     and speed against PyTorch, each row with its device and date."""
@@ -293,6 +317,7 @@ def headline_table(d: dict) -> str:
          f"({parts['deepest']['run']['seconds_per_iter']:.1f} s/iteration)",
          f"eager {num(parts['torch_eager']['depth'])}, checkpoint_sequential "
          f"{num(parts['torch_checkpoint']['depth'])}", "", f"{cdev}, {cdate}"],
+        *_deepest_gpu_rows(d.get("deepest_gpu")),
         ["largest ResNet-50 batch, 12 GiB, planned",
          f"{num(best_wide['widest'])} ({best_wide['policy']}{chunks})", "-",
          num(PAPER_WIDEST["resnet50"]), f"{wp['device'].replace(', planning only', '')}, {wp['date']}"],
@@ -390,7 +415,7 @@ def _e(x) -> str:
 GENERATORS: dict[str, tuple[str | tuple[str, ...], Callable[[dict], str]]] = {
     "quickstart": ("quickstart", quickstart_text),
     "headline": (("deepest", "widest", "throughput", "gpu_raw/confirm", "cpu_speed",
-                  "precision_planned"),
+                  "precision_planned", "deepest_gpu"),
                  headline_table),
     "min_budget": ("plan_min_budget", min_budget_table),
     "resnet50_ratio": ("plan_min_budget", min_budget_ratio("resnet50")),
