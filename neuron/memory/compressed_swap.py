@@ -67,15 +67,9 @@ def _claimed(pool, take):
     """``take()`` (an allocation whose first tenant is a copy or a codec kernel, not compute)
     -> (its result, the fences that tenant waits for: the block's last kernel and the copies
     still reading it; None without fences, where the device waits for all compute)."""
-    h = pool._h
     if pool.fences is None:
         return take(), None
-    h.copy_tenant = True
-    try:
-        r = take()
-    finally:
-        h.copy_tenant = False
-    epoch, events = h.claimed
+    r, (epoch, events) = pool._h.take_as_copy(take)
     ev = pool.fences.compute_event(epoch)
     return r, ([ev] if ev is not None else []) + list(events)
 

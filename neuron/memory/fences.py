@@ -195,6 +195,21 @@ class FencedHeap:
                     wait(ev)
         return off
 
+    def take_as_copy(self, take):
+        """``take()``, an allocation whose first tenant is a copy or a codec kernel, not
+        compute -> (its result, its claim: the epoch of the block's last kernel and the copies
+        still reading it, for that tenant's stream to wait on). Nested calls restore the flag:
+        ``take`` may evict a compressed tensor, whose staging block is claimed the same way
+        (memory/compressed_swap.py). Clearing it there handed the outer block's claim to
+        compute and left the outer copy the inner claim's stale fences, so a copy or a decode
+        into a block an encode was still reading raced it (NaN under --compress on the GPU)."""
+        saved, self.copy_tenant = self.copy_tenant, True
+        try:
+            r = take()
+        finally:
+            self.copy_tenant = saved
+        return r, self.claimed
+
     def free(self, offset: int, epoch: int | None = None, events=()) -> None:
         reading = self.fences.reading.pop(offset, None) if self.fences.reading else None
         if reading is not None:

@@ -599,12 +599,9 @@ class Pool:
         top = ahead and self.prefetch_top
         if top:
             self.unread.add(t.id)
+        claim = None
         if fences is not None:      # the copy, not compute, is the block's first tenant
-            self._h.copy_tenant = True
-            try:
-                off = self._take(n, t, step, top)
-            finally:
-                self._h.copy_tenant = False
+            off, claim = self._h.take_as_copy(lambda: self._take(n, t, step, top))
         else:
             off = self._take(n, t, step, top)
         del self.host[t.id]
@@ -617,9 +614,9 @@ class Pool:
             # after the block's last kernel and the copies still reading it, and after the
             # copy that filled buf; a prefetch: the consumer's kernel waits on the event
             # (ensure_all); a miss: compute waits on the GPU at once, the host never does
-            epoch, after = self._h.claimed
+            epoch, after = claim
             fence = fences.compute_event(epoch)
-            after = ([fence] if fence is not None else []) + after
+            after = ([fence] if fence is not None else []) + list(after)
             out = self.outbound.pop(t.id, None)
             if out is not None:
                 after.append(out)
