@@ -282,7 +282,7 @@ def _deepest_gpu_rows(dg: dict | None) -> list:
         if r.get("offload_params") else "",
         f"planner {r['planner']}" if r.get("planner") else "",
         f"replay {r['replay']}" if r.get("replay") else "",
-        r.get("precision") or "") if x)
+        r.get("precision") or "", "fused" if r.get("fuse") else "") if x)
     torch = [p for p in dg.get("pytorch", []) if p.get("commit") == r["commit"]
              and p.get("date", "")[:10] == r["date"][:10]]
     theirs = ", ".join(f"{p['mode']} {num(p['depth'])}: " + (

@@ -5,10 +5,12 @@
 #
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
 #   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
-#                                           # cublas or engines or sgd_many or fused"), deepest (Table-4 ResNet 4,292 at batch
-#                                           # 16 in 12 GiB, graph replay, parameters on the
-#                                           # host, sqrt(n) checkpoints), throughput (neuron
-#                                           # graph, unfused and fused, vs PyTorch, fp32, TF32)
+#                                           # cublas or engines or sgd_many or fused"),
+#                                           # throughput (neuron graph, unfused and fused, vs
+#                                           # PyTorch, fp32, TF32), deepest (Table-4 ResNet
+#                                           # 4,292 at batch 16 in 12 GiB, graph replay,
+#                                           # parameters on the host, sqrt(n) checkpoints;
+#                                           # fused where fusion proved itself just before)
 #   bash bench/gpu/contact.sh $OUT second   # <= 8 min: mixed_tests (tests/gpu/
 #                                           # test_cuda_mixed.py), throughput_mixed (ResNet-50
 #                                           # b128 bf16/fp16 vs PyTorch autocast, NCHW and
@@ -44,7 +46,7 @@ if [ $# -lt 2 ]; then
     exit 2
 fi
 OUTDIR=$1; shift
-FIRST=(replay_tests deepest throughput)
+FIRST=(replay_tests throughput deepest)
 SECOND=(mixed_tests throughput_mixed pressure)
 THIRD=(profile_step codec_tests deepest_offload nccl simulator)
 STAGES=()
@@ -72,11 +74,11 @@ LABEL=$(IFS=-; echo "$*")
 SUMMARY_LINES=()
 T_START=$(date +%s)
 
-# default limits (seconds); first: 90 + 230 + 280 = 600, cut by its 480 s deadline (throughput,
-# last, gets what is left: each configuration is saved as it finishes); second:
+# default limits (seconds); first: 90 + 230 + 230 = 550, cut by its 480 s deadline (deepest,
+# last, gets what is left: about 210 s, where it took 162 s on the H200); second:
 # 90 + 150 + 200 = 440; third: 130 + 45 + 170 + 100 + 150 = 595 (cut by its deadline: nccl and
 # the simulator, last, get what is left)
-declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=280 [deepest]=230
+declare -A LIMIT=([env]=45 [install]=150 [tests]=330 [models]=190 [throughput]=230 [deepest]=230
                   [throughput_mixed]=150 [mixed_tests]=90
                   [replay_tests]=90 [codec_tests]=45 [pressure]=200 [deepest_offload]=170
                   [pool]=60 [confirm]=230 [simulator]=150 [nccl]=100 [profile_step]=130)
@@ -136,10 +138,18 @@ stage_cmd() {
                     ensure_built && "$PY" -m bench.gpu.throughput --stage throughput_mixed \
                         --precision mixed --configs resnet50:128 --modes "$MIXED_MODES" \
                         --layout nhwc "${common[@]}" ;;
-        deepest)    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
+        # fused where this command's replay tests passed and fusion sped up ResNet-50's graph
+        # (bench/gpu/fuse_choice.py; DEEPEST_FUSE=1 or 0 decides instead)
+        deepest)    local FUSE=
+                    case ${DEEPEST_FUSE:-auto} in
+                        1) FUSE=--fuse ;;
+                        0) ;;
+                        *) FUSE=$("$PY" -m bench.gpu.fuse_choice "$RAW") ;;
+                    esac
+                    ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest --depth 4292 --replay graph --warmup 4 --iters 2 \
                         --offload-params --resident-params 8GiB --planner sublinear-sqrt \
-                        --prefetch-ahead 8 ;;
+                        --prefetch-ahead 8 $FUSE ;;
         deepest_offload) ensure_built && "$PY" -m bench.gpu.deepest_run "${common[@]}" \
                         --name deepest_offload --depth 10000 --offload-params --compress 4 \
                         --replay graph --warmup 4 --torch "" ;;

@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--tf32", action="store_true",
                    help="TF32 tensor-core math for both frameworks' convolutions and matmuls "
                    "(default: strict fp32, as the paper's tables)")
+    p.add_argument("--fuse", action="store_true",
+                   help="neuron's BatchNorm+ReLU and Add+ReLU as one layer each (fewer kernels "
+                   "per step: at batch 16 the deepest run's kernels are small)")
     p.add_argument("--torch", default="eager:611,checkpoint:2153",
                    help="PyTorch MODE:DEPTH pairs to time under the same cap ('' for none)")
     p.add_argument("--max-seconds-per-iter", type=float, default=1.5,
@@ -151,7 +154,7 @@ def main(argv=None) -> int:
                       offload_params=args.offload_params, planner=planner,
                       host_budget=default_host_cap(), iters=args.iters, warmup=args.warmup,
                       device=dev, replay=replay, allow_tf32=args.tf32, prefetch_ahead=ahead,
-                      resident_params=resident)
+                      resident_params=resident, fuse=args.fuse)
     row = {"device": device_name(dev), "date": now_utc(), "commit": None, "depth": depth,
            "batch": batch, "budget_bytes": budget, "offload_params": args.offload_params,
            "compress": args.compress, "replay": r.get("replay"),
@@ -162,7 +165,7 @@ def main(argv=None) -> int:
            "iters": args.iters, "precision": "tf32" if args.tf32 else "fp32",
            "planner": planner or "policy:superneurons", "prefetch_ahead": ahead,
            "resident_params_bytes": resident,
-           "moved_bytes_per_iter": r.get("moved_bytes"), "detail": r}
+           "moved_bytes_per_iter": r.get("moved_bytes"), "fuse": args.fuse, "detail": r}
     from bench._common import git_commit
     row["commit"] = git_commit()
     res["runs"].append(row)
@@ -195,7 +198,7 @@ def main(argv=None) -> int:
                   + (f", prefetch ahead {ahead}" if ahead is not None else "")
                   + (f", {fmt_bytes(resident)} of parameters resident" if resident else "")
                   + (f", --compress {args.compress}" if args.compress else "")
-                  + (", TF32" if args.tf32 else "")
+                  + (", TF32" if args.tf32 else "") + (", fused" if args.fuse else "")
                   + f", replay {r['replay']}: {r['seconds_per_iter']:.2f} s/iter"
                   + ("" if args.compress or args.smoke
                      else f" (target <= {args.max_seconds_per_iter:g})")

@@ -182,7 +182,7 @@ def _throughput_configs(j: dict) -> dict:
 DEEPEST_ROW = ("device", "date", "commit", "depth", "batch", "budget_bytes", "offload_params",
                "compress", "replay", "seconds_per_iter", "tensor_peak_bytes",
                "planned_tensor_peak_bytes", "planner", "prefetch_ahead", "precision",
-               "moved_bytes_per_iter", "resident_params_bytes")
+               "moved_bytes_per_iter", "resident_params_bytes", "fuse")
 
 
 def deepest_summary(found: dict, old: dict | None) -> dict | None:
@@ -208,7 +208,7 @@ def deepest_summary(found: dict, old: dict | None) -> dict | None:
                        command=j.get("command"), verdict=j.get("verdict"))
             put(out["runs"], row, ("device", "date", "depth", "offload_params", "compress",
                                    "replay", "planner", "prefetch_ahead", "precision",
-                                   "resident_params_bytes"))
+                                   "resident_params_bytes", "fuse"))
         for p in j.get("pytorch", []):
             row = {"mode": p.get("mode"), "depth": p.get("depth"),
                    "seconds_per_iter": p.get("seconds_per_iter"), "device": j.get("device"),

@@ -235,7 +235,7 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                device: str = "cuda", chunks: int = 1, planner: str | None = None,
                replay: str | None = None, allow_tf32: bool = False,
                prefetch_ahead: int | str | None = None,
-               resident_params: int | None = None) -> dict:
+               resident_params: int | None = None, fuse: bool = False) -> dict:
     """Real training iterations of a neuron graph on the GPU (device="cuda") in an arena of
     ``budget`` bytes (None: the planned peak). SGD momentum 0.9 at BENCH_LR. TF32 off,
     convolution algorithms by measurement
@@ -243,7 +243,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
     bytes moved against the plan's, the replay mode that ran (``replay``: passed to the Executor
     only where it takes the argument, bench.gpu.kit.executor_kwargs), and optionally the per-step
     trace; {"fits": False, "error"} on failure. ``seconds_per_iter`` is the median of the timed
-    iterations, each ended by a device synchronization.
+    iterations, each ended by a device synchronization. ``fuse``: BatchNorm+ReLU and Add+ReLU
+    as one layer each (Executor(fuse=True)).
     device="cpu" runs the same code on the CPU (to test this script's logic without a GPU)."""
     import numpy as np
 
@@ -269,7 +270,8 @@ def neuron_run(graph, batch: int, *, budget: int | None, policy: str,
                       optimizer=nn_.SGD(lr=BENCH_LR, momentum=0.9), seed=seed, chunks=chunks,
                       planner=planner, **executor_kwargs(replay),
                       **({} if prefetch_ahead is None else {"prefetch_ahead": prefetch_ahead}),
-                      **({} if not resident_params else {"resident_params": resident_params}))
+                      **({} if not resident_params else {"resident_params": resident_params}),
+                      **({"fuse": True} if fuse else {}))
         out["setup_seconds"] = round(time.perf_counter() - t0, 2)
         print(f"  [neuron_run] setup (planning, arena) {out['setup_seconds']} s", flush=True)
         out["warmup_seconds"] = []

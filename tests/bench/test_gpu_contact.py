@@ -396,7 +396,7 @@ def test_both_device_commands_run_in_smoke_mode_and_import(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary-first-second-third.json").read_text())
     got = {s["stage"]: s for s in summary["stages"]}
-    assert list(got) == ["replay_tests", "deepest", "throughput", "mixed_tests",
+    assert list(got) == ["replay_tests", "throughput", "deepest", "mixed_tests",
                          "throughput_mixed", "pressure", "profile_step", "codec_tests",
                          "deepest_offload", "nccl", "simulator"]
     for name, st in got.items():

@@ -1,0 +1,59 @@
+"""Whether the deepest stage runs fused (BatchNorm+ReLU, Add+ReLU as one layer each), decided
+from what this command measured before it: fused when the replay tests (the fused kernels'
+included) all passed and the throughput stage's fused graph replay beat the unfused one on
+ResNet-50. The deepest run's kernels are small (batch 16), so fewer of them may matter most
+there, but a fused kernel no GPU has checked must not cost the command its deepest figure.
+
+    python -m bench.gpu.fuse_choice RAW_DIR     # prints "--fuse" or nothing; why on stderr
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _stage(raw: str, name: str) -> dict | None:
+    path = os.path.join(raw, f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def fuse_choice(raw: str) -> tuple[bool, str]:
+    """(fuse, why) from the stage files in ``raw``."""
+    tests = _stage(raw, "replay_tests")
+    if not tests or tests.get("target_met") is not True:
+        return False, "unfused: the replay tests did not all pass (or did not run)"
+    gains = []
+    for row in (_stage(raw, "throughput") or {}).get("rows", []):
+        if row.get("model") != "resnet50":
+            continue
+        n = row.get("neuron") or {}
+        plain, fused = (n.get("graph") or {}).get("img_per_s"), \
+            (n.get("graph+fuse") or {}).get("img_per_s")
+        if plain and fused:
+            gains.append((f"{row.get('batch')} {row.get('precision')}", fused / plain))
+    if not gains:
+        return False, "unfused: no ResNet-50 row measured graph and graph+fuse"
+    said = ", ".join(f"b{k} {g:.3f}x" for k, g in gains)
+    if all(g > 1.0 for _, g in gains):
+        return True, f"fused: fused graph replay over unfused, ResNet-50 {said}"
+    return False, f"unfused: fused graph replay over unfused, ResNet-50 {said}"
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    fuse, why = fuse_choice(args[0])
+    print(f"[fuse_choice] {why}", file=sys.stderr)
+    if fuse:
+        print("--fuse")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
