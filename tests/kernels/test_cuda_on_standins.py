@@ -245,6 +245,9 @@ def rerun_graphs(monkeypatch, cuda_standins):
     # sqrt(n) checkpoints, prefetches 4 steps ahead
     ("resnet_cifar8", {"planner": "sublinear-sqrt", "offload_params": True,
                        "resident_params": 48 << 10, "prefetch_ahead": 4, "fraction": 0.6}),
+    # ... fused (BatchNorm+ReLU, Add+ReLU: the stage's choice where fusion proved itself)
+    ("resnet_cifar8", {"planner": "sublinear-sqrt", "offload_params": True, "fuse": True,
+                       "resident_params": 48 << 10, "prefetch_ahead": 4, "fraction": 0.6}),
 ])
 def test_the_tape_replays_cuda_device_bit_identically(gpu_kernels, rerun_graphs, graph, kw):
     """CudaDevice's recorded iteration (kernel calls with their descriptors and views, the
