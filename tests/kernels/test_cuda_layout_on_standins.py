@@ -17,7 +17,7 @@ from neuron.devices import CpuDevice
 from neuron.executor import Executor
 from neuron.kernels.channels_last import channels_last_strides
 
-from test_cuda_on_standins import GRAPHS, _same, train
+from test_cuda_on_standins import GRAPHS, _same, rerun_graphs, train  # noqa: F401 (fixture)
 
 ARENA = 64 << 20
 
@@ -83,13 +83,40 @@ def test_a_filter_read_in_the_wrong_format_is_caught(gpu_kernels, monkeypatch):
 
 
 def test_a_replayed_nhwc_iteration_gives_the_eager_bits(gpu_kernels):
-    """The tape (CUDA-graph capture needs the GPU: tests/gpu)."""
+    """The tape (the graph: the test after next; its capture on a GPU: tests/gpu)."""
     eager = _on_cuda("densenet_cifar10", layout="nhwc", replay="off", steps=4)
     replayed = _on_cuda("densenet_cifar10", layout="nhwc", replay="tape", steps=4)
     assert replayed[2].replay["replayed_iterations"] >= 1
     assert eager[0] == replayed[0]
     for k in eager[1]:
         np.testing.assert_array_equal(eager[1][k], replayed[1][k], err_msg=k)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_graph_of_an_nhwc_step_gives_the_eager_bits(gpu_kernels, rerun_graphs, precision):
+    """tests/gpu/test_cuda_layout.py's graph test under the stand-in's capture rules, in an
+    arena of the plan's size. A graph copies the batch as bytes from the staging buffer, which
+    holds it in (N, C, H, W) order: into a channels-last data tensor those bytes landed
+    transposed (the replayed iterations' losses differed from the third digit, fp32 too); the
+    graph now uploads from a buffer filled in storage order before each launch."""
+    if precision != "fp32":
+        pytest.importorskip("ml_dtypes")
+    from neuron.models import build_model
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((8, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 8))
+            for _ in range(4)]
+    runs = {}
+    for replay in ("off", "graph"):
+        ex = Executor(build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)), 8,
+                      device="cuda", seed=1, precision=precision, layout="nhwc", replay=replay,
+                      optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
+        runs[replay] = ([ex.train_step(x, y) for x, y in data], ex.state_dict(), ex)
+        ex.device.close()
+    r = runs["graph"][2].replay
+    assert r["ran"] == "graph" and r["replayed_iterations"] >= 1 and r["eager_because"] is None
+    assert runs["graph"][0] == runs["off"][0]
+    for k in runs["off"][1]:
+        np.testing.assert_array_equal(runs["graph"][1][k], runs["off"][1][k], err_msg=k)
 
 
 @pytest.mark.parametrize("graph", ["resnet", "densenet", "pointwise_and_lrn"])
