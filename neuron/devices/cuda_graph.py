@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.channels_last import TO_STORAGE, is_channels_last
 from ..recording import Varying
 from ..tape import map_args
 
@@ -38,6 +39,8 @@ class GraphReplay:
         self._sinks: dict[int, object] = {}     # loss op index -> device buffer of its rows
         # key -> (one-element device buffer, its pinned host staging, iteration -> its value)
         self._scalars: dict[tuple, tuple] = {}
+        # (pinned buffer in a channels-last input's storage order, its staging buffer)
+        self._reordered: list[tuple] = []
         self._ops = self._capturable_ops()
         self._varying = _varying_args(self._ops)    # the values still baked into the graph
         self._values = None             # ... as they were at its capture
@@ -56,6 +59,8 @@ class GraphReplay:
         for buf, host, value in self._scalars.values():  # this iteration's lr and keys
             host[0] = value(iteration)
             self.device.upload(buf, host)
+        for buf, staged in self._reordered:     # this iteration's batch, channels-last
+            np.copyto(buf, staged.transpose(TO_STORAGE))
         self.launched_now = True        # from here the whole graph runs, or a part of it
         self.device.launch(self.graph)
         self.launches += 1
@@ -97,6 +102,7 @@ class GraphReplay:
                         f"(a {args[1].dtype} array of shape {args[1].shape}): a graph would "
                         "replay the bytes it held at the capture")
                 fn = dev.upload                 # the batch, or a chunk of it, from staging
+                args = self._storage_order(*args)
             elif name == "softmax_xent_forward" and kw.get("sink") is not None:
                 self._sinks[i] = kw["sink"]     # its rows already go to a fixed buffer
             elif name == "softmax_xent_forward":
@@ -121,6 +127,19 @@ class GraphReplay:
                 fn = _nothing                   # read after the launch
             out.append((fn, args, kw, flags))
         return out
+
+    def _storage_order(self, dst, src) -> tuple:
+        """(dst, src) of a batch copy as bytes: as they are, or for a channels-last ``dst``
+        (--layout nhwc) its storage view and a pinned buffer that ``run`` fills in that order
+        from the (N, C, H, W) staging before each launch (the eager copy transposes on the
+        host too: kernels/cuda.py copy). A graph copies bytes; the staging's NCHW bytes would
+        land in an NHWC tensor transposed."""
+        if not is_channels_last(dst) or src.shape != dst.shape:
+            return dst, src
+        store = dst.transpose(TO_STORAGE)
+        buf = self.device.staging_array(store.shape, src.dtype)
+        self._reordered.append((buf, src))
+        return store, buf
 
     def _staged(self, a: np.ndarray) -> bool:
         """Whether ``a`` is (a contiguous part of) one of the executor's staging buffers."""

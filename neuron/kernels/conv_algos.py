@@ -26,6 +26,10 @@ the *planned* workspace (the im2col ceiling every device plans with), so that it
 on the free memory of the moment, and two policies compute bit-identical results: the executor
 asks for that algorithm's workspace even where less is free (the pool evicts for it).
 
+A mixed-precision backward carves the low-type weight and bias gradient buffers from the front
+of its workspace before the filter algorithm runs (low_grad_buffers.py): the request chooses
+that algorithm for the bytes behind them and asks for the buffers on top.
+
 Callers that accumulate into the output (beta = 1) use :func:`choose_accumulating`: the
 measuring call overwrites the output operand, so it measures with a stand-in output in the
 workspace instead.
@@ -44,7 +48,7 @@ import numpy as np
 
 from . import cuda_switches
 from . import cudnn as dnn
-from . import numpy_ref
+from . import low_grad_buffers, numpy_ref
 from .channels_last import channels_last_strides, nhwc_filter
 from .numpy_ref import _pair, conv2d_out_hw
 
@@ -414,34 +418,43 @@ def choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation, groups, 
 
 
 def conv2d_workspace_request(phase, x_shape, w_shape, stride, padding, dilation, groups, dtype,
-                             limit_bytes, layout: str = "nchw") -> int:
+                             limit_bytes, layout: str = "nchw", bias: bool = False) -> int:
     """Workspace bytes for a conv step when ``limit_bytes`` are free in one block.
 
     An unmeasured geometry asks for all of ``limit_bytes`` (the kernel measures with it); a
     measured one for exactly the workspace of the fastest algorithm that fits. Deterministic
     mode asks for the planned ceiling (policy-independent; see the module docstring). Backward
-    asks for the larger of the backward-data and backward-filter needs."""
+    asks for the larger of the backward-data and backward-filter needs, the latter behind the
+    low-type gradient buffers a mixed-precision backward carves first (low_grad_buffers.py;
+    ``bias``: the layer has one): the filter algorithm is chosen for what is left after them,
+    and they are asked for on top of its workspace."""
     dtype = np.dtype(dtype)
     limit = max(0, int(limit_bytes))
     kinds = ("fwd",) if phase == "F" else ("bwd_data", "bwd_filter")
+    carve = low_grad_buffers.carved_bytes(w_shape, bias, dtype.itemsize) if phase != "F" else 0
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+
+    def ahead(kind):            # bytes in front of the algorithm's workspace
+        return carve if kind == "bwd_filter" else 0
     if cuda_switches.deterministic:
         # the algorithm depends on the geometry alone, never on what is free: its workspace is
         # asked for even when more than ``limit`` (the pool evicts for it, or the step fails
         # naming the bytes) so that every policy computes the same bits
         ceiling = numpy_ref.conv2d_workspace_bytes(
             x_shape, w_shape, stride, padding, dilation, groups, dtype.itemsize)
-        return max(_deterministic_workspace(kind, x_shape, w_shape, stride, padding, dilation,
-                                            groups, dtype, ceiling, layout) for kind in kinds)
+        return max(ahead(kind) + _deterministic_workspace(
+            kind, x_shape, w_shape, stride, padding, dilation, groups, dtype, ceiling, layout)
+            for kind in kinds)
     need = 0
     for kind in kinds:
         key = conv_geometry_key(kind, x_shape, w_shape, stride, padding, dilation, groups, dtype,
                                 layout)
-        if wants_measurement(key, limit):
-            return limit                # the kernel times every algorithm with all of it
-        need = max(need, choose_conv_algo(kind, x_shape, w_shape, stride, padding, dilation,
-                                          groups, dtype, limit, record=False,
-                                          layout=layout).memory)
+        free = max(0, limit - ahead(kind))
+        if wants_measurement(key, free):
+            return max(limit, ahead(kind))  # the kernel times every algorithm with all of it
+        need = max(need, ahead(kind) + choose_conv_algo(
+            kind, x_shape, w_shape, stride, padding, dilation, groups, dtype, free,
+            record=False, layout=layout).memory)
     return need
 
 

@@ -51,7 +51,7 @@ import types
 
 import numpy as np
 
-from . import cublas, cuda_low, cuda_raw, cuda_switches, pointer_tables
+from . import cublas, cuda_low, cuda_raw, cuda_switches, low_grad_buffers, pointer_tables
 from . import cudnn as dnn
 from . import numpy_ref
 from .cuda_raw import (  # noqa: F401 (CuPy kernels, compiled on first use)
@@ -231,8 +231,9 @@ def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
     ``accumulate`` (a later chunk of the batch): the buffers start as the masters' sums so far
     (low-type values already) and ``run`` adds into them (cuDNN's beta = 1: the sum rounded
     once, as the CPU reference rounds it). The buffers are carved from the front of the step's
-    workspace when it holds them (bytes the plan already counts; the rest stays the
-    algorithm's), else CuPy temporaries from the arena."""
+    workspace when it holds them (kernels/low_grad_buffers.py: bytes the plan and the request
+    count on top of the algorithm's; the rest stays the algorithm's), else CuPy temporaries
+    from the arena."""
     cp = _cp()
     # each buffer stored as its master is (a channels-last weight: K, R, S, C), so that one
     # filter descriptor describes the weight and its gradient
@@ -240,10 +241,12 @@ def _low_param_grads(run, dw, db, low, accumulate, workspace=None):
     shapes = [(tuple(g.shape[i] for i in p) if p is not None else g.shape)
               if g is not None else None for g, p in zip((dw, db), perms)]
     need = [math.prod(sh) * np.dtype(low).itemsize if sh is not None else 0 for sh in shapes]
-    spans = [-(-n // 256) * 256 for n in need]
+    spans = low_grad_buffers.spans(shapes, np.dtype(low).itemsize)
     bufs = []
-    if workspace is not None and sum(spans) and workspace.nbytes >= sum(spans) + 256:
-        ptr, _ = aligned_workspace(workspace)
+    ptr, usable = aligned_workspace(workspace)
+    # the request (conv_algos.conv2d_workspace_request) asked for these bytes on top of the
+    # algorithm's, so the algorithm keeps what it was chosen for
+    if sum(spans) and usable >= sum(spans):
         at = ptr - workspace.data.ptr
         for sh, n, span in zip(shapes, need, spans):
             bufs.append(workspace[at:at + n].view(low).reshape(sh) if sh is not None else None)

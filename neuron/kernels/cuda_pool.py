@@ -94,20 +94,22 @@ def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
 
 
 def _f32_in(a):
-    """A raw kernel's C-contiguous input; a low-precision one as a float32 temporary (the raw
+    """A raw kernel's input as it is (the kernels index it logically through its strides: a
+    channels-last map needs no copy); a low-precision one as a float32 temporary (the raw
     pooling kernels compute in their input's type: mixed precision computes in float32)."""
-    return cuda_low.to_f32(_ccontig(a)) if cuda_low.is_low(a) else _ccontig(a)
+    return cuda_low.to_f32(a) if cuda_low.is_low(a) else a
 
 
 def _into(out, fn):
     """``fn(dst)`` into ``out``: through a float32 temporary rounded once into a low-precision
-    ``out`` (C-contiguous here: _grad_into's and the arena's), else as _run_into."""
+    ``out``, else into ``out`` itself, strided or not (the raw kernels write their output by
+    its logical index: no temporary the plan does not hold)."""
     if cuda_low.is_low(out):
         t = _cp().empty(out.shape, np.float32)
         fn(t)
         cuda_low.cast(out, t)
     else:
-        _run_into(out, fn)
+        fn(out)
 
 
 def global_avgpool_forward(x, y):
@@ -151,9 +153,8 @@ def lrn_forward(x, y, size, alpha, beta, k):
         dnn.lrn_forward(_h(), dnn.lrn_descriptor(size, alpha, beta, k), _td(x), _ptr(x), _td(y),
                         _ptr(y))
         return
-    xc = _ccontig(x)
     args = _lrn_args(x, size, alpha, beta, k)
-    _run_into(y, lambda out: _k_lrn()[0](xc, *args, out))
+    _k_lrn()[0](x, *args, y)        # logical indexing: strided x and y in place
 
 
 def lrn_backward(x, y, dy, dx, size, alpha, beta, k, accumulate=False):
@@ -165,8 +166,6 @@ def lrn_backward(x, y, dy, dx, size, alpha, beta, k, accumulate=False):
                          _td(dy), _ptr(dy), _td(x), _ptr(x), _td(dx), _ptr(dx),
                          beta=1.0 if accumulate else 0.0)
         return
-    xc, yc, dyc = _ccontig(x), _ccontig(y), _ccontig(dy)
     args = _lrn_args(x, size, alpha, beta, k)
     coef = x.dtype.type(-2.0 * alpha * beta / size)
-    _grad_into(dx, accumulate,
-               lambda d: _run_into(d, lambda out: _k_lrn()[1](xc, yc, dyc, *args, coef, out)))
+    _grad_into(dx, accumulate, lambda d: _k_lrn()[1](x, y, dy, *args, coef, d))

@@ -43,9 +43,11 @@ __device__ inline long long lmax(long long a, long long b) { return a > b ? a : 
 
 @functools.cache
 def _k_pool():
-    """Pooling on C-contiguous NCHW arrays for the shapes cuDNN cannot do (ceil mode) and for
-    average-pool backward. Backward kernels gather (one thread per input element, no atomics),
-    so they are deterministic."""
+    """Pooling for the shapes cuDNN cannot do (ceil mode) and for average-pool backward.
+    Arrays are indexed logically (N, C, H, W in C order): a raw one through CuPy's CArray,
+    which follows its strides, and the output by the element index, so channels-last maps
+    need no C-ordered copies. Backward kernels gather (one thread per input element, no
+    atomics), so they are deterministic."""
     cp = _cp()
     geo = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw, int32 sh, int32 sw, " \
           "int32 ph, int32 pw"
@@ -130,8 +132,10 @@ def _k_pool():
 
 
 _LRN_PREAMBLE = r"""
-template <typename T>
-__device__ T lrn_scale(const T* x, long long base, long long HW, int C, int c, int lo, int hi,
+// x: the raw array itself (CuPy's CArray: x[j] is the element of logical NCHW index j, through
+// its strides), so a channels-last map is read in place, with no C-ordered copy
+template <typename A, typename T>
+__device__ T lrn_scale(const A& x, long long base, long long HW, int C, int c, int lo, int hi,
                        T a_over_n, T k) {
     T s = 0;
     for (int cc = c - lo; cc <= c + hi; ++cc) {
@@ -151,7 +155,7 @@ def _k_lrn():
     fwd = cp.ElementwiseKernel("raw T x, " + args, "T y", r"""
         long long hw = i % HW, t = i / HW; int c = t % C; long long n = t / C;
         long long base = n * C * HW + hw;
-        T scale = lrn_scale(&x[0], base, HW, C, c, lo, hi, a_over_n, k);
+        T scale = lrn_scale(x, base, HW, C, c, lo, hi, a_over_n, k);
         y = x[i] * pow(scale, -beta);""", "neuron_lrn_fwd", preamble=_LRN_PREAMBLE,
         options=("--fmad=false",))
     bwd = cp.ElementwiseKernel("raw T x, raw T y, raw T dy, " + args + ", T coef", "T dx", r"""
@@ -162,10 +166,10 @@ def _k_lrn():
         for (int cc = c - hi; cc <= c + lo; ++cc) {
             if (cc < 0 || cc >= C) continue;
             long long j = base + (long long)cc * HW;
-            T sc = lrn_scale(&x[0], base, HW, C, cc, lo, hi, a_over_n, k);
+            T sc = lrn_scale(x, base, HW, C, cc, lo, hi, a_over_n, k);
             acc += dy[j] * y[j] / sc;
         }
-        T scale = lrn_scale(&x[0], base, HW, C, c, lo, hi, a_over_n, k);
+        T scale = lrn_scale(x, base, HW, C, c, lo, hi, a_over_n, k);
         dx = dy[i] * pow(scale, -beta) + acc * x[i] * coef;""", "neuron_lrn_bwd",
         preamble=_LRN_PREAMBLE, options=("--fmad=false",))
     return fwd, bwd

@@ -59,14 +59,18 @@ class Conv2d(Layer):
         return self.stride, self.padding, self.dilation, self.groups
 
     def workspace_bytes(self, phase, batch, itemsize):
-        # forward and backward use the same im2col buffer; planners ask often, so remember
-        key = (batch, itemsize)
+        # forward and backward use the same im2col buffer; planners ask often, so remember.
+        # Backward at 2-byte features (mixed precision) also holds the low-type weight and bias
+        # gradients in front of it on the GPU (kernels/low_grad_buffers.py): planned too
+        key = (phase == "F", batch, itemsize)
         cache = self.__dict__.setdefault("_ws_cache", {})
         if key not in cache:
-            from ..kernels import numpy_ref
+            from ..kernels import low_grad_buffers, numpy_ref
+            w_shape = self.param_specs["weight"].shape
             cache[key] = numpy_ref.conv2d_workspace_bytes(
-                self.in_shapes(batch)[0], self.param_specs["weight"].shape, *self._args(),
-                itemsize)
+                self.in_shapes(batch)[0], w_shape, *self._args(), itemsize) + (
+                0 if phase == "F" else
+                low_grad_buffers.carved_bytes(w_shape, self.bias, itemsize))
         return cache[key]
 
     def workspace_shrinks(self):
@@ -79,7 +83,7 @@ class Conv2d(Layer):
         if choose is None:          # NumPy: the fixed im2col chunk
             return super().workspace_request(k, phase, batch, dtype, limit)
         return choose(phase, self.in_shapes(batch)[0], self.param_specs["weight"].shape,
-                      *self._args(), dtype, limit,
+                      *self._args(), dtype, limit, bias=self.bias,
                       **({"layout": layout} if layout != "nchw" else {}))
 
     def forward(self, k, ins, outs, params, aux, ws, ctx):

@@ -26,18 +26,29 @@ def run_steps(device, precision="fp32", replay="off", steps=1, layout="nchw",
     return losses, before, ex.state_dict(), ex
 
 
-def worst_update_difference(a, b) -> float:
-    """The largest relative norm of a parameter's update difference between two runs (of
-    run_steps), against ``b``'s update."""
-    worst = 0.0
+def update_differences(a, b) -> dict:
+    """Per parameter, the relative norm of its update difference between two runs (of
+    run_steps), against ``b``'s update; largest first."""
+    out = {}
     for k in b[2]:
         if ":" in k:
             continue
         da = a[2][k].astype(np.float64) - a[1][k]
         db = b[2][k].astype(np.float64) - b[1][k]
         if np.any(db):
-            worst = max(worst, float(np.linalg.norm(da - db) / np.linalg.norm(db)))
-    return worst
+            out[k] = float(np.linalg.norm(da - db) / np.linalg.norm(db))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def worst_update_difference(a, b) -> float:
+    """The largest of :func:`update_differences`."""
+    return max(update_differences(a, b).values(), default=0.0)
+
+
+def worst_updates_text(a, b, n: int = 4) -> str:
+    """The ``n`` largest update differences with their parameters' names: which layer a
+    failing tolerance is about (the H200's first mixed run printed only the number)."""
+    return ", ".join(f"{k} {v:.3g}" for k, v in list(update_differences(a, b).items())[:n])
 
 
 def steps_on_cpu_and_cuda(graph, x, y, steps=2, cpu_kw=None, cuda_kw=None, check=None, **kw):

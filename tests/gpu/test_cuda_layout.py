@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_steps import BATCH, run_steps, worst_update_difference
+from gpu_steps import BATCH, run_steps, worst_update_difference, worst_updates_text
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_kernels")]
 
@@ -35,7 +35,7 @@ def test_an_nhwc_step_on_the_gpu_matches_the_cpu_at_nchw(model, depth, precision
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-2 if precision != "fp32" else 1e-4)
     worst = _worst(gpu, cpu)
     print(f"{model} {precision} nhwc: worst update difference GPU vs CPU {worst:.3g}")
-    assert worst < TOL[precision]
+    assert worst < TOL[precision], worst_updates_text(gpu, cpu)
 
 
 def _lrn_net():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_steps import BATCH, run_steps, worst_update_difference
+from gpu_steps import BATCH, run_steps, worst_update_difference, worst_updates_text
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_kernels")]
 
@@ -33,7 +33,7 @@ def test_a_mixed_step_on_the_gpu_matches_the_cpu_reference(precision, monkeypatc
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-2)
     worst = _worst(gpu, cpu)
     print(f"{precision}: worst update difference GPU vs CPU reference {worst:.3g}")
-    assert worst < GPU_TOL[precision]
+    assert worst < GPU_TOL[precision], worst_updates_text(gpu, cpu)
     from neuron.precision import Precision
     real = Precision.casts_params
     monkeypatch.setattr(Precision, "casts_params",

@@ -17,7 +17,7 @@ from neuron.devices import CpuDevice
 from neuron.executor import Executor
 from neuron.kernels.channels_last import channels_last_strides
 
-from test_cuda_on_standins import GRAPHS, _same, train
+from test_cuda_on_standins import GRAPHS, _same, rerun_graphs, train  # noqa: F401 (fixture)
 
 ARENA = 64 << 20
 
@@ -83,13 +83,40 @@ def test_a_filter_read_in_the_wrong_format_is_caught(gpu_kernels, monkeypatch):
 
 
 def test_a_replayed_nhwc_iteration_gives_the_eager_bits(gpu_kernels):
-    """The tape (CUDA-graph capture needs the GPU: tests/gpu)."""
+    """The tape (the graph: the test after next; its capture on a GPU: tests/gpu)."""
     eager = _on_cuda("densenet_cifar10", layout="nhwc", replay="off", steps=4)
     replayed = _on_cuda("densenet_cifar10", layout="nhwc", replay="tape", steps=4)
     assert replayed[2].replay["replayed_iterations"] >= 1
     assert eager[0] == replayed[0]
     for k in eager[1]:
         np.testing.assert_array_equal(eager[1][k], replayed[1][k], err_msg=k)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_graph_of_an_nhwc_step_gives_the_eager_bits(gpu_kernels, rerun_graphs, precision):
+    """tests/gpu/test_cuda_layout.py's graph test under the stand-in's capture rules, in an
+    arena of the plan's size. A graph copies the batch as bytes from the staging buffer, which
+    holds it in (N, C, H, W) order: into a channels-last data tensor those bytes landed
+    transposed (the replayed iterations' losses differed from the third digit, fp32 too); the
+    graph now uploads from a buffer filled in storage order before each launch."""
+    if precision != "fp32":
+        pytest.importorskip("ml_dtypes")
+    from neuron.models import build_model
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((8, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 8))
+            for _ in range(4)]
+    runs = {}
+    for replay in ("off", "graph"):
+        ex = Executor(build_model("resnet_cifar", depth=8, in_shape=(3, 16, 16)), 8,
+                      device="cuda", seed=1, precision=precision, layout="nhwc", replay=replay,
+                      optimizer=nn.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
+        runs[replay] = ([ex.train_step(x, y) for x, y in data], ex.state_dict(), ex)
+        ex.device.close()
+    r = runs["graph"][2].replay
+    assert r["ran"] == "graph" and r["replayed_iterations"] >= 1 and r["eager_because"] is None
+    assert runs["graph"][0] == runs["off"][0]
+    for k in runs["off"][1]:
+        np.testing.assert_array_equal(runs["graph"][1][k], runs["off"][1][k], err_msg=k)
 
 
 @pytest.mark.parametrize("graph", ["resnet", "densenet", "pointwise_and_lrn"])
@@ -132,3 +159,53 @@ def test_nhwc_under_memory_pressure_with_recomputation_and_chunks(gpu_kernels):
         finally:
             dev.close()
         _same(nhwc, train("resnet_cifar8", CpuDevice(arena), **kw))
+
+
+def _lrn_net():
+    """tests/gpu/test_cuda_layout.py's: cuDNN's LRN (odd window) and the raw one (even), a
+    ceil-mode max pool (raw kernels) and an average pool (raw backward), on channels-last maps."""
+    x = nn.Input((3, 16, 16), name="data")
+    h = nn.ReLU(name="r1")(nn.Conv2d(16, 3, padding=1, name="c1")(x))
+    h = nn.LRN(5, name="lrn_odd")(h)
+    h = nn.MaxPool2d(3, 2, ceil_mode=True, name="p1")(h)
+    h = nn.ReLU(name="r2")(nn.Conv2d(16, 3, padding=1, bias=False, name="c2")(h))
+    h = nn.LRN(4, name="lrn_even")(h)
+    h = nn.AvgPool2d(2, 2, name="p2")(h)
+    h = nn.Sigmoid(name="s")(nn.Linear(16, name="fc1")(h))
+    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
+
+
+def test_the_raw_pool_and_lrn_kernels_take_channels_last_maps_in_place(gpu_kernels, monkeypatch):
+    """What failed on the H200 (2026-11-27): at nhwc the raw kernels (ceil-mode max pool, average
+    pool backward, the even-window LRN) ran on C-ordered copies of their channels-last inputs
+    and wrote through a C-ordered temporary, CuPy temporaries the plan does not hold ("CuPy
+    temporary of 131072 bytes for kernel cuda_helpers._run_into (step B22:p1) does not fit").
+    They index logically now (CuPy's CArray follows strides; so does the stand-in's): in an
+    arena of the plan's size (device="cuda", as the GPU test runs) the step runs, no kernel of
+    those layers takes a temporary, and the result is the CPU's at nchw."""
+    from neuron.devices import cuda as cuda_dev
+    taken = []
+    real = cuda_dev.ArenaAllocator.malloc
+
+    def malloc(self, nbytes, device_id=0):
+        taken.append((nbytes, *cuda_dev.kernel_context()))
+        return real(self, nbytes, device_id)
+    monkeypatch.setattr(cuda_dev.ArenaAllocator, "malloc", malloc)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    runs = {}
+    for device, layout in (("cuda", "nhwc"), ("cpu", "nchw")):
+        ex = Executor(_lrn_net(), 8, device=device, seed=1, layout=layout, replay="off",
+                      optimizer=nn.SGD(lr=0.05, momentum=0.9))
+        before = ex.state_dict()
+        runs[device] = ([ex.train_step(x, y)], ex.state_dict(), before)
+        if device == "cuda":
+            assert ex.device.arena_bytes == ex.planned["arena_bytes"]
+            ex.device.close()
+    raw_layers = ("p1", "p2", "lrn_even")
+    assert not [t for t in taken if t[2] and t[2].split(":")[-1] in raw_layers], taken
+    np.testing.assert_allclose(runs["cuda"][0], runs["cpu"][0], rtol=1e-5)
+    for k in runs["cpu"][1]:
+        np.testing.assert_allclose(runs["cuda"][1][k], runs["cpu"][1][k], rtol=2e-4, atol=2e-6,
+                                   err_msg=k)

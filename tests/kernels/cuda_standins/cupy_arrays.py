@@ -67,6 +67,22 @@ def params(spec: str):
                                                      if s.strip())]
 
 
+#: CuPy's CArray indexing of a non-contiguous array (cupy/carray.cuh, operator[](ptrdiff_t)):
+#: the logical C-order index through the strides; ``&x[0]`` is the first element's address
+_STRIDED_RAW = """
+template <typename T> struct neuron_strided {
+    T* p; const long long* m;                       // m: ndim, shape..., strides (bytes)...
+    neuron_strided(T* p_, const long long* m_) : p(p_), m(m_) {}
+    T& operator[](long long i) const {
+        long long nd = m[0], diff = 0;
+        for (long long d = nd - 1; d > 0; --d) { diff += m[1 + nd + d] * (i % m[1 + d]); i /= m[1 + d]; }
+        diff += m[1 + nd] * i;
+        return *(T*)((char*)p + diff);
+    }
+};
+"""
+
+
 class ElementwiseKernel:
     build_dir = None            # set by install()
 
@@ -75,27 +91,35 @@ class ElementwiseKernel:
         self.operation, self.name, self.preamble = operation, name, preamble
         self.fmad = "--fmad=false" not in options
 
-    def _source(self, typevars) -> str:
+    def _source(self, typevars, strided=()) -> str:
+        """``strided``: the raw parameters given a non-C-contiguous array, read as CuPy's CArray
+        reads one (carray.cuh: ``x[i]`` is the element of logical C-order index i, through the
+        array's strides), their shape and strides in the entry after the parameters'."""
         head = [f"typedef {CTYPES[np.dtype(dt).name]} {tv};" for tv, dt in typevars.items()]
         decl, per_i = [], []
+        n = len(self.ins + self.outs)
         for k, (raw, ty, nm) in enumerate(self.ins + self.outs):
             c = ty if ty in typevars else CTYPES[ty]
             is_in = k < len(self.ins)
             const = "const " if is_in else ""
-            if raw:
+            if raw and k in strided:
+                meta = n + list(strided).index(k)
+                decl.append(f"neuron_strided<{const}{c}> {nm}(({const}{c}*)a[{k}], "
+                            f"(const long long*)a[{meta}]);")
+            elif raw:
                 decl.append(f"{const}{c}* {nm} = ({const}{c}*)a[{k}];")
             else:
                 decl.append(f"{const}{c}* _{nm} = ({const}{c}*)a[{k}];")
                 per_i.append(f"const {c} {nm} = _{nm}[i];" if is_in else f"{c}& {nm} = _{nm}[i];")
         return "\n".join([
             "#include <cmath>", "#include <cstdint>", "using namespace std;",
-            "#define __device__", *head, self.preamble,
+            "#define __device__", _STRIDED_RAW, *head, self.preamble,
             'extern "C" void run(void** a, long long n) {', *decl,
             "  for (long long i = 0; i < n; ++i) {", *per_i, "{", self.operation, ";}", "  }",
             "}"])
 
-    def _lib(self, typevars):
-        src = self._source(typevars)
+    def _lib(self, typevars, strided=()):
+        src = self._source(typevars, strided)
         tag = hashlib.sha1(src.encode()).hexdigest()[:16]
         so = self.build_dir / f"{self.name}_{tag}.so"
         if not so.exists():
@@ -123,13 +147,18 @@ class ElementwiseKernel:
         elementwise = [a for k, ((raw, _, _), a) in enumerate(zip(params, args))
                        if not raw and (k >= len(self.ins) or isinstance(a, np.ndarray))]
         shape = elementwise[-1].shape
-        arrays, strided_outs = [], []
+        arrays, strided_outs, strided, metas = [], [], [], []
         for k, ((raw, ty, nm), a) in enumerate(zip(params, args)):
             dt = np.dtype(typevars[ty] if ty in typevars else ty)
             if raw or k >= len(self.ins):
-                assert isinstance(a, np.ndarray) and (a.flags.c_contiguous or not raw), \
-                    f"{self.name}: {nm} must be a C-contiguous array"
+                assert isinstance(a, np.ndarray), f"{self.name}: {nm} must be an array"
                 assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
+                if raw and not a.flags.c_contiguous:
+                    # CuPy hands the kernel the array itself (a CArray with its strides)
+                    strided.append(k)
+                    metas.append(np.array([a.ndim, *a.shape, *a.strides], np.int64))
+                    arrays.append(a)
+                    continue
                 if not raw:
                     assert a.shape == shape, f"{self.name}: {nm} has shape {a.shape}, not {shape}"
                 if not a.flags.c_contiguous:
@@ -142,8 +171,10 @@ class ElementwiseKernel:
                 if isinstance(a, np.ndarray):
                     assert a.dtype == dt, f"{self.name}: {nm} is {a.dtype}, expected {dt}"
                 arrays.append(np.ascontiguousarray(np.broadcast_to(np.asarray(a, dt), shape)))
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        self._lib(typevars).run(ptrs, int(np.prod(shape)))
+        arrays += metas
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.__array_interface__["data"][0]
+                                                for a in arrays])
+        self._lib(typevars, tuple(strided)).run(ptrs, int(np.prod(shape)))
         for a, c in strided_outs:
             a[...] = c
 

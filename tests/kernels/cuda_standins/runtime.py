@@ -16,14 +16,18 @@ class CUDARuntimeError(RuntimeError):
 
 
 class Memory:
-    """cupy.cuda.Memory: ``nbytes`` of "device" memory at ``ptr``."""
+    """cupy.cuda.Memory: ``nbytes`` of "device" memory at ``ptr``, aligned as cudaMalloc's is
+    (at least 256 bytes: the arena's views, and the workspaces carved from them, are aligned on
+    a GPU, so kernels that align a workspace lose no bytes there, nor here)."""
     allocated = weakref.WeakSet()       # the ones that own their bytes (see memory_snapshot)
+    ALIGN = 256
 
     def __init__(self, nbytes, ptr=None, free=None):
         self.size = int(nbytes)
         if ptr is None:
-            self._buf = np.zeros(max(self.size, 1), np.uint8)
-            ptr = int(self._buf.__array_interface__["data"][0])
+            self._buf = np.zeros(max(self.size, 1) + self.ALIGN, np.uint8)
+            base = int(self._buf.__array_interface__["data"][0])
+            ptr = base + (-base) % self.ALIGN
             Memory.allocated.add(self)
         self.ptr, self._free = int(ptr), free
 
