@@ -37,7 +37,7 @@ from .optim import SGD
 from .precision import Precision, get_precision, is_real_float
 from .precision.loss_scale import GOOD_STEPS_KEY, SCALE_KEY, GradientOverflow, LossScaler
 from .precision import mixed_cpu
-from .memory.layout import apply_layout, get_layout
+from .memory.layout import TO_LOGICAL, apply_layout, get_layout, storage_shape
 from .sizes import byte_size_arg, size_arg
 from .training_graph import LOSSES, feed, nonfinite_input, with_loss  # noqa: F401 (with_loss: public here too)
 from .interrupt import signals_deferred
@@ -538,12 +538,19 @@ class Executor:
         # a recorded iteration reads its batch from buffers that stay where they are
         st = self._staging
         if st is None:
-            # in the type of the tensor it is copied to (a bf16 run's images: bf16), so that
-            # a replay copies bytes and casts nothing
-            types = {t.producer.name: self.schedule.values(t)[0].dtype
-                     for t in self.train_graph.inputs} if self._native_mixed else {}
-            st = self._staging = {n: self.device.staging_array(a.shape, types.get(n, a.dtype))
-                                  for n, a in fed.items()}
+            # in the type of the tensor it is copied to (a bf16 run's images: bf16), and in
+            # its storage order (--layout nhwc: an (N, C, H, W) view of (N, H, W, C) bytes),
+            # so that a replay copies bytes and casts and transposes nothing
+            infos = {t.producer.name: self.schedule.values(t)[0]
+                     for t in self.train_graph.inputs}
+            st = self._staging = {}
+            for n, a in fed.items():
+                dtype = infos[n].dtype if self._native_mixed else a.dtype
+                if infos[n].channels_last and a.ndim == 4:
+                    st[n] = self.device.staging_array(
+                        storage_shape(a.shape), dtype).transpose(TO_LOGICAL)
+                else:
+                    st[n] = self.device.staging_array(a.shape, dtype)
         for n, a in fed.items():
             if a is not st[n]:              # a loader may fill them in place: batch_buffers()
                 if a.dtype == st[n].dtype:

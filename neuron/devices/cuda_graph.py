@@ -137,14 +137,17 @@ class GraphReplay:
         if not is_channels_last(dst) or src.shape != dst.shape:
             return dst, src
         store = dst.transpose(TO_STORAGE)
+        if is_channels_last(src):       # the executor's staging is in storage order already
+            return store, src.transpose(TO_STORAGE)
         buf = self.device.staging_array(store.shape, src.dtype)
         self._reordered.append((buf, src))
         return store, buf
 
     def _staged(self, a: np.ndarray) -> bool:
-        """Whether ``a`` is (a contiguous part of) one of the executor's staging buffers."""
+        """Whether ``a`` is (a contiguous part of) one of the executor's staging buffers, or
+        one whole in storage order (a channels-last view: --layout nhwc)."""
         lo, hi = _span(a)
-        return a.flags.c_contiguous and any(s_lo <= lo and hi <= s_hi
+        return (a.flags.c_contiguous or is_channels_last(a)) and any(s_lo <= lo and hi <= s_hi
                                             for s_lo, s_hi in self._staging)
 
     def _scalar(self, key, dtype, value):

@@ -97,8 +97,9 @@ def test_the_graph_of_an_nhwc_step_gives_the_eager_bits(gpu_kernels, rerun_graph
     """tests/gpu/test_cuda_layout.py's graph test under the stand-in's capture rules, in an
     arena of the plan's size. A graph copies the batch as bytes from the staging buffer, which
     holds it in (N, C, H, W) order: into a channels-last data tensor those bytes landed
-    transposed (the replayed iterations' losses differed from the third digit, fp32 too); the
-    graph now uploads from a buffer filled in storage order before each launch."""
+    transposed (the replayed iterations' losses differed from the third digit, fp32 too). The
+    staging now holds the batch in the data tensor's storage order, an (N, C, H, W) view of
+    (N, H, W, C) bytes, so the graph copies bytes and the host transposes nothing per launch."""
     if precision != "fp32":
         pytest.importorskip("ml_dtypes")
     from neuron.models import build_model
@@ -113,7 +114,11 @@ def test_the_graph_of_an_nhwc_step_gives_the_eager_bits(gpu_kernels, rerun_graph
         runs[replay] = ([ex.train_step(x, y) for x, y in data], ex.state_dict(), ex)
         ex.device.close()
     r = runs["graph"][2].replay
-    assert r["ran"] == "graph" and r["replayed_iterations"] >= 1 and r["eager_because"] is None
+    assert r["ran"] == "graph" and r["replayed_iterations"] >= 1 and r["eager_because"] is None, r
+    from neuron.kernels.channels_last import is_channels_last
+    ex = runs["graph"][2]
+    assert is_channels_last(ex.batch_buffers()["data"])
+    assert ex._replay.graph._reordered == []        # no host pass over the batch per launch
     assert runs["graph"][0] == runs["off"][0]
     for k in runs["off"][1]:
         np.testing.assert_array_equal(runs["graph"][1][k], runs["off"][1][k], err_msg=k)
