@@ -126,10 +126,12 @@ stage_cmd() {
         # graph replay unfused and fused (BatchNorm+ReLU, Add+ReLU): the A/B the 1.1x target
         # waits on (eager ran 0.67-0.89x on the H200, 2026-11-27: ARGS_THROUGHPUT="--modes
         # off,graph" measures it again)
-        throughput) local MODES=graph
+        # fused too where this command's replay tests (the fused kernels' included) passed
+        throughput) local MODES=graph FUSE=both
                     [ "$DEV" = cpu ] && MODES=off           # the CPU captures no graph
+                    [ "$DEV" = cpu ] || FUSE=$("$PY" -m bench.gpu.fuse_choice --tests "$RAW")
                     ensure_built && "$PY" -m bench.gpu.throughput --modes "$MODES" \
-                        --fuse both "${common[@]}" ;;
+                        --fuse "$FUSE" "${common[@]}" ;;
         # mixed precision (issue 38): bf16 and fp16 replayed as a graph (fp16's is captured
         # again when its loss scale changes), neuron channels-last (--layout nhwc: the layout
         # cuDNN's tensor-core kernels want); PyTorch under autocast in NCHW and channels_last

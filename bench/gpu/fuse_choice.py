@@ -1,10 +1,15 @@
-"""Whether the deepest stage runs fused (BatchNorm+ReLU, Add+ReLU as one layer each), decided
-from what this command measured before it: fused when the replay tests (the fused kernels'
-included) all passed and the throughput stage's fused graph replay beat the unfused one on
-ResNet-50. The deepest run's kernels are small (batch 16), so fewer of them may matter most
-there, but a fused kernel no GPU has checked must not cost the command its deepest figure.
+"""Whether the first command's stages run fused (BatchNorm+ReLU, Add+ReLU as one layer each),
+decided from what the command measured before them. The throughput stage A/Bs fusion only
+where the replay tests (the fused kernels' included) all passed: a fused kernel that faults
+would poison the CUDA context of the rows after it. The deepest stage runs fused where,
+besides, the throughput stage's fused graph replay beat the unfused one on ResNet-50: the
+deepest run's kernels are small (batch 16), so fewer of them may matter most there, but a
+fusion no GPU has shown to pay must not cost the command its deepest figure.
 
-    python -m bench.gpu.fuse_choice RAW_DIR     # prints "--fuse" or nothing; why on stderr
+    python -m bench.gpu.fuse_choice RAW_DIR            # "--fuse" or nothing (deepest)
+    python -m bench.gpu.fuse_choice --tests RAW_DIR    # "both" or "off" (throughput's --fuse)
+
+Why goes to stderr (the stage's log).
 """
 from __future__ import annotations
 
@@ -21,11 +26,19 @@ def _stage(raw: str, name: str) -> dict | None:
         return json.load(f)
 
 
-def fuse_choice(raw: str) -> tuple[bool, str]:
-    """(fuse, why) from the stage files in ``raw``."""
+def tests_passed(raw: str) -> tuple[bool, str]:
+    """(whether the replay tests all passed, why) from the stage files in ``raw``."""
     tests = _stage(raw, "replay_tests")
     if not tests or tests.get("target_met") is not True:
         return False, "unfused: the replay tests did not all pass (or did not run)"
+    return True, "the replay tests, the fused kernels' included, all passed"
+
+
+def fuse_choice(raw: str) -> tuple[bool, str]:
+    """(fuse, why) from the stage files in ``raw``."""
+    ok, why = tests_passed(raw)
+    if not ok:
+        return False, why
     gains = []
     for row in (_stage(raw, "throughput") or {}).get("rows", []):
         if row.get("model") != "resnet50":
@@ -44,10 +57,18 @@ def fuse_choice(raw: str) -> tuple[bool, str]:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
+    tests = args[:1] == ["--tests"]
+    if tests:
+        args = args[1:]
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
+    if tests:
+        ok, why = tests_passed(args[0])
+        print(f"[fuse_choice] throughput: {'fused and unfused' if ok else why}", file=sys.stderr)
+        print("both" if ok else "off")
+        return 0
     fuse, why = fuse_choice(args[0])
     print(f"[fuse_choice] {why}", file=sys.stderr)
     if fuse:

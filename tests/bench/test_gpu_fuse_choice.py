@@ -39,3 +39,14 @@ def test_the_command_prints_the_flag_or_nothing(tmp_path):
     (tmp_path / "replay_tests.json").unlink()
     r = run()
     assert r.returncode == 0 and r.stdout == "" and "unfused" in r.stderr
+
+
+def test_throughput_is_fused_too_only_after_the_replay_tests_passed(tmp_path):
+    run = lambda: subprocess.run([sys.executable, "-m", "bench.gpu.fuse_choice", "--tests",
+                                  str(tmp_path)], capture_output=True, text=True)
+    _write(tmp_path, True, [])
+    assert run().stdout.strip() == "both"
+    _write(tmp_path, False, [])
+    assert run().stdout.strip() == "off"
+    (tmp_path / "replay_tests.json").unlink()
+    assert run().stdout.strip() == "off"
