@@ -166,12 +166,12 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // 4096) * 4096
 
 
-@pytest.mark.parametrize("n", [284 * 64 * 112 * 112, (1 << 29) + 45])
+@pytest.mark.parametrize("n", [(1 << 29) + 45])
 def test_bfp8_round_trip_at_resnet50_scale_on_the_codec_stream(cp, n):
-    """The pressure stage's largest feature map (ResNet-50 batch 284, 0.9 GB), and one past
-    2^31 bytes with a ragged tail: ReLU-like values (half zeros, whole zero blocks), encoded and
+    """A feature map past 2^31 bytes (the pressure stage's largest, ResNet-50 batch 284, is 0.9
+    GB) with a ragged tail: ReLU-like values (half zeros, whole zero blocks), encoded and
     decoded by CudaDevice on its codec stream between arena views: the NumPy codec's bytes and
-    values, all finite."""
+    values, all finite. About half a minute of host NumPy (the stage's limit allows for it)."""
     codec = Bfp8()
     m = codec.nbytes(n)
     dev = CudaDevice(2 * _aligned(4 * n) + _aligned(m), scratch_bytes=0)
