@@ -44,6 +44,15 @@ def provenance(device: str | None = None) -> dict:
             "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
+def load_result(name: str, results: str = RESULTS) -> dict | None:
+    """``results``/NAME.json, or None where there is none."""
+    path = os.path.join(results, name + ".json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def write(name: str, payload: dict, markdown: str) -> None:
     os.makedirs(RESULTS, exist_ok=True)
     if isinstance(payload.get("provenance"), dict):

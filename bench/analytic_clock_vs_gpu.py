@@ -16,30 +16,21 @@ Writes bench/results/analytic_clock_vs_gpu.{json,md}: {"rows": [{"config", "devi
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import RESULTS, arg_parser, provenance, write  # noqa: E402
+from bench._common import RESULTS, arg_parser, load_result, provenance, write  # noqa: E402
 
 #: the kit's device names -> the analytic model's kinds
 KINDS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}
-
-
-def _load(name: str) -> dict:
-    path = os.path.join(RESULTS, name + ".json")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
 
 
 def measured_cells() -> list[dict]:
     """(model, batch, device, measured seconds per iteration, when) of each strict-fp32 cell
     with no budget the kit measured on a known card."""
     cells = []
-    for key, c in _load("throughput").get("configs", {}).items():
+    for key, c in (load_result("throughput", RESULTS) or {}).get("configs", {}).items():
         model, batch, prec = key.split(":")
         img_s = (c.get("neuron_img_per_s_by_mode") or {}).get("graph")
         if prec == "fp32" and img_s and c.get("device") in KINDS:
@@ -47,7 +38,7 @@ def measured_cells() -> list[dict]:
                           "device": c["device"], "measured_s": int(batch) / img_s,
                           "what": "throughput, graph replay",
                           "measured_at": {"date": c.get("date"), "commit": c.get("commit")}})
-    p = _load("pressure")
+    p = load_result("pressure", RESULTS) or {}
     for key, c in (p.get("configs") or {}).items():
         model, batch = key.split(":")
         if c.get("unbudgeted_s") and p.get("device") in KINDS:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import glob
-import json
 import os
 import re
 import sys
 from typing import Callable
+
+from bench._common import load_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -437,11 +438,7 @@ GENERATORS: dict[str, tuple[str | tuple[str, ...], Callable[[dict], str]]] = {
 
 
 def load(name: str, results: str = RESULTS) -> dict | None:
-    path = os.path.join(results, name + ".json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return load_result(name, results)
 
 
 def render(name: str, results: str = RESULTS) -> str:

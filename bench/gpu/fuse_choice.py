@@ -13,22 +13,14 @@ Why goes to stderr (the stage's log).
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 
-
-def _stage(raw: str, name: str) -> dict | None:
-    path = os.path.join(raw, f"{name}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+from bench._common import load_result
 
 
 def tests_passed(raw: str) -> tuple[bool, str]:
     """(whether the replay tests all passed, why) from the stage files in ``raw``."""
-    tests = _stage(raw, "replay_tests")
+    tests = load_result("replay_tests", raw)
     if not tests or tests.get("target_met") is not True:
         return False, "unfused: the replay tests did not all pass (or did not run)"
     return True, "the replay tests, the fused kernels' included, all passed"
@@ -40,7 +32,7 @@ def fuse_choice(raw: str) -> tuple[bool, str]:
     if not ok:
         return False, why
     gains = []
-    for row in (_stage(raw, "throughput") or {}).get("rows", []):
+    for row in (load_result("throughput", raw) or {}).get("rows", []):
         if row.get("model") != "resnet50":
             continue
         n = row.get("neuron") or {}

@@ -1,6 +1,7 @@
 """Shared by the GPU tests that compare a few training steps on CudaDevice with the CPU
 reference from the same weights and data (test_cuda_mixed.py, test_cuda_layout.py,
-test_cuda_accumulate.py, test_fused_bn_relu.py, test_fused_add_relu.py)."""
+test_cuda_accumulate.py, test_fused_bn_relu.py, test_fused_add_relu.py; lrn_net also
+tests/kernels/test_cuda_layout_on_standins.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -76,3 +77,19 @@ def assert_cuda_trains_like_cpu(results) -> None:
     assert l_gpu == pytest.approx(l_cpu, rel=1e-4)
     for k in s_cpu:
         np.testing.assert_allclose(s_gpu[k], s_cpu[k], rtol=2e-3, atol=2e-4, err_msg=k)
+
+
+def lrn_net():
+    """What resnet and densenet lack: cuDNN's LRN (odd window) and the raw one (even), a
+    ceil-mode max pool (raw kernels), an average pool (raw backward) and a sigmoid, on
+    channels-last maps at --layout nhwc."""
+    import neuron as nn
+    x = nn.Input((3, 16, 16), name="data")
+    h = nn.ReLU(name="r1")(nn.Conv2d(16, 3, padding=1, name="c1")(x))
+    h = nn.LRN(5, name="lrn_odd")(h)
+    h = nn.MaxPool2d(3, 2, ceil_mode=True, name="p1")(h)
+    h = nn.ReLU(name="r2")(nn.Conv2d(16, 3, padding=1, bias=False, name="c2")(h))
+    h = nn.LRN(4, name="lrn_even")(h)
+    h = nn.AvgPool2d(2, 2, name="p2")(h)
+    h = nn.Sigmoid(name="s")(nn.Linear(16, name="fc1")(h))
+    return nn.Graph(x, nn.Linear(10, name="fc2")(h))

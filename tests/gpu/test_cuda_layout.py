@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_steps import BATCH, run_steps, worst_update_difference, worst_updates_text
+from gpu_steps import (BATCH, lrn_net, run_steps, worst_update_difference,
+                       worst_updates_text)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_kernels")]
 
@@ -38,21 +39,6 @@ def test_an_nhwc_step_on_the_gpu_matches_the_cpu_at_nchw(model, depth, precision
     assert worst < TOL[precision], worst_updates_text(gpu, cpu)
 
 
-def _lrn_net():
-    """What resnet and densenet lack: cuDNN's LRN (odd window) and the raw one (even), max and
-    average pooling, ceil mode, sigmoid, on channels-last descriptors."""
-    import neuron as nn
-    x = nn.Input((3, 16, 16), name="data")
-    h = nn.ReLU(name="r1")(nn.Conv2d(16, 3, padding=1, name="c1")(x))
-    h = nn.LRN(5, name="lrn_odd")(h)
-    h = nn.MaxPool2d(3, 2, ceil_mode=True, name="p1")(h)
-    h = nn.ReLU(name="r2")(nn.Conv2d(16, 3, padding=1, bias=False, name="c2")(h))
-    h = nn.LRN(4, name="lrn_even")(h)
-    h = nn.AvgPool2d(2, 2, name="p2")(h)
-    h = nn.Sigmoid(name="s")(nn.Linear(16, name="fc1")(h))
-    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
-
-
 def test_lrn_and_pooling_at_nhwc_on_the_gpu_match_the_cpu_at_nchw():
     import neuron as nn
     from neuron.executor import Executor
@@ -61,7 +47,7 @@ def test_lrn_and_pooling_at_nhwc_on_the_gpu_match_the_cpu_at_nchw():
     y = rng.integers(0, 10, BATCH)
     out = {}
     for device, layout in (("cuda", "nhwc"), ("cpu", "nchw")):
-        ex = Executor(_lrn_net(), BATCH, device=device, seed=1, layout=layout, replay="off",
+        ex = Executor(lrn_net(), BATCH, device=device, seed=1, layout=layout, replay="off",
                       optimizer=nn.SGD(lr=0.05, momentum=0.9))
         before = ex.state_dict()
         loss = ex.train_step(x, y)

@@ -9,6 +9,8 @@ gradients); losses agree to 2e-5 and parameters to 2e-4 relative (test_cuda_on_s
 check), which a wrong descriptor (an NCHW filter read as NHWC) exceeds in the first digit."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,9 @@ from neuron.executor import Executor
 from neuron.kernels.channels_last import channels_last_strides
 
 from test_cuda_on_standins import GRAPHS, _same, rerun_graphs, train  # noqa: F401 (fixture)
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/gpu")
+from gpu_steps import lrn_net  # noqa: E402 (tests/gpu/test_cuda_layout.py's network)
 
 ARENA = 64 << 20
 
@@ -166,20 +171,6 @@ def test_nhwc_under_memory_pressure_with_recomputation_and_chunks(gpu_kernels):
         _same(nhwc, train("resnet_cifar8", CpuDevice(arena), **kw))
 
 
-def _lrn_net():
-    """tests/gpu/test_cuda_layout.py's: cuDNN's LRN (odd window) and the raw one (even), a
-    ceil-mode max pool (raw kernels) and an average pool (raw backward), on channels-last maps."""
-    x = nn.Input((3, 16, 16), name="data")
-    h = nn.ReLU(name="r1")(nn.Conv2d(16, 3, padding=1, name="c1")(x))
-    h = nn.LRN(5, name="lrn_odd")(h)
-    h = nn.MaxPool2d(3, 2, ceil_mode=True, name="p1")(h)
-    h = nn.ReLU(name="r2")(nn.Conv2d(16, 3, padding=1, bias=False, name="c2")(h))
-    h = nn.LRN(4, name="lrn_even")(h)
-    h = nn.AvgPool2d(2, 2, name="p2")(h)
-    h = nn.Sigmoid(name="s")(nn.Linear(16, name="fc1")(h))
-    return nn.Graph(x, nn.Linear(10, name="fc2")(h))
-
-
 def test_the_raw_pool_and_lrn_kernels_take_channels_last_maps_in_place(gpu_kernels, monkeypatch):
     """What failed on the H200 (2026-11-27): at nhwc the raw kernels (ceil-mode max pool, average
     pool backward, the even-window LRN) ran on C-ordered copies of their channels-last inputs
@@ -201,7 +192,7 @@ def test_the_raw_pool_and_lrn_kernels_take_channels_last_maps_in_place(gpu_kerne
     y = rng.integers(0, 10, 8)
     runs = {}
     for device, layout in (("cuda", "nhwc"), ("cpu", "nchw")):
-        ex = Executor(_lrn_net(), 8, device=device, seed=1, layout=layout, replay="off",
+        ex = Executor(lrn_net(), 8, device=device, seed=1, layout=layout, replay="off",
                       optimizer=nn.SGD(lr=0.05, momentum=0.9))
         before = ex.state_dict()
         runs[device] = ([ex.train_step(x, y)], ex.state_dict(), before)
