@@ -913,6 +913,8 @@ class Executor:
         try:
             for i, (step, dead) in enumerate(zip(steps, frees)):
                 if check_loss and step.phase == "B":    # before any update
+                    if self.undo is not None:       # forward's deferred checks, one launch
+                        self.undo.check_deferred()
                     self._check_loss(ctx)
                     check_loss = False
                 pool.step_peak = pool.used_bytes
@@ -987,6 +989,8 @@ class Executor:
                         horizon.issue(pool, i)
                 if evicts is not None:      # early copies of the evictions ahead
                     evicts.after_step(pool, i)
+            if self.undo is not None:   # a run without backward: its deferred checks now
+                self.undo.check_deferred()
             if isinstance(evicts, EvictionRecorder):
                 self._evict_schedule = evicts.schedule(frees, pool.heap.size)
             self.last_trace = [TraceRow(*r) for r in trace] if trace is not None else []
@@ -1038,8 +1042,10 @@ class Executor:
             if undo is not None and step.phase == "F" and layer.kind == "data" \
                     and self._input_on_device():    # the images, checked on the device
                 undo.check_finite(o for o in outs if is_real_float(o.dtype))
-            if buffers:
-                undo.check_finite(params[n] for n in buffers)
+            if buffers:     # where they stay put all step, checked with the others at once
+                stay = [undo.stays(step.params[n].storage) for n in buffers]
+                undo.check_later([params[n] for n, s in zip(buffers, stay) if s])
+                undo.check_finite([params[n] for n, s in zip(buffers, stay) if not s])
             return
         dins = [None] * len(layer.inputs)
         for i, g, _ in step.grad_targets:

@@ -196,3 +196,105 @@ def test_images_that_are_not_real_floats_are_refused(dtype):
     with pytest.raises(DataError, match=f"dtype {np.dtype(dtype)}"):
         ex.train_step(x.astype(dtype), y)
     assert ex.iteration == 0
+
+
+# ---- the guard on a device with per-block fences (CudaDevice, on the CUDA stand-ins) --------
+
+def _cuda_executor(cuda_standins, lr=0.01, momentum=0.9):
+    if not cuda_standins.have_compiler():
+        pytest.skip("g++ is not installed")
+    from neuron.devices.cuda import CudaDevice
+    cuda_standins.log_streams()
+    dev = CudaDevice(16 << 20, headroom_bytes=0)
+    return Executor(residual_bn(), 4, device=dev, seed=0,
+                    optimizer=nn.SGD(lr=lr, momentum=momentum))
+
+
+def test_a_steps_snapshots_are_a_few_range_copies_waited_for_once_each(cuda_standins):
+    """Where the written blocks stay in place all step, adjacent ones are copied as one range,
+    in pieces doubling in size, and compute waits once per piece: a handful of operations
+    per step, not two per block (each a graph node and a cross-stream edge)."""
+    ex = _cuda_executor(cuda_standins)
+    try:
+        x, y = batch(0)
+        ex.train_step(x, y)
+        undo = ex._undo_record
+        blocks = ex._snapshots_at_start()
+        assert len(blocks) >= 5 and all(undo.stays(b) for b in blocks)
+        pieces = [p for run in undo._adjacent_runs(blocks) for p in undo._pieces(run)]
+        assert len(pieces) < len(blocks)
+        dev = ex.device
+        d2h = [op for op in dev.snapshot_stream.ops if op[0] == "d2h"]
+        assert len(d2h) == len(pieces)
+        assert sum(op[3] for op in d2h) == undo.snapshot_bytes >= sum(b.nbytes for b in blocks)
+        waits = [op for op in dev.compute_stream.ops if op[0] == "wait"
+                 and op[2] is not None and op[2][0] is dev.snapshot_stream]
+        assert len(waits) == len(pieces)
+    finally:
+        ex.device.close()
+
+
+def test_pieces_double_from_the_first_and_cut_at_block_boundaries():
+    from neuron import undo as undo_mod
+
+    class Block:
+        def __init__(self, i, n):
+            self.id, self.nbytes = i, n
+
+    class Heap:
+        @staticmethod
+        def round(n):
+            return n
+
+    rec = undo_mod.UndoRecord.__new__(undo_mod.UndoRecord)
+    rec.pool = type("P", (), {"heap": Heap()})()
+    mib = undo_mod.FIRST_PIECE
+    run = [Block(i, mib // 2) for i in range(14)]
+    sizes = [sum(b.nbytes for b in p) for p in rec._pieces(run)]
+    assert sizes == [mib, 2 * mib, 4 * mib]
+    assert [b for p in rec._pieces(run) for b in p] == run
+    big = [Block(0, 3 * mib), Block(1, 1)]     # a block larger than its piece is one piece
+    assert [len(p) for p in rec._pieces(big)] == [1, 1]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_non_finite_statistic_is_caught_by_the_deferred_check_and_undone(cuda_standins,
+                                                                           monkeypatch):
+    """A NaN running variance leaves training-mode outputs (and so the loss) finite: only the
+    guard's check of the statistics, deferred to one launch before backward, can see it."""
+    from neuron.kernels import cuda
+    ex = _cuda_executor(cuda_standins)
+    calls = {"many": 0, "one": 0}
+    many, one = cuda.nonfinite_flag_update_many, cuda.nonfinite_flag_update
+    monkeypatch.setattr(cuda, "nonfinite_flag_update_many",
+                        lambda f, a: calls.__setitem__("many", calls["many"] + 1) or many(f, a))
+    monkeypatch.setattr(cuda, "nonfinite_flag_update",
+                        lambda f, a: calls.__setitem__("one", calls["one"] + 1) or one(f, a))
+    try:
+        x, y = batch(0)
+        var = {t.name: t for t in ex.state_tensors}["bn1.running_var"]
+        ex.pool.view(var)[1] = np.nan       # load_state_dict refuses it: put it in place
+        bad = ex.state_dict()
+        with pytest.raises(NonFiniteUpdateError):
+            ex.train_step(x, y)
+        assert same_state(bad, ex.state_dict()) and ex.iteration == 0
+        assert calls["many"] == 1           # both BatchNorms' statistics, one launch
+        ex.load_state_dict({**bad, "bn1.running_var": np.ones_like(bad["bn1.running_var"])})
+        assert np.isfinite(ex.train_step(x, y)) and ex.iteration == 1
+    finally:
+        ex.device.close()
+
+
+def test_a_non_finite_update_on_the_cuda_device_is_undone_from_the_range_copies(cuda_standins):
+    ex = _cuda_executor(cuda_standins, lr=10.0)
+    try:
+        x, y = batch(0)
+        ex.train_step(x, y)
+        bad = ex.state_dict()
+        bad["momentum:c1.weight"][:] = 3e38
+        ex.load_state_dict(bad)
+        with pytest.raises(NonFiniteUpdateError):
+            ex.train_step(x, y)
+        assert same_state(bad, ex.state_dict()) and ex.iteration == 1
+    finally:
+        ex.device.close()

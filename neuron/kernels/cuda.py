@@ -1060,6 +1060,36 @@ def nonfinite_flag_update(flag, a):
             _k_any_nonfinite()(a, flag)
 
 
+def nonfinite_flag_update_many(flag, arrays):
+    """``nonfinite_flag_update`` of every array, in one launch per dtype where they are dense
+    float32/float64 (the step guard's checks of a step's BatchNorm statistics: one graph node
+    instead of two per layer); the per-array kernel for the others, or where no pointer table
+    can be made."""
+    groups: dict[str, list] = {}
+    for a in arrays:
+        if not a.size:
+            continue
+        dense = a.flags.c_contiguous or storage_view(a).flags.c_contiguous
+        if a.dtype.name in cuda_raw.SGD_MANY_TYPES and dense:
+            groups.setdefault(a.dtype.name, []).append(a)
+        else:
+            nonfinite_flag_update(flag, a)
+    for dt, group in groups.items():
+        rows, starts, blocks = [], [], 0
+        for a in group:
+            rows += (a.data.ptr, int(a.size))
+            starts.append(blocks)
+            blocks += -(-int(a.size) // cuda_raw.SGD_MANY_CHUNK)
+        starts.append(blocks)
+        table = pointer_tables.TABLES.table(tuple(rows + starts)) if len(group) > 1 else None
+        if table is None:
+            for a in group:
+                nonfinite_flag_update(flag, a)
+            continue
+        cuda_raw._k_nonfinite_many(dt)((blocks,), (cuda_raw.SGD_MANY_THREADS,),
+                                       (table, np.int32(len(group)), flag))
+
+
 def unscale_gradient(grad, inv_scale, flag, overflow):
     """fp16 loss scaling (neuron/precision/loss_scale.py) on the device: grad *= inv_scale; a gradient
     that is inf or NaN sets ``overflow`` and the step guard's ``flag``, read once per step."""

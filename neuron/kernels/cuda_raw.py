@@ -356,6 +356,41 @@ def _k_sgd_many(dtype: str = "float32", check_finite: bool = False, lr_on_device
     return _cp().RawModule(code=src, options=("--fmad=false",)).get_function(name)
 
 
+def nonfinite_many_source(dtype: str = "float32") -> tuple[str, str]:
+    """(CUDA source, kernel name) of the step guard's finiteness check over several tensors in
+    one launch: ``table`` as sgd_many_source's, with rows of (pointer, element count), then the
+    first blocks; ``flag[0]`` is set where any element is NaN or infinite (compared in double,
+    as the per-tensor kernel does)."""
+    t = SGD_MANY_TYPES[dtype]
+    name = f"neuron_nonfinite_many_{dtype}"
+    src = f"""typedef {t} T;
+extern "C" __global__ void {name}(const long long* table, int ntensors, bool* flag) {{
+    const long long* start = table + 2 * (long long)ntensors;
+    const long long b = blockIdx.x;
+    int lo = 0, hi = ntensors - 1;          // the last tensor whose first block is <= b
+    while (lo < hi) {{
+        const int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= b) lo = mid; else hi = mid - 1;
+    }}
+    const T* a = (const T*)table[2 * lo];
+    const long long n = table[2 * lo + 1];
+    const long long first_i = (b - start[lo]) * {SGD_MANY_CHUNK}LL;
+    const long long end_i = first_i + {SGD_MANY_CHUNK}LL < n ? first_i + {SGD_MANY_CHUNK}LL : n;
+    for (long long i = first_i + threadIdx.x; i < end_i; i += blockDim.x) {{
+        if (!isfinite((double)a[i])) flag[0] = true;
+    }}
+}}
+"""
+    return src, name
+
+
+@functools.lru_cache(maxsize=None)
+def _k_nonfinite_many(dtype: str = "float32"):
+    """The multi-tensor finiteness check of ``nonfinite_many_source`` (a RawModule's function)."""
+    src, name = nonfinite_many_source(dtype)
+    return _cp().RawModule(code=src).get_function(name)
+
+
 # ---- BatchNorm + ReLU fused (layers/norm.py BNReLU; neuron.kernels.cuda.bnrelu_*) -----------
 #
 # NCHW viewed as (N, C, HW); M = N*HW values per channel. A per-channel reduction is three

@@ -40,7 +40,8 @@ __all__ = [
     "lrn_forward", "lrn_backward",
     "add_forward", "add_relu_forward", "add_relu_backward", "concat_forward", "concat_backward",
     "softmax_xent_forward", "softmax_xent_backward", "mse_forward", "mse_backward",
-    "nonfinite_flag_new", "nonfinite_flag_clear", "nonfinite_flag_update", "nonfinite_flag_read",
+    "nonfinite_flag_new", "nonfinite_flag_clear", "nonfinite_flag_update",
+    "nonfinite_flag_update_many", "nonfinite_flag_read",
     "sgd_update", "sgd_update_many", "fill", "copy", "add_inplace",
 ]
 
@@ -670,6 +671,12 @@ def nonfinite_flag_update(flag, a):
     """flag |= any(a is NaN or infinite). Once set, later arrays are not scanned."""
     if not flag[0] and not np.isfinite(a).all():
         flag[0] = True
+
+
+def nonfinite_flag_update_many(flag, arrays):
+    """nonfinite_flag_update of each array (the GPU's is one launch)."""
+    for a in arrays:
+        nonfinite_flag_update(flag, a)
 
 
 def nonfinite_flag_read(flag) -> bool:

@@ -57,6 +57,8 @@ def kernels():
         for args in (("float32", True), ("float32", True, True), ("float64", False, True),
                      ("float64", True)):
             cuda_raw._k_sgd_many(*args)     # one launch per layer, each variant
+        for dt in ("float32", "float64"):
+            cuda_raw._k_nonfinite_many(dt)  # the step guard's statistics, one launch
         cuda_raw._k_add_relu("bf16")    # the fused Add + ReLU on 2-byte data
         cuda_raw._k_add_relu("fp16")
     finally:
