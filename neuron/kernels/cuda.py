@@ -640,6 +640,12 @@ def linear_backward(x, w, dy, dx, dw, db, accumulate=False, accumulate_params=Fa
         if dw is not None:
             if dw.dtype == w.dtype:
                 _grad_into(dw, accumulate_params, lambda out: _matmul_low(dy.T, x, out))
+            elif not accumulate_params and dw.flags.c_contiguous:
+                # the float32 product (cublasGemmEx) straight into the master gradient, then
+                # rounded through the low type in place: no weight-sized temporary outside
+                # the plan (VGG16's first classifier layer: 411 MB at float32)
+                _matmul_low(dy.T, x, dw)
+                cuda_low.round_into(dw, dw, w.dtype)
             else:       # the product in float32 (cublasGemmEx), rounded through the low type
                 t = _cp().empty(dw.shape, np.float32)
                 _matmul_low(dy.T, x, t)
