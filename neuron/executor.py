@@ -703,13 +703,14 @@ class Executor:
     def _snapshots_at_start(self) -> list:
         """The blocks a step writes (BN running statistics, then parameters with their
         optimizer state in backward order) whose guard snapshots start with the step (undo.py),
-        where they stay in place: a device with per-block fences, a policy that moves no
-        tensor to the host. Elsewhere each snapshot waits until right before its write."""
+        where they stay in the arena: a device with per-block fences, a policy that moves no
+        tensor to the host, and not the parameters that live on the host between uses
+        (``host_blocks``; under offload_params the resident ones are early too). Elsewhere
+        each snapshot waits until right before its write, and the write waits for it."""
         if self._early_blocks is None:
             self._early_blocks = []
-            if getattr(self.pool, "fences", None) is not None and not self.policy.offload \
-                    and not self.offload_params:
-                seen = set()
+            if getattr(self.pool, "fences", None) is not None and not self.policy.offload:
+                seen = set(self.host_blocks())
                 for step in self.steps:
                     for b in self._blocks_written(step):
                         if b.id not in seen:
@@ -948,6 +949,8 @@ class Executor:
                     log.append(("step", i, ws_bytes))
                 if compute:
                     ws = dev.view(ws_at, (ws_bytes,), np.uint8) if ws_bytes else None
+                    # the step after it (its guard snapshots may start under this one)
+                    ctx.ahead = steps[i + 1] if i + 1 < len(steps) else None
                     self._compute(step, ctx, ws)
                 if step.bucket is not None or step.due:     # all-reduce overlapping backward
                     after_step(pool, step, self.dp)
@@ -1032,6 +1035,10 @@ class Executor:
             buffers = self._buffers(step) if undo is not None and step.phase == "F" else ()
             for n in buffers:
                 undo.save(step.params[n].storage)
+            ahead = ctx.ahead
+            if undo is not None and ahead is not None and ahead.phase == "F":
+                for b in self._blocks_written(ahead):   # the next BatchNorm's statistics
+                    undo.save_ahead(b)
             ctx.recompute = step.phase == "R"
             ins, outs = [view(t) for t in step.ins], [view(t) for t in step.outs]
             if mixed:
@@ -1052,6 +1059,9 @@ class Executor:
             dins[i] = view(g)
         ctx.accumulate = frozenset(i for i, _, acc in step.grad_targets if acc)
         dparams = {pname: view(g) for pname, _, g, _ in step.updates}
+        if undo is not None and (step.chunk is None or step.chunk.applies_update):
+            for b in self._blocks_written(step):    # their snapshots run under this kernel
+                undo.save_ahead(b)
         if self.loss_scaler is not None and not mixed and layer.kind == "loss":
             # fp16: scaled before rounding; on a tape, the scale of each replay's own step
             k = _LossScaled(k, per_iteration(k, _scale_of(self.loss_scaler), self.iteration))

@@ -17,6 +17,8 @@ and run under forward, so an update waits for a copy long done instead of one is
 before it (which stalled compute for every layer's bytes); blocks adjacent in the arena are
 copied as one range into one host buffer, and their finiteness checks are deferred to one
 launch (``check_later``): a step's guard is a handful of operations, not four per layer.
+Elsewhere (blocks on the host between uses) ``save_ahead`` starts a block's copy before the
+kernel issued ahead of its write, so that kernel runs under the copy.
 """
 from __future__ import annotations
 
@@ -95,6 +97,20 @@ class UndoRecord:
                 runs.append([b])
             end = off + pool.heap.round(b.nbytes)
         return runs
+
+    def save_ahead(self, block) -> None:
+        """Start the snapshot of a resident block that this step writes after the kernels
+        issued in between (a backward step's own kernel, before its update): they overlap the
+        copy, and ``save`` makes the write wait for it. Where snapshots are synchronous, or
+        the block was snapshotted already, nothing."""
+        fences = getattr(self.pool, "fences", None)
+        if fences is None or not hasattr(self.device, "snapshot") or \
+                block.id in self._saved_ids or not self.pool.resident(block):
+            return
+        ev = self._snapshot(block, fences)
+        off = self.pool.offset[block.id]
+        fences.reading[off] = ev
+        self._early[block.id] = (ev, off)
 
     def _pieces(self, run) -> list[list]:
         """``run`` cut at block boundaries into pieces that double in size from FIRST_PIECE:

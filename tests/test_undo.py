@@ -298,3 +298,83 @@ def test_a_non_finite_update_on_the_cuda_device_is_undone_from_the_range_copies(
         assert same_state(bad, ex.state_dict()) and ex.iteration == 1
     finally:
         ex.device.close()
+
+
+def test_under_offload_params_the_resident_blocks_are_snapshotted_early(cuda_standins):
+    """The parameters kept in the arena (``resident_params``) stay put all step: their
+    snapshots start with it, as one range, where each used to stall its update for a copy issued
+    right before it; those on the host between uses still snapshot before their write. A good
+    step's state is unchanged by it (the same as on the CPU), and a failed one is undone."""
+    if not cuda_standins.have_compiler():
+        pytest.skip("g++ is not installed")
+    from neuron.devices import CpuDevice
+    from neuron.devices.cuda import CudaDevice
+    cuda_standins.log_streams()
+    kw = dict(offload_params=True, resident_params=4 << 10, planner="sublinear-sqrt",
+              budget=8 << 20, optimizer=nn.SGD(lr=0.1, momentum=0.9))
+    dev = CudaDevice(8 << 20, headroom_bytes=0)
+    try:
+        ex = Executor(residual_bn(), 4, device=dev, seed=0, **kw)
+        x, y = batch(0)
+        ex.train_step(x, y)
+        early, on_host = ex._snapshots_at_start(), ex.host_blocks()
+        written = {b.id for s in ex.steps for b in ex._blocks_written(s)}
+        assert early and on_host and written & on_host
+        assert {b.id for b in early} == written - on_host
+        waits = [op for op in dev.compute_stream.ops if op[0] == "wait"
+                 and op[2] is not None and op[2][0] is dev.snapshot_stream]
+        undo = ex._undo_record
+        pieces = [p for r in undo._adjacent_runs(early) for p in undo._pieces(r)]
+        assert len(waits) == len(written & on_host) + len(pieces)
+        cpu = Executor(residual_bn(), 4, device=CpuDevice(8 << 20), seed=0, **kw)
+        cpu.train_step(x, y)
+        got, want = ex.state_dict(), cpu.state_dict()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        var = {t.name: t for t in ex.state_tensors}["bn2.running_var"]
+        assert var.storage in early                 # a resident block: checked deferred
+        ex.pool.view(var)[0] = np.inf
+        bad = ex.state_dict()
+        with pytest.raises(NonFiniteUpdateError):
+            ex.train_step(x, y)
+        assert same_state(bad, ex.state_dict())
+    finally:
+        dev.close()
+
+
+def test_a_snapshot_before_its_write_runs_under_the_kernel_before_the_write(cuda_standins):
+    """Blocks on the host between uses (offload_params) are snapshotted in the step: a
+    parameter block before its backward kernel, a BatchNorm's statistics before the kernel of
+    the step before where they are in the arena by then (prefetched ahead), so a kernel runs
+    between each copy and the wait of the write on it (a copy issued right before its write
+    stalled compute for all its bytes)."""
+    if not cuda_standins.have_compiler():
+        pytest.skip("g++ is not installed")
+    from neuron.devices.cuda import CudaDevice
+    from neuron.tape import DEVICE_OPS, TIMELINE_OPS, _Ref
+    dev = CudaDevice(8 << 20, headroom_bytes=0)
+    try:
+        ex = Executor(residual_bn(), 4, device=dev, seed=0, offload_params=True,
+                      planner="sublinear-sqrt", budget=8 << 20, replay="tape",
+                      prefetch_ahead=4,
+                      optimizer=nn.SGD(lr=0.1, momentum=0.9))
+        x, y = batch(0)
+        for _ in range(4):
+            ex.train_step(x, y)
+        assert ex.replay["ran"] == "tape" and not ex._snapshots_at_start()
+        ops = ex._replay.tape.ops
+        names = [getattr(fn, "__name__", "") for fn, *_ in ops]
+        device_ops = set(DEVICE_OPS) | set(TIMELINE_OPS) | {"nonfinite_flag_update",
+                                                          "nonfinite_flag_clear"}
+        waited = 0
+        for j, (name, (_, args, _, _)) in enumerate(zip(names, ops)):
+            if name != "compute_wait" or not isinstance(args[0], _Ref) or \
+                    names[args[0].index] != "snapshot":
+                continue
+            between = names[args[0].index + 1:j]
+            assert any(n not in device_ops for n in between), (args[0].index, between)
+            waited += 1
+        written = {b.id for s in ex.steps for b in ex._blocks_written(s)}
+        assert waited == len(written)
+    finally:
+        dev.close()

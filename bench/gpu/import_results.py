@@ -170,6 +170,9 @@ def _throughput_configs(j: dict) -> dict:
                         # the host's time per replayed step (issue 36's <= 1 ms)
                         "host_ms_by_mode": {m: v["host_ms"] for m, v in neuron.items()
                                             if v.get("host_ms") is not None} or None,
+                        "tape_operations_by_mode": {
+                            m: v["tape_operations"] for m, v in neuron.items()
+                            if v.get("tape_operations") is not None} or None,
                         "pytorch_img_per_s": (r.get("pytorch") or {}).get("img_per_s"),
                         "pytorch_layout": (r.get("pytorch") or {}).get("layout"),
                         "pytorch_img_per_s_by_layout": {

@@ -169,8 +169,10 @@ def run_neuron(name, batch, args, memory, tf32, mode="off", precision=None) -> d
         res = _timed_runs(lambda: ex.train_step(xb, yb), ex.device.synchronize, 0,
                           args.runs, args.iters, batch)
         res["batch_in_place"] = bool(bufs)
-        res["host_ms"] = ex.replay.get("host_ms") if isinstance(getattr(ex, "replay", None),
-                                                                  dict) else None
+        rep = ex.replay if isinstance(getattr(ex, "replay", None), dict) else {}
+        res["host_ms"] = rep.get("host_ms")
+        # the tape's operations (bench/graph_ops.py counts them by kind): what host_ms grows with
+        res["tape_operations"] = rep.get("operations")
         res["replay"] = replay_of(ex)
         res["arena_bytes"] = ex.device.arena_bytes
         if args.device == "cuda":

@@ -211,6 +211,9 @@ class Context:
     # (loss name, its rows array) -> a fixed device buffer the loss kernel leaves its per-row
     # values in, read when the step ends (a GPU's guarded training step); None: read at once
     loss_sink: Any = None
+    # the executor's next step after the running one (its guard snapshots may start under this
+    # one's kernel, neuron/undo.py); None at the last
+    ahead: Any = None
 
     def acc(self, i: int = 0) -> bool:
         return i in self.accumulate

@@ -207,6 +207,9 @@ class Pool:
         (raw regions such as a baseline's held workspaces stay where they are)."""
         h, dev = self._h, self.device
         self.compactions += 1
+        if self.fences is not None:     # copies still reading blocks that stay put (the step
+            for ev in {id(e): e for e in self.fences.reading.values()}.values():
+                dev.compute_wait(ev)    # guard's snapshots): a move may write where they read
         copy_tenant = getattr(h, "copy_tenant", False)
         if copy_tenant:
             h.copy_tenant = False           # the moves are compute's: kernels wait on claims
