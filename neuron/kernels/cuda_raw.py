@@ -287,6 +287,18 @@ SGD_MANY_CHUNK, SGD_MANY_THREADS = 2048, 256
 SGD_MANY_TYPES = {"float32": "float", "float64": "double"}
 
 
+def _many_tensor_of_block(row: int) -> str:
+    """CUDA lines of a multi-tensor kernel: ``lo``, the tensor whose blocks hold this block
+    ``b``, found in the table's first-block list after ``ntensors`` rows of ``row`` values."""
+    return f"""    const long long* start = table + {row} * (long long)ntensors;
+    const long long b = blockIdx.x;
+    int lo = 0, hi = ntensors - 1;          // the last tensor whose first block is <= b
+    while (lo < hi) {{
+        const int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= b) lo = mid; else hi = mid - 1;
+    }}"""
+
+
 def sgd_many_source(dtype: str = "float32", check_finite: bool = False,
                     lr_on_device: bool = False) -> tuple[str, str]:
     """(CUDA source, kernel name) of the SGD step over several tensors in one launch.
@@ -312,13 +324,7 @@ __device__ inline double fused(double a, double b, double c) {{ return fma(a, b,
 
 extern "C" __global__ void {name}(const long long* table, int ntensors, T wd, T mom,
         {lr_param}, int first, int nesterov, int with_v{flag_param}) {{
-    const long long* start = table + 4 * (long long)ntensors;
-    const long long b = blockIdx.x;
-    int lo = 0, hi = ntensors - 1;          // the last tensor whose first block is <= b
-    while (lo < hi) {{
-        const int mid = (lo + hi + 1) / 2;
-        if (start[mid] <= b) lo = mid; else hi = mid - 1;
-    }}
+{_many_tensor_of_block(4)}
     T* p = (T*)table[4 * lo];
     const T* g = (const T*)table[4 * lo + 1];
     T* v = (T*)table[4 * lo + 2];
@@ -365,13 +371,7 @@ def nonfinite_many_source(dtype: str = "float32") -> tuple[str, str]:
     name = f"neuron_nonfinite_many_{dtype}"
     src = f"""typedef {t} T;
 extern "C" __global__ void {name}(const long long* table, int ntensors, bool* flag) {{
-    const long long* start = table + 2 * (long long)ntensors;
-    const long long b = blockIdx.x;
-    int lo = 0, hi = ntensors - 1;          // the last tensor whose first block is <= b
-    while (lo < hi) {{
-        const int mid = (lo + hi + 1) / 2;
-        if (start[mid] <= b) lo = mid; else hi = mid - 1;
-    }}
+{_many_tensor_of_block(2)}
     const T* a = (const T*)table[2 * lo];
     const long long n = table[2 * lo + 1];
     const long long first_i = (b - start[lo]) * {SGD_MANY_CHUNK}LL;
