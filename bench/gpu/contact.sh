@@ -5,7 +5,7 @@
 #
 # Two commands fit a session's device minutes (bench/gpu/README.md says more):
 #   bash bench/gpu/contact.sh $OUT first    # <= 8 min: replay_tests (tests/gpu -k "replay or
-#                                           # cublas or engines or sgd_many or fused"),
+#                                           # cublas or engines or sgd_many or fused or step_guard"),
 #                                           # throughput (neuron graph, unfused and fused, vs
 #                                           # PyTorch, fp32, TF32), deepest (Table-4 ResNet
 #                                           # 4,292 at batch 16 in 12 GiB, graph replay,
@@ -117,7 +117,7 @@ stage_cmd() {
         install)    "$PY" -m bench.gpu.install "${common[@]}" ;;
         tests)      ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" ;;
         replay_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
-                        --name replay_tests --paths tests/gpu -k "replay or cublas or engines or sgd_many or fused" ;;
+                        --name replay_tests --paths tests/gpu -k "replay or cublas or engines or sgd_many or fused or step_guard" ;;
         codec_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
                         --name codec_tests --paths tests/gpu/test_cuda_codecs.py ;;
         mixed_tests) ensure_built && "$PY" -m bench.gpu.tests "${common[@]}" \
