@@ -89,6 +89,9 @@ def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     # CuPy, not cuDNN: cudnnPoolingBackward takes x and y, which AvgPool2d does not keep
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     g = _geo(dx.shape[2:], dy.shape[2:], kernel, stride, padding)
+    if cuda_low.is_low(dx) and dy.dtype == dx.dtype:    # in the low type: no float32 copies
+        _grad_into(dx, accumulate, lambda d: cuda_low.avgpool_backward(dy, d, g))
+        return
     dyc = _f32_in(dy)
     _grad_into(dx, accumulate, lambda d: _into(d, lambda out: _k_pool()[3](dyc, *g, out)))
 

@@ -49,8 +49,7 @@ def _k_pool():
     need no C-ordered copies. Backward kernels gather (one thread per input element, no
     atomics), so they are deterministic."""
     cp = _cp()
-    geo = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw, int32 sh, int32 sw, " \
-          "int32 ph, int32 pw"
+    geo = POOL_GEO
     maxf = cp.ElementwiseKernel(
         "raw T x, T neg_inf, " + geo, "T y", r"""
         long long wo = i % Wo, t = i / Wo, ho = t % Ho, nc = t / Ho;
@@ -113,22 +112,35 @@ def _k_pool():
         long long hs = ho * sh - ph, ws = wo * sw - pw;
         long long ch = lmin(hs + kh, (long long)H + ph) - hs, cw = lmin(ws + kw, (long long)W + pw) - ws;
         y = s / T(ch * cw);""", "neuron_avgpool_fwd", preamble=_POOL_PREAMBLE)
-    avgb = cp.ElementwiseKernel(
-        "raw T dy, " + geo, "T dx", r"""
+    avgb = cp.ElementwiseKernel("raw T dy, " + geo, "T dx",
+                                avgpool_bwd_body("T", "{}", "dx = acc;"), "neuron_avgpool_bwd",
+                                preamble=_POOL_PREAMBLE)
+    return maxf, maxb, avgf, avgb
+
+
+#: the pooling kernels' geometry parameters (cuda_low's low-type average-pool backward too)
+POOL_GEO = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw, int32 sh, int32 sw, " \
+    "int32 ph, int32 pw"
+
+
+def avgpool_bwd_body(acc: str, load: str, store: str) -> str:
+    """The average-pool backward gather (one thread per input element): ``acc`` the type of
+    its sum, ``load`` a format of one read of dy, ``store`` the write of dx (cuda_low's
+    variant reads 2-byte bits, sums in float and rounds once)."""
+    return r"""
         long long iw = i % W, t = i / W, ih = t % H, nc = t / H;
         const long long yb = nc * Ho * Wo;
-        T acc = 0;
+        """ + acc + r""" acc = 0;
         long long ho0 = lmax(nr_lo(ih + ph - kh + 1, sh), 0LL), ho1 = lmin(nr_hi(ih + ph, sh), (long long)Ho - 1);
         long long wo0 = lmax(nr_lo(iw + pw - kw + 1, sw), 0LL), wo1 = lmin(nr_hi(iw + pw, sw), (long long)Wo - 1);
         for (long long ho = ho0; ho <= ho1; ++ho) {
             long long hs = ho * sh - ph, ch = lmin(hs + kh, (long long)H + ph) - hs;
             for (long long wo = wo0; wo <= wo1; ++wo) {
                 long long ws = wo * sw - pw, cw = lmin(ws + kw, (long long)W + pw) - ws;
-                acc += dy[yb + ho * Wo + wo] / T(ch * cw);
+                acc += """ + load.format("dy[yb + ho * Wo + wo]") + " / " + acc + r"""(ch * cw);
             }
         }
-        dx = acc;""", "neuron_avgpool_bwd", preamble=_POOL_PREAMBLE)
-    return maxf, maxb, avgf, avgb
+        """ + store
 
 
 _LRN_PREAMBLE = r"""
