@@ -18,8 +18,6 @@ import functools
 
 import numpy as np
 
-from . import cuda_raw
-
 #: the low types by dtype name (NumPy's / ml_dtypes' names) -> the suffix of their kernels
 LOW_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -164,30 +162,16 @@ def _k_unscale():
         g = g * inv_scale""", "neuron_unscale_f32")
 
 
-@functools.cache
-def _k_avgpool_bwd(low: str):
-    """Average-pool backward over ``low``'s bits: cuda_raw's gather, reading dy as float,
-    summing in float and rounding dx once (what a float32 copy of dy and a float32 dx rounded
-    after would give, without those copies outside the plan: DenseNet's transitions)."""
-    defs = f"#define LD nr_{low}_ld\n#define ST nr_{low}_st\n"
-    return _cp().ElementwiseKernel(
-        "raw uint16 dy, " + cuda_raw.POOL_GEO, "uint16 dx",
-        cuda_raw.avgpool_bwd_body("float", "LD({})", "dx = ST(acc);"),
-        f"neuron_avgpool_bwd_{low}",
-        preamble=LOW_PREAMBLE + defs + cuda_raw._POOL_PREAMBLE)
-
-
 def factories():
     """Every kernel factory with the arguments it is built for (the NVRTC compile check)."""
     out = []
     for low in LOW_NAMES.values():
         out += [(_k_cast, (low,)), (_k_arith, (low,)), (_k_rows, (low,)),
-                (_k_nonfinite, (low,)), (_k_xent_grad, (low,)), (_k_avgpool_bwd, (low,))]
+                (_k_nonfinite, (low,)), (_k_xent_grad, (low,))]
     return out + [(_k_unscale, ())]
 
 
-KERNEL_CACHES = (_k_cast, _k_arith, _k_rows, _k_nonfinite, _k_xent_grad, _k_unscale,
-                 _k_avgpool_bwd)
+KERNEL_CACHES = (_k_cast, _k_arith, _k_rows, _k_nonfinite, _k_xent_grad, _k_unscale)
 
 
 # ---- the operations neuron.kernels.cuda dispatches to for low-precision arrays -------------
@@ -224,12 +208,6 @@ def to_f32(src):
     out = _cp().empty(src.shape, np.float32)
     cast(out, src)
     return out
-
-
-def avgpool_backward(dy, dx, geo) -> None:
-    """dx (low) <- average-pool backward of dy (the same low type); ``geo``: the pooling
-    kernels' geometry arguments (cuda_pool._geo)."""
-    _kernels(dx, _k_avgpool_bwd)(bits(dy), *geo, bits(dx))
 
 
 def round_into(dst, src, low, accumulate=False) -> None:

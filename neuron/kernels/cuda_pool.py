@@ -10,7 +10,7 @@ from . import cudnn as dnn
 from . import cuda_low
 from .cuda_helpers import (_ccontig, _cp, _grad_into, _h, _low_guarded, _ptr, _run_into, _td,
                            _via_f32)
-from .cuda_raw import _k_lrn, _k_pool
+from .cuda_raw import _k_avgpool_bwd_low, _k_lrn, _k_pool
 from .numpy_ref import _pair, pool_out_hw
 
 
@@ -90,7 +90,8 @@ def avgpool_backward(dy, dx, kernel, stride, padding, accumulate=False):
     kernel, stride, padding = _pair(kernel), _pair(stride), _pair(padding)
     g = _geo(dx.shape[2:], dy.shape[2:], kernel, stride, padding)
     if cuda_low.is_low(dx) and dy.dtype == dx.dtype:    # in the low type: no float32 copies
-        _grad_into(dx, accumulate, lambda d: cuda_low.avgpool_backward(dy, d, g))
+        k = _k_avgpool_bwd_low(cuda_low.low_name(dx.dtype))
+        _grad_into(dx, accumulate, lambda d: k(cuda_low.bits(dy), *g, cuda_low.bits(d)))
         return
     dyc = _f32_in(dy)
     _grad_into(dx, accumulate, lambda d: _into(d, lambda out: _k_pool()[3](dyc, *g, out)))

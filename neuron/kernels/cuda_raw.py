@@ -118,15 +118,29 @@ def _k_pool():
     return maxf, maxb, avgf, avgb
 
 
-#: the pooling kernels' geometry parameters (cuda_low's low-type average-pool backward too)
+@functools.cache
+def _k_avgpool_bwd_low(low: str = "bf16"):
+    """Average-pool backward over ``low``'s 2-byte bits (bf16 or fp16): the gather of
+    ``_k_pool``'s, reading dy as float, summing in float and rounding dx once (what float32
+    copies of dy and dx would give, without those copies outside the plan: DenseNet's
+    transitions)."""
+    from .cuda_low import LOW_PREAMBLE
+    defs = f"#define LD nr_{low}_ld\n#define ST nr_{low}_st\n"
+    return _cp().ElementwiseKernel(
+        "raw uint16 dy, " + POOL_GEO, "uint16 dx",
+        avgpool_bwd_body("float", "LD({})", "dx = ST(acc);"), f"neuron_avgpool_bwd_{low}",
+        preamble=LOW_PREAMBLE + defs + _POOL_PREAMBLE)
+
+
+#: the pooling kernels' geometry parameters
 POOL_GEO = "int32 H, int32 W, int32 Ho, int32 Wo, int32 kh, int32 kw, int32 sh, int32 sw, " \
     "int32 ph, int32 pw"
 
 
 def avgpool_bwd_body(acc: str, load: str, store: str) -> str:
     """The average-pool backward gather (one thread per input element): ``acc`` the type of
-    its sum, ``load`` a format of one read of dy, ``store`` the write of dx (cuda_low's
-    variant reads 2-byte bits, sums in float and rounds once)."""
+    its sum, ``load`` a format of one read of dy, ``store`` the write of dx (the 2-byte
+    variant, ``_k_avgpool_bwd_low``, reads bits, sums in float and rounds once)."""
     return r"""
         long long iw = i % W, t = i / W, ih = t % H, nc = t / H;
         const long long yb = nc * Ho * Wo;

@@ -59,6 +59,7 @@ def kernels():
             cuda_raw._k_sgd_many(*args)     # one launch per layer, each variant
         for dt in ("float32", "float64"):
             cuda_raw._k_nonfinite_many(dt)  # the step guard's statistics, one launch
+        cuda_raw._k_avgpool_bwd_low("fp16")     # the average-pool backward on fp16 bits
         cuda_raw._k_add_relu("bf16")    # the fused Add + ReLU on 2-byte data
         cuda_raw._k_add_relu("fp16")
     finally:
