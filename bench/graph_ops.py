@@ -64,7 +64,8 @@ def count(model: str, fuse: bool, precision: str = "fp32", batch: int = 2,
         logs.append(list(cuda_standins.runtime._Stream.issued))
         return Rerun(work)
     mp.setattr(CudaDevice, "capture", capture)
-    mp.setattr(cublas, "gemm", _gemm)   # as the GPU's: no float32 copies of 2-byte operands
+    # as the GPU's: no float32 copies of 2-byte operands
+    mp.setattr(cublas, "gemm", cuda_standins.cublas_gemm)
     temps = []
     try:
         g = build_model(model, in_shape=MODELS[model], num_classes=10)
@@ -116,14 +117,6 @@ def count(model: str, fuse: bool, precision: str = "fp32", batch: int = 2,
             "temporaries_per_replay": len(temps),
             "temporary_bytes_per_replay": sum(n for n, _ in temps),
             "temporaries_by_kernel": dict(collections.Counter(k for _, k in temps))}
-
-
-def _gemm(cp, a, b, out) -> bool:
-    """cublas.gemm on the stand-ins' arrays: the product in float32 (or float64), written once
-    into ``out`` in its own type, as cublasSgemm/Dgemm/GemmEx write it on a GPU."""
-    wide = np.float64 if out.dtype == np.float64 else np.float32
-    out[...] = (np.asarray(a, wide) @ np.asarray(b, wide)).astype(out.dtype)
-    return True
 
 
 def main():

@@ -78,9 +78,7 @@ class UndoRecord:
             ev = self._snapshot(piece[0], fences) if len(piece) == 1 else \
                 self._snapshot_range(piece, fences)
             for block in piece:
-                off = self.pool.offset[block.id]
-                fences.reading[off] = ev
-                self._early[block.id] = (ev, off)
+                self._started(block, ev, fences)
                 self._in_place.add(block.id)
 
     def _adjacent_runs(self, blocks) -> list[list]:
@@ -107,7 +105,11 @@ class UndoRecord:
         if fences is None or not hasattr(self.device, "snapshot") or \
                 block.id in self._saved_ids or not self.pool.resident(block):
             return
-        ev = self._snapshot(block, fences)
+        self._started(block, self._snapshot(block, fences), fences)
+
+    def _started(self, block, ev, fences) -> None:
+        """``block``'s snapshot ``ev`` is under way before its write: a later tenant of its
+        place waits for the copy, and ``save`` makes the write wait for it."""
         off = self.pool.offset[block.id]
         fences.reading[off] = ev
         self._early[block.id] = (ev, off)

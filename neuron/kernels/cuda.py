@@ -923,20 +923,29 @@ def _sgd_table(params, grads, velocities, momentum):
     dt = params[0].dtype
     if dt.name not in cuda_raw.SGD_MANY_TYPES:
         return None
-    rows, starts, blocks = [], [], 0
-    chunk = cuda_raw.SGD_MANY_CHUNK
+    rows = []
     for p, g, v in zip(params, grads, velocities):
         v = v if momentum != 0 else None
         if p.dtype != dt or g.dtype != dt or (v is not None and v.dtype != dt) or \
                 not _same_dense(p, g, v):
             return None
-        rows += (p.data.ptr, g.data.ptr, 0 if v is None else v.data.ptr, int(p.size))
+        rows.append((p.data.ptr, g.data.ptr, 0 if v is None else v.data.ptr, int(p.size)))
+    return _many_table(rows, [int(p.size) for p in params])
+
+
+def _many_table(rows, sizes):
+    """A multi-tensor kernel's device table (cuda_raw's ``_many_tensor_of_block``): each
+    tensor's row of values, then each one's first block of SGD_MANY_CHUNK elements; returns
+    (table, the launch's blocks), or None where it cannot be made (nothing to do, a capture,
+    the tables' limit: pointer_tables.py)."""
+    starts, blocks = [], 0
+    for n in sizes:
         starts.append(blocks)
-        blocks += -(-int(p.size) // chunk)
+        blocks += -(-n // cuda_raw.SGD_MANY_CHUNK)
     starts.append(blocks)
     if blocks == 0:
         return None
-    table = pointer_tables.TABLES.table(tuple(rows + starts))
+    table = pointer_tables.TABLES.table(tuple(v for r in rows for v in r) + tuple(starts))
     return None if table is None else (table, blocks)
 
 
@@ -1081,17 +1090,13 @@ def nonfinite_flag_update_many(flag, arrays):
         else:
             nonfinite_flag_update(flag, a)
     for dt, group in groups.items():
-        rows, starts, blocks = [], [], 0
-        for a in group:
-            rows += (a.data.ptr, int(a.size))
-            starts.append(blocks)
-            blocks += -(-int(a.size) // cuda_raw.SGD_MANY_CHUNK)
-        starts.append(blocks)
-        table = pointer_tables.TABLES.table(tuple(rows + starts)) if len(group) > 1 else None
-        if table is None:
+        found = _many_table([(a.data.ptr, int(a.size)) for a in group],
+                            [int(a.size) for a in group]) if len(group) > 1 else None
+        if found is None:
             for a in group:
                 nonfinite_flag_update(flag, a)
             continue
+        table, blocks = found
         cuda_raw._k_nonfinite_many(dt)((blocks,), (cuda_raw.SGD_MANY_THREADS,),
                                        (table, np.int32(len(group)), flag))
 

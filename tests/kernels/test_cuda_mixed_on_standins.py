@@ -386,12 +386,9 @@ def test_a_linear_weight_gradient_takes_no_weight_sized_temporary(gpu_kernels, m
     float32 master gradient and is rounded there (cuBLAS writes its output in place): the
     largest CuPy temporary of a step is far below the weight's float32 bytes, which the plan
     does not hold (VGG16's first classifier layer: 411 MB), and the update is the reference's."""
+    from cuda_standins import cublas_gemm
     from neuron.kernels import cublas
-
-    def gemm(cp, a, b, out):        # as cublasGemmEx on a GPU: float32 product, one rounding
-        out[...] = (np.asarray(a, np.float32) @ np.asarray(b, np.float32)).astype(out.dtype)
-        return True
-    monkeypatch.setattr(cublas, "gemm", gemm)
+    monkeypatch.setattr(cublas, "gemm", cublas_gemm)    # cublasGemmEx's one rounding
     data = _data()
     dev = _cuda_device()
     temps = []

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 from neuron.devices import CpuDevice
 from neuron.kernels import (conv_algos, cuda, cuda_helpers, cuda_low, cuda_pool, cuda_raw, cudnn,
                             pointer_tables)
@@ -41,6 +43,7 @@ from .runtime import (CUDARuntimeError, Memory, MemoryPointer, _Capture, _Cuda, 
                       happens_before, launch, log_streams, memory_snapshot)
 
 __all__ = ["CUDARuntimeError", "CudaKernelsOnCpu", "CudnnStandIn", "CupyStandIn", "Desc",
+           "cublas_gemm",
            "DevArray",
            "ElementwiseKernel", "KERNEL_CACHES", "Memory", "MemoryPointer", "happens_before",
            "have_compiler", "install", "launch", "log_streams", "memory_snapshot", "uninstall"]
@@ -78,6 +81,16 @@ def install(monkeypatch, build_dir):
     monkeypatch.setattr(cuda, "_stager", None)      # the input stager over the stand-in's memory
     uninstall()
     return dnn
+
+
+def cublas_gemm(cp, a, b, out) -> bool:
+    """A stand-in for neuron.kernels.cublas.gemm (not installed by ``install``: the stand-ins'
+    tests run _matmul_low's float32-copy fallback unless they set it): the product in float32
+    (float64 for float64), written once into ``out`` in its own type, as cublasSgemm, Dgemm and
+    GemmEx write it on a GPU."""
+    wide = np.float64 if out.dtype == np.float64 else np.float32
+    out[...] = (np.asarray(a, wide) @ np.asarray(b, wide)).astype(out.dtype)
+    return True
 
 
 def uninstall():
